@@ -1,0 +1,367 @@
+"""Cluster topologies as data: a YAML node template replicated `nodes` times around a fabric.
+
+Every node is identical (a node template of GPUs, NVSwitch, PCIe switches, host root complex
+and NICs); NICs attach to the fabric. Links are full duplex: each direction is a separate link
+instance with its own bandwidth, so traffic in opposite directions never competes.
+
+Routing is hierarchical and exact for the single-switch fabric: inside a node, the cheapest
+path (time per byte, GPUs never forward); across nodes, the source GPU's NIC, the fabric, then
+the destination GPU's NIC. `graph()` builds the whole cluster as a networkx graph, which the
+tests use as the reference for the hierarchical routes.
+
+Link instances are numbered `node * links_per_node + local_id`, so a route between two ranks
+is a template route shifted by node offsets; this is what lets `sim.network` build the link
+incidence of 10^6 flows with numpy instead of a Python loop.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+import networkx as nx
+import numpy as np
+import yaml
+
+from sim.errors import TopologyError
+
+DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
+
+
+def topologies_dir() -> Path:
+    env = os.environ.get("MOESIM_TOPOLOGIES")
+    return Path(env) if env else Path(__file__).resolve().parent.parent / "topologies"
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in topologies_dir().glob("*.yaml"))
+
+
+@dataclass(frozen=True)
+class LinkClass:
+    name: str
+    bw: float  # bytes/s per direction (line rate)
+    latency: float  # s
+    efficiency: float  # share of line rate a large transfer achieves
+
+    @property
+    def eff_bw(self) -> float:
+        return self.bw * self.efficiency
+
+
+class Topology:
+    def __init__(self, spec: dict[str, Any], nodes: int | None = None, source: str = "<dict>"):
+        self.source = source
+        self.spec = spec
+        self.name: str = _req(spec, "name", str, source)
+        self.nodes: int = int(nodes if nodes is not None else spec.get("nodes", 1))
+        if self.nodes < 1:
+            raise TopologyError(f"{self.name}: nodes must be >= 1, got {self.nodes}")
+        self.gpus_per_node: int = _req(spec, "gpus_per_node", int, source)
+        if self.gpus_per_node < 1:
+            raise TopologyError(f"{self.name}: gpus_per_node must be >= 1")
+        self.gpu: dict[str, Any] = _req(spec, "gpu", dict, source)
+        self.network: dict[str, Any] = spec.get("network") or {}
+        self.alpha: float = float(self.network.get("alpha", 0.0))
+        self.collective_fits: dict[str, list[dict[str, float]]] = spec.get("collectives") or {}
+        self.link_classes = _load_classes(spec, self.name)
+        self._build_template()
+
+    # -- loading ----------------------------------------------------------------------------
+    @classmethod
+    def load(cls, name_or_path: str | Path, nodes: int | None = None) -> Topology:
+        p = Path(name_or_path)
+        if p.suffix not in (".yaml", ".yml"):
+            p = topologies_dir() / f"{name_or_path}.yaml"
+        if not p.is_file():
+            raise TopologyError(
+                f"unknown topology {str(name_or_path)!r}: no preset of that name "
+                f"(presets: {', '.join(list_presets())}) and no such YAML file"
+            )
+        try:
+            spec = yaml.safe_load(p.read_text())
+        except yaml.YAMLError as e:
+            raise TopologyError(f"topology file {p}: not valid YAML ({e})") from e
+        if not isinstance(spec, dict):
+            raise TopologyError(f"topology file {p}: expected a mapping at top level")
+        return cls(spec, nodes=nodes, source=str(p))
+
+    def _build_template(self) -> None:
+        node = _req(self.spec, "node", dict, self.source)
+        devices = node.get("devices") or {}
+        G = self.gpus_per_node
+        self.gpu_names = [f"gpu{i}" for i in range(G)]
+        self.devices: dict[str, str] = {g: "gpu" for g in self.gpu_names}
+        for name, typ in devices.items():
+            if typ not in DEVICE_TYPES:
+                raise TopologyError(
+                    f"{self.name}: device {name!r} has type {typ!r}; expected one of "
+                    f"{DEVICE_TYPES}"
+                )
+            if name in self.devices:
+                raise TopologyError(f"{self.name}: device name {name!r} used twice")
+            self.devices[name] = typ
+
+        # Directed local links: (u, v, class) with local ids 0..2*len-1.
+        self.local_links: list[tuple[str, str, LinkClass]] = []
+        for i, entry in enumerate(node.get("links") or []):
+            for a, b in _expand_pairs(entry, i, self.name):
+                for x in (a, b):
+                    if x not in self.devices:
+                        raise TopologyError(
+                            f"{self.name}: node.links[{i}] names unknown device {x!r}"
+                        )
+                cls_name = entry.get("class")
+                if cls_name not in self.link_classes:
+                    raise TopologyError(
+                        f"{self.name}: node.links[{i}] has unknown class {cls_name!r} "
+                        f"(defined: {sorted(self.link_classes)})"
+                    )
+                lc = self.link_classes[cls_name]
+                self.local_links.append((a, b, lc))
+                self.local_links.append((b, a, lc))
+
+        self.nics = [n for n, t in self.devices.items() if t == "nic"]
+        fabric = self.spec.get("fabric")
+        self.fabric_class: LinkClass | None = None
+        if fabric is not None:
+            if not isinstance(fabric, dict) or fabric.get("type") != "switch":
+                raise TopologyError(f"{self.name}: fabric.type must be 'switch'")
+            cname = fabric.get("class")
+            if cname not in self.link_classes:
+                raise TopologyError(f"{self.name}: fabric.class {cname!r} is not a link class")
+            if not self.nics:
+                raise TopologyError(f"{self.name}: a fabric needs at least one NIC in the node")
+            self.fabric_class = self.link_classes[cname]
+        if self.nodes > 1 and self.fabric_class is None:
+            raise TopologyError(
+                f"{self.name}: {self.nodes} nodes requested but the topology has no fabric "
+                f"(it describes a single box)"
+            )
+        # Fabric up/down links per NIC follow the local links.
+        self.fabric_up: dict[str, int] = {}
+        self.fabric_down: dict[str, int] = {}
+        base = len(self.local_links)
+        if self.fabric_class is not None:
+            for j, nic in enumerate(self.nics):
+                self.fabric_up[nic] = base + 2 * j
+                self.fabric_down[nic] = base + 2 * j + 1
+        self.links_per_node = base + 2 * len(self.fabric_up)
+
+        caps, lats, names, classes = [], [], [], []
+        for u, v, lc in self.local_links:
+            caps.append(lc.eff_bw)
+            lats.append(lc.latency)
+            names.append((u, v))
+            classes.append(lc.name)
+        for nic in self.fabric_up:
+            for u, v in ((nic, "fabric"), ("fabric", nic)):
+                caps.append(self.fabric_class.eff_bw)  # type: ignore[union-attr]
+                lats.append(self.fabric_class.latency)  # type: ignore[union-attr]
+                names.append((u, v))
+                classes.append(self.fabric_class.name)  # type: ignore[union-attr]
+        self.local_cap = np.array(caps, dtype=float)
+        self.local_lat = np.array(lats, dtype=float)
+        self.local_names = names
+        self.local_class = classes
+        self._template_routes()
+
+    def _template_routes(self) -> None:
+        tg = nx.DiGraph()
+        tg.add_nodes_from(self.devices)
+        for lid, (u, v, lc) in enumerate(self.local_links):
+            # Time per byte, plus a tiny per-hop term so equal-bandwidth ties prefer fewer hops.
+            w = 1.0 / lc.eff_bw + 1e-15
+            if not tg.has_edge(u, v) or tg[u][v]["weight"] > w:
+                tg.add_edge(u, v, weight=w, lid=lid)
+        self._tg = tg
+        G = self.gpus_per_node
+
+        def path(src: str, dst: str) -> list[int]:
+            # GPUs and NICs are endpoints: nothing is forwarded through them.
+            blocked = {
+                n for n, t in self.devices.items() if t in ("gpu", "nic") and n not in (src, dst)
+            }
+            view = nx.subgraph_view(tg, filter_node=lambda n: n not in blocked)
+            try:
+                nodes = nx.shortest_path(view, src, dst, weight="weight")
+            except nx.NetworkXNoPath:
+                raise TopologyError(
+                    f"{self.name}: no path from {src} to {dst} inside a node "
+                    f"(GPUs and NICs do not forward traffic)"
+                ) from None
+            return [tg[a][b]["lid"] for a, b in zip(nodes, nodes[1:])]
+
+        self.intra: list[list[list[int]]] = [
+            [path(self.gpu_names[a], self.gpu_names[b]) if a != b else [] for b in range(G)]
+            for a in range(G)
+        ]
+        self.host_out: list[list[int]] = []
+        self.host_in: list[list[int]] = []
+        hosts = [n for n, t in self.devices.items() if t == "host"]
+        for g in self.gpu_names:
+            self.host_out.append(path(g, hosts[0]) if hosts else [])
+            self.host_in.append(path(hosts[0], g) if hosts else [])
+        self.has_host = bool(hosts)
+        self.out: list[list[int]] = []
+        self.inn: list[list[int]] = []
+        if self.fabric_class is not None:
+            nic_of = self.spec["node"].get("nic_of_gpu")
+            if nic_of is None:
+                nic_of = [self._nearest_nic(g, path) for g in self.gpu_names]
+            if len(nic_of) != G or any(n not in self.fabric_up for n in nic_of):
+                raise TopologyError(
+                    f"{self.name}: node.nic_of_gpu must list one NIC of the node per GPU "
+                    f"({G}), got {nic_of}"
+                )
+            self.nic_of_gpu = list(nic_of)
+            for g, nic in zip(self.gpu_names, nic_of):
+                self.out.append(path(g, nic) + [self.fabric_up[nic]])
+                self.inn.append([self.fabric_down[nic]] + path(nic, g))
+
+    def _nearest_nic(self, gpu: str, path) -> str:
+        best = min(self.nics, key=lambda n: (sum(1.0 / self.local_cap[i] for i in path(gpu, n)), n))
+        return best
+
+    # -- queries ----------------------------------------------------------------------------
+    @property
+    def world_size(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def num_links(self) -> int:
+        return self.nodes * self.links_per_node
+
+    @cached_property
+    def link_cap(self) -> np.ndarray:
+        return np.tile(self.local_cap, self.nodes)
+
+    @cached_property
+    def link_lat(self) -> np.ndarray:
+        return np.tile(self.local_lat, self.nodes)
+
+    def link_name(self, link: int) -> str:
+        node, lid = divmod(int(link), self.links_per_node)
+        u, v = self.local_names[lid]
+        fu = u if u == "fabric" else f"n{node}/{u}"
+        fv = v if v == "fabric" else f"n{node}/{v}"
+        return f"{fu}->{fv}"
+
+    def link_class_of(self, link: int) -> str:
+        return self.local_class[int(link) % self.links_per_node]
+
+    def locate(self, rank: int) -> tuple[int, int]:
+        return divmod(rank, self.gpus_per_node)
+
+    def route(self, src: int, dst: int) -> list[int]:
+        """Directed link instances from GPU `src` to GPU `dst` (global rank numbers)."""
+        na, la = self.locate(src)
+        nb, lb = self.locate(dst)
+        L = self.links_per_node
+        if na == nb:
+            return [na * L + i for i in self.intra[la][lb]]
+        return [na * L + i for i in self.out[la]] + [nb * L + i for i in self.inn[lb]]
+
+    def host_route(self, rank: int, to_host: bool) -> list[int]:
+        if not self.has_host:
+            raise TopologyError(f"{self.name}: no host device, so d2h/h2d copies have no route")
+        n, l = self.locate(rank)
+        local = self.host_out[l] if to_host else self.host_in[l]
+        return [n * self.links_per_node + i for i in local]
+
+    def route_latency(self, links: list[int]) -> float:
+        return float(sum(self.local_lat[i % self.links_per_node] for i in links))
+
+    def graph(self) -> nx.DiGraph:
+        """The whole cluster as a networkx graph (for drawing, printing and reference routing)."""
+        g = nx.DiGraph()
+        for n in range(self.nodes):
+            for d, t in self.devices.items():
+                g.add_node(f"n{n}/{d}", type=t, node=n)
+        if self.fabric_class is not None:
+            g.add_node("fabric", type="ib_switch", node=None)
+        for link in range(self.num_links):
+            node, lid = divmod(link, self.links_per_node)
+            u, v = self.local_names[lid]
+            fu = u if u == "fabric" else f"n{node}/{u}"
+            fv = v if v == "fabric" else f"n{node}/{v}"
+            g.add_edge(
+                fu,
+                fv,
+                link=link,
+                cls=self.local_class[lid],
+                bw=float(self.local_cap[lid]),
+                latency=float(self.local_lat[lid]),
+            )
+        return g
+
+    def describe(self) -> str:
+        lines = [
+            f"{self.name}: {self.spec.get('description', '')}",
+            f"  nodes={self.nodes} gpus_per_node={self.gpus_per_node} "
+            f"world={self.world_size} links={self.num_links} GPU={self.gpu.get('model')}",
+            "  link classes (per direction):",
+        ]
+        for lc in self.link_classes.values():
+            lines.append(
+                f"    {lc.name:10s} {lc.bw / 1e9:8.1f} GB/s x {lc.efficiency:.2f} eff, "
+                f"latency {lc.latency * 1e6:.2f} us"
+            )
+        lines.append("  node template:")
+        for lid in range(0, len(self.local_links), 2):
+            u, v, lc = self.local_links[lid]
+            lines.append(f"    {u} <-> {v} [{lc.name}]")
+        if self.fabric_class is not None:
+            lines.append(f"    NICs {', '.join(self.nics)} <-> fabric [{self.fabric_class.name}]")
+        return "\n".join(lines)
+
+
+def _req(spec: dict[str, Any], key: str, typ: type, source: str) -> Any:
+    if key not in spec:
+        raise TopologyError(f"topology {source}: missing field {key!r}")
+    v = spec[key]
+    if typ is int and isinstance(v, int) and not isinstance(v, bool):
+        return v
+    if not isinstance(v, typ):
+        raise TopologyError(f"topology {source}: field {key!r} must be {typ.__name__}, got {v!r}")
+    return v
+
+
+def _load_classes(spec: dict[str, Any], name: str) -> dict[str, LinkClass]:
+    raw = spec.get("link_classes") or {}
+    if not isinstance(raw, dict) or not raw:
+        raise TopologyError(f"{name}: link_classes must be a non-empty mapping")
+    out = {}
+    for cname, c in raw.items():
+        try:
+            bw, lat, eff = float(c["bw"]), float(c.get("latency", 0.0)), float(c.get("efficiency", 1.0))
+        except (KeyError, TypeError, ValueError) as e:
+            raise TopologyError(f"{name}: link_classes.{cname} needs numeric bw ({e})") from None
+        if not bw > 0:
+            raise TopologyError(f"{name}: link_classes.{cname}.bw must be > 0, got {bw}")
+        if not 0 < eff <= 1:
+            raise TopologyError(f"{name}: link_classes.{cname}.efficiency must be in (0, 1]")
+        if lat < 0:
+            raise TopologyError(f"{name}: link_classes.{cname}.latency must be >= 0")
+        out[cname] = LinkClass(cname, bw, lat, eff)
+    return out
+
+
+def _expand_pairs(entry: Any, i: int, name: str) -> list[tuple[str, str]]:
+    if not isinstance(entry, dict) or "a" not in entry or "b" not in entry:
+        raise TopologyError(f"{name}: node.links[{i}] needs 'a', 'b' and 'class'")
+    a, b = entry["a"], entry["b"]
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            raise TopologyError(
+                f"{name}: node.links[{i}]: lists a ({len(a)}) and b ({len(b)}) differ in length"
+            )
+        return list(zip(a, b))
+    if isinstance(a, list):
+        return [(x, b) for x in a]
+    if isinstance(b, list):
+        return [(a, y) for y in b]
+    return [(a, b)]
