@@ -175,8 +175,9 @@ class TaskGraph:
 
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> None:
+        checked_groups: set[int] = set()  # builders share one group list across tasks
         for t in self.tasks.values():
-            _check_task(t, self.world_size)
+            _check_task(t, self.world_size, checked_groups)
         for t in self.tasks.values():
             for d in t.deps:
                 if d not in self.tasks:
@@ -201,7 +202,7 @@ def _task_from_dict(raw: Any, index: int) -> Task:
         raise GraphError(f"task {raw['id']!r}: {e}") from e
 
 
-def _check_task(t: Task, world: int) -> None:
+def _check_task(t: Task, world: int, checked_groups: set[int]) -> None:
     where = f"task {t.id!r}"
     if not isinstance(t.rank, int) or not 0 <= t.rank < world:
         raise GraphError(f"{where}: rank {t.rank!r} outside 0..{world - 1}")
@@ -216,10 +217,10 @@ def _check_task(t: Task, world: int) -> None:
     if t.kind in COLLECTIVE_KINDS:
         if not t.group or not t.coll:
             raise GraphError(f"{where}: collective {t.kind} needs 'group' and 'coll'")
-        if t.rank not in t.group:
-            raise GraphError(f"{where}: rank {t.rank} is not in its own group {t.group}")
-        if len(set(t.group)) != len(t.group) or any(not 0 <= r < world for r in t.group):
-            raise GraphError(f"{where}: group {t.group} has repeated or out-of-range ranks")
+        if id(t.group) not in checked_groups:
+            if len(set(t.group)) != len(t.group) or any(not 0 <= r < world for r in t.group):
+                raise GraphError(f"{where}: group {t.group} has repeated or out-of-range ranks")
+            checked_groups.add(id(t.group))
         if t.kind == "all_to_allv":
             if t.split is None or len(t.split) != len(t.group):
                 raise GraphError(f"{where}: all_to_allv needs 'split' with one entry per member")
@@ -252,7 +253,7 @@ def _check_collectives(tasks: Iterable[Task]) -> None:
                     f"collective {cid!r}: task {m.id!r} is {m.kind} but {first.id!r} is "
                     f"{first.kind}"
                 )
-            if sorted(m.group or []) != sorted(first.group or []):
+            if m.group is not first.group and m.group != first.group:
                 raise GraphError(
                     f"collective {cid!r}: task {m.id!r} has group {m.group}, "
                     f"{first.id!r} has {first.group}"
@@ -262,11 +263,18 @@ def _check_collectives(tasks: Iterable[Task]) -> None:
                     f"collective {cid!r}: task {m.id!r} uses algo {m.algo!r}, "
                     f"{first.id!r} uses {first.algo!r}"
                 )
-        missing = sorted(set(first.group or []) - set(ranks))
-        if missing:
+        group = set(first.group or ())
+        if len(members) != len(group) or not set(ranks) <= group:
+            strays = sorted(set(ranks) - group)
+            if strays:
+                raise GraphError(
+                    f"collective {cid!r}: rank(s) {strays} launch it but are not in its group "
+                    f"{first.group}"
+                )
             raise GraphError(
-                f"collective {cid!r} ({first.kind}): no task on member rank(s) {missing}; "
-                f"present on {sorted(ranks)} — it could never complete"
+                f"collective {cid!r} ({first.kind}): no task on member rank(s) "
+                f"{sorted(group - set(ranks))}; present on {sorted(ranks)}: it could never "
+                f"complete"
             )
         if first.kind == "all_to_allv":
             by_rank = {m.rank: m for m in members}

@@ -1,0 +1,35 @@
+"""Strategies: builders from (MoE layer, params) to a TaskGraph. They never touch the engine.
+
+Each module exposes `NAME`, `DEFAULTS` (its parameters and their defaults) and
+`build(layer, params, passes) -> TaskGraph`.
+"""
+
+from __future__ import annotations
+
+from types import ModuleType
+from typing import Any
+
+from sim.errors import ConfigError
+from sim.graph import TaskGraph
+from sim.strategies import pipelined, sequential
+from sim.workload import MoELayer
+
+STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined)}
+
+
+def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    mod = STRATEGIES.get(name)
+    if mod is None:
+        raise ConfigError(f"strategy.name: unknown strategy {name!r} (known: {sorted(STRATEGIES)})")
+    unknown = set(params) - set(mod.DEFAULTS)
+    if unknown:
+        raise ConfigError(
+            f"strategy: unknown parameter(s) {sorted(unknown)} for {name!r} "
+            f"(it takes {sorted(mod.DEFAULTS) or 'none'})"
+        )
+    return {**mod.DEFAULTS, **params}
+
+
+def build(name: str, layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+    full = resolve_params(name, params)
+    return STRATEGIES[name].build(layer, full, passes)

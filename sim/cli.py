@@ -1,0 +1,215 @@
+"""`moesim`: simulate MoE layers, inspect topologies, export task graphs.
+
+User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print one line
+`moesim: error: ...` and exit 2; nothing is left half-written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.errors import ConfigError, MoesimError
+
+
+def _parse_params(items: list[str]) -> dict[str, Any]:
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, Any]:
+    """Build, simulate and write outputs for one run config; returns the summary."""
+    from sim.costs import CostModel
+    from sim.engine import simulate
+    from sim.strategies import build
+    from sim.summary import summarize
+    from sim.trace import to_frame, write_chrome_trace, write_table
+
+    topo = cfg.load_topology()
+    layer = cfg.layer(topo.world_size)
+    costs = CostModel.build(topo, cfg.costs)
+    t0 = time.perf_counter()
+    graph = build(cfg.strategy, layer, cfg.strategy_params, cfg.passes)
+    t1 = time.perf_counter()
+    res = simulate(graph, topo, costs)
+    t2 = time.perf_counter()
+    df = to_frame(res)
+    summary = summarize(res, df)
+    summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
+    if out_dir is not None:
+        fmt = cfg.output.get("trace_format", "csv")
+        if fmt not in ("csv", "parquet"):
+            raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
+        files = {"trace": str(write_table(df, out_dir / f"trace.{fmt}"))}
+        if want_trace and cfg.output.get("chrome_trace", True):
+            files["chrome_trace"] = str(write_chrome_trace(
+                df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")))
+        from sim.io import atomic_write_text
+
+        atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        summary["files"] = files
+        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _emit(summary: dict[str, Any], as_json: bool) -> None:
+    from sim.summary import format_summary
+
+    if as_json:
+        print(json.dumps(summary, indent=2, default=str))
+    else:
+        print(format_summary(summary))
+        for name, path in summary.get("files", {}).items():
+            print(f"  wrote {name:13s} {path}")
+
+
+def cmd_demo(a: argparse.Namespace) -> int:
+    from sim.config import RunConfig
+
+    summary = run_config(RunConfig.demo(), Path(a.out))
+    _emit(summary, a.json)
+    if not a.json:
+        print("  open the Chrome trace in https://ui.perfetto.dev or chrome://tracing")
+    return 0
+
+
+def _overrides(a: argparse.Namespace) -> dict[str, Any]:
+    costs = {k: v for k, v in (("network", a.network), ("fidelity", a.fidelity),
+                               ("compute", a.compute)) if v}
+    return dict(strategy=a.strategy, params=_parse_params(a.param), topology=a.topology,
+                nodes=a.nodes, costs=costs)
+
+
+def cmd_simulate(a: argparse.Namespace) -> int:
+    from sim.config import RunConfig
+
+    if str(a.config).endswith(".json"):
+        return _simulate_graph(a)
+    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
+    out = Path(a.out or cfg.output.get("dir", "out"))
+    _emit(run_config(cfg, out), a.json)
+    return 0
+
+
+def _simulate_graph(a: argparse.Namespace) -> int:
+    """Replay a task-graph JSON (from `moesim graph` or any builder) on a topology."""
+    from sim.costs import CostModel
+    from sim.engine import simulate
+    from sim.graph import TaskGraph
+    from sim.summary import summarize
+    from sim.topology import Topology
+    from sim.trace import to_frame, write_chrome_trace, write_table
+
+    if not a.topology:
+        raise ConfigError("simulating a graph JSON needs --topology")
+    graph = TaskGraph.from_json(a.config)
+    topo = Topology.load(a.topology, nodes=a.nodes)
+    costs = CostModel.build(topo, {k: v for k, v in (("network", a.network),
+                                   ("fidelity", a.fidelity), ("compute", a.compute)) if v})
+    res = simulate(graph, topo, costs)
+    df = to_frame(res)
+    summary = summarize(res, df)
+    out = Path(a.out or "out")
+    summary["files"] = {"trace": str(write_table(df, out / "trace.csv")),
+                        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json"))}
+    _emit(summary, a.json)
+    return 0
+
+
+def cmd_graph(a: argparse.Namespace) -> int:
+    from sim.config import RunConfig
+    from sim.strategies import build
+
+    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
+    topo = cfg.load_topology()
+    graph = build(cfg.strategy, cfg.layer(topo.world_size), cfg.strategy_params, cfg.passes)
+    graph.to_json(a.output)
+    print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
+    return 0
+
+
+def cmd_topology(a: argparse.Namespace) -> int:
+    from sim.topology import Topology, list_presets
+
+    if a.action == "list":
+        for name in list_presets():
+            print(name)
+        return 0
+    if not a.name:
+        raise ConfigError("topology show: name a preset or a YAML file")
+    topo = Topology.load(a.name, nodes=a.nodes)
+    print(topo.describe())
+    if a.routes:
+        G = topo.gpus_per_node
+        print("  routes from gpu0:")
+        for dst in range(1, min(topo.world_size, G + 1)):
+            print(f"    rank 0 -> {dst}: " + " ".join(topo.link_name(lk) for lk in topo.route(0, dst)))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="moesim", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
+    d.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
+    d.add_argument("--json", action="store_true", help="print the summary as JSON")
+    d.set_defaults(fn=cmd_demo)
+
+    def run_opts(sp: argparse.ArgumentParser) -> None:
+        sp.add_argument("--strategy", help="override strategy.name")
+        sp.add_argument("--param", action="append", metavar="KEY=VALUE",
+                        help="override a strategy parameter (repeatable), e.g. degree=8")
+        sp.add_argument("--topology", help="override the topology preset or YAML path")
+        sp.add_argument("--nodes", type=int, help="override the node count")
+        sp.add_argument("--network", choices=["flow", "collective"], help="communication model")
+        sp.add_argument("--fidelity", choices=["auto", "flow", "bundled"], help="flow fidelity")
+        sp.add_argument("--compute", choices=["roofline", "alpha_beta"], help="compute model")
+
+    s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
+    s.add_argument("config", help="run config YAML, or task graph JSON (needs --topology)")
+    s.add_argument("--out", help="output directory (default: output.dir or ./out)")
+    s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    run_opts(s)
+    s.set_defaults(fn=cmd_simulate)
+
+    g = sub.add_parser("graph", help="build a config's task graph and save it as JSON")
+    g.add_argument("config")
+    g.add_argument("-o", "--output", default="graph.json")
+    run_opts(g)
+    g.set_defaults(fn=cmd_graph)
+
+    t = sub.add_parser("topology", help="list presets or show one")
+    t.add_argument("action", choices=["list", "show"])
+    t.add_argument("name", nargs="?")
+    t.add_argument("--nodes", type=int)
+    t.add_argument("--routes", action="store_true", help="also print routes from GPU 0")
+    t.set_defaults(fn=cmd_topology)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except MoesimError as e:
+        print(f"moesim: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("moesim: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

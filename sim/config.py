@@ -1,0 +1,157 @@
+"""Run configurations (YAML): which layer, on which cluster, with which strategy and costs.
+
+Every field is checked here, and an error names the field and what was expected, so that a
+typo never turns into a silently different experiment.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.errors import ConfigError
+from sim.strategies import resolve_params
+from sim.strategies.moe import PASSES
+from sim.topology import Topology
+from sim.workload import MoELayer
+
+TOP_FIELDS = {"topology", "nodes", "model", "strategy", "passes", "costs", "output"}
+MODEL_FIELDS = {
+    "batch", "seq_len", "model_dim", "hidden_dim", "experts", "experts_per_gpu", "top_k",
+    "capacity_factor", "dtype", "routing",
+}
+OUTPUT_FIELDS = {"dir", "trace_format", "chrome_trace", "max_trace_ranks"}
+
+
+@dataclass
+class RunConfig:
+    topology: str
+    nodes: int | None
+    model: dict[str, Any]
+    strategy: str
+    strategy_params: dict[str, Any]
+    passes: tuple[str, ...]
+    costs: dict[str, Any] = field(default_factory=dict)
+    output: dict[str, Any] = field(default_factory=dict)
+    source: str = "<dict>"
+
+    @classmethod
+    def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{source}: expected a mapping at top level")
+        unknown = set(raw) - TOP_FIELDS
+        if unknown:
+            raise ConfigError(f"{source}: unknown field(s) {sorted(unknown)} (known: {sorted(TOP_FIELDS)})")
+        topo = raw.get("topology")
+        if not isinstance(topo, str):
+            raise ConfigError(f"{source}: topology: expected a preset name or YAML path, got {topo!r}")
+        nodes = raw.get("nodes")
+        if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
+            raise ConfigError(f"{source}: nodes: expected a positive integer, got {nodes!r}")
+        model = raw.get("model")
+        if not isinstance(model, dict):
+            raise ConfigError(f"{source}: model: expected a mapping of layer sizes")
+        bad = set(model) - MODEL_FIELDS
+        if bad:
+            raise ConfigError(f"{source}: model: unknown field(s) {sorted(bad)} (known: {sorted(MODEL_FIELDS)})")
+        strat = raw.get("strategy", {"name": "sequential"})
+        if isinstance(strat, str):
+            strat = {"name": strat}
+        if not isinstance(strat, dict) or "name" not in strat:
+            raise ConfigError(f"{source}: strategy: expected a mapping with 'name'")
+        params = {k: v for k, v in strat.items() if k != "name"}
+        resolve_params(strat["name"], params)
+        passes = raw.get("passes", ["fwd"])
+        if isinstance(passes, str):
+            passes = [passes]
+        if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes):
+            raise ConfigError(f"{source}: passes: expected a list from {list(PASSES)}, got {passes!r}")
+        costs = raw.get("costs") or {}
+        if not isinstance(costs, dict):
+            raise ConfigError(f"{source}: costs: expected a mapping")
+        output = raw.get("output") or {}
+        if not isinstance(output, dict) or set(output) - OUTPUT_FIELDS:
+            raise ConfigError(f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}")
+        return cls(topo, nodes, dict(model), strat["name"], params, tuple(passes), dict(costs),
+                   dict(output), source)
+
+    @classmethod
+    def load(cls, path: str | Path) -> RunConfig:
+        p = Path(path)
+        try:
+            text = p.read_text()
+        except FileNotFoundError:
+            raise ConfigError(f"config file {p}: not found") from None
+        except IsADirectoryError:
+            raise ConfigError(f"config file {p}: is a directory") from None
+        try:
+            raw = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise ConfigError(f"config file {p}: not valid YAML ({e})") from None
+        return cls.from_dict(raw, source=str(p))
+
+    @classmethod
+    def demo(cls) -> RunConfig:
+        text = resources.files("sim").joinpath("configs/demo.yaml").read_text()
+        return cls.from_dict(yaml.safe_load(text), source="<embedded demo config>")
+
+    def with_overrides(self, *, strategy: str | None = None, params: dict[str, Any] | None = None,
+                       topology: str | None = None, nodes: int | None = None,
+                       costs: dict[str, Any] | None = None) -> RunConfig:
+        raw = self.to_dict()
+        if strategy is not None and strategy != self.strategy:
+            raw["strategy"] = {"name": strategy}
+        if params:
+            raw["strategy"] = {**raw["strategy"], **params}
+        if topology is not None:
+            raw["topology"] = topology
+        if nodes is not None:
+            raw["nodes"] = nodes
+        if costs:
+            raw["costs"] = {**raw.get("costs", {}), **costs}
+        return RunConfig.from_dict(raw, source=self.source)
+
+    def to_dict(self) -> dict[str, Any]:
+        d: dict[str, Any] = {
+            "topology": self.topology,
+            "model": dict(self.model),
+            "strategy": {"name": self.strategy, **self.strategy_params},
+            "passes": list(self.passes),
+            "costs": dict(self.costs),
+        }
+        if self.nodes is not None:
+            d["nodes"] = self.nodes
+        if self.output:
+            d["output"] = dict(self.output)
+        return d
+
+    # -- resolution ------------------------------------------------------------------------
+    def load_topology(self) -> Topology:
+        return Topology.load(self.topology, nodes=self.nodes)
+
+    def layer(self, world: int) -> MoELayer:
+        m = dict(self.model)
+        if "experts" in m and "experts_per_gpu" in m:
+            raise ConfigError(f"{self.source}: model: give 'experts' or 'experts_per_gpu', not both")
+        per_gpu = m.pop("experts_per_gpu", None)
+        if per_gpu is not None:
+            if not isinstance(per_gpu, int) or per_gpu < 1:
+                raise ConfigError(f"{self.source}: model.experts_per_gpu: expected a positive integer")
+            m["experts"] = per_gpu * world
+        required = {"batch", "seq_len", "model_dim", "hidden_dim", "experts"}
+        missing = sorted(required - set(m))
+        if missing:
+            raise ConfigError(f"{self.source}: model: missing field(s) {missing}")
+        routing = m.pop("routing", None) or {"kind": "uniform"}
+        if isinstance(routing, str):
+            routing = {"kind": routing}
+        if not isinstance(routing, dict):
+            raise ConfigError(f"{self.source}: model.routing: expected a mapping with 'kind'")
+        cf = m.pop("capacity_factor", 1.0)
+        if not isinstance(cf, (int, float)) or isinstance(cf, bool):
+            raise ConfigError(f"{self.source}: model.capacity_factor: expected a number, got {cf!r}")
+        return MoELayer(world=world, routing=routing, capacity_factor=float(cf), **m)

@@ -1,0 +1,23 @@
+"""Pipelined MoE layer (PipeMoE / Tutel / MPipeMoE): r capacity chunks, dispatch and combine
+chunks on the communication stream(s) overlapping expert chunks on the compute stream.
+
+`order` picks how chunks are queued: `tutel` (all dispatches, then all combines, one
+stream), `alternating` (MPipeMoE Fig. 4b) or `two_streams` (dispatch and combine on separate
+communication streams, the setting PipeMoE's Eq. 9-12 describe).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.graph import TaskGraph
+from sim.strategies.moe import build_layer
+from sim.workload import MoELayer
+
+NAME = "pipelined"
+DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel"}
+
+
+def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+    return build_layer(layer, degree=params["degree"], order=params["order"], passes=passes,
+                       strategy=NAME)

@@ -1,0 +1,19 @@
+"""FastMoE / DeepSpeed-MoE layer: gate -> dispatch all-to-all -> experts -> combine all-to-all.
+
+Nothing overlaps: every step waits for the one before it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.graph import TaskGraph
+from sim.strategies.moe import build_layer
+from sim.workload import MoELayer
+
+NAME = "sequential"
+DEFAULTS: dict[str, Any] = {}
+
+
+def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+    return build_layer(layer, degree=1, order="tutel", passes=passes, strategy=NAME)

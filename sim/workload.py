@@ -1,0 +1,120 @@
+"""The MoE layer being simulated: sizes, capacity and routing (who sends how many tokens where).
+
+Notation follows PipeMoE Table I / Tutel: B sequences of L tokens per GPU (T = B*L tokens),
+model dim M, expert hidden dim H, E experts in total over P GPUs (E/P local experts), top-k
+gating with capacity factor f, so each expert takes at most C = ceil(k*f*T/E) tokens from each
+GPU (GShard/Switch token dropping).
+
+Routing models:
+- uniform: every (GPU, expert) buffer is full; the all-to-all moves the padded [E, C, M]
+  buffer (Tutel/DeepSpeed style), so all peers exchange equal bytes.
+- zipf: a seeded Zipf(s) popularity over experts; each GPU's k*T assignments are drawn from
+  it, capped at C per expert (drops), and only real tokens move (all-to-allv).
+- matrix: tokens[p][e] given explicitly (e.g. from a trace), capped at C.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+import numpy as np
+
+from sim.costs.compute import DTYPE_BYTES
+from sim.errors import ConfigError
+
+ROUTING_KINDS = ("uniform", "zipf", "matrix")
+
+
+@dataclass(frozen=True)
+class MoELayer:
+    batch: int  # B, sequences per GPU
+    seq_len: int  # L
+    model_dim: int  # M
+    hidden_dim: int  # H
+    experts: int  # E, total
+    world: int  # P, GPUs in the expert-parallel group
+    top_k: int = 1
+    capacity_factor: float = 1.0
+    dtype: str = "bf16"
+    routing: dict[str, Any] = field(default_factory=lambda: {"kind": "uniform"})
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "seq_len", "model_dim", "hidden_dim", "experts", "world", "top_k"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"model.{name}: expected a positive integer, got {v!r}")
+        if self.experts % self.world:
+            raise ConfigError(
+                f"model.experts: {self.experts} experts cannot be spread evenly over "
+                f"{self.world} GPUs (need a multiple of {self.world})"
+            )
+        if self.top_k > self.experts:
+            raise ConfigError(f"model.top_k: {self.top_k} exceeds the {self.experts} experts")
+        if not self.capacity_factor > 0:
+            raise ConfigError(f"model.capacity_factor: must be > 0, got {self.capacity_factor}")
+        if self.dtype not in DTYPE_BYTES:
+            raise ConfigError(f"model.dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+        kind = self.routing.get("kind")
+        if kind not in ROUTING_KINDS:
+            raise ConfigError(f"model.routing.kind: expected one of {ROUTING_KINDS}, got {kind!r}")
+
+    @property
+    def tokens(self) -> int:
+        return self.batch * self.seq_len
+
+    @property
+    def local_experts(self) -> int:
+        return self.experts // self.world
+
+    @property
+    def capacity(self) -> int:
+        return max(1, math.ceil(self.top_k * self.capacity_factor * self.tokens / self.experts))
+
+    @property
+    def elem(self) -> int:
+        return DTYPE_BYTES[self.dtype]
+
+    @property
+    def uniform(self) -> bool:
+        return self.routing.get("kind") == "uniform"
+
+    @cached_property
+    def tokens_matrix(self) -> np.ndarray:
+        """[P, E] tokens GPU p sends to expert e, after capacity dropping."""
+        P, E, C = self.world, self.experts, self.capacity
+        kind = self.routing["kind"]
+        if kind == "uniform":
+            return np.full((P, E), C, dtype=np.int64)
+        if kind == "matrix":
+            m = np.asarray(self.routing.get("tokens"), dtype=float)
+            if m.shape != (P, E) or (m < 0).any():
+                raise ConfigError(
+                    f"model.routing.tokens: expected a {P}x{E} matrix of non-negative counts, "
+                    f"got shape {m.shape}"
+                )
+            return np.minimum(m.astype(np.int64), C)
+        s = float(self.routing.get("s", 1.2))
+        if s < 0:
+            raise ConfigError(f"model.routing.s: Zipf exponent must be >= 0, got {s}")
+        rng = np.random.default_rng(int(self.routing.get("seed", 0)))
+        popularity = 1.0 / np.arange(1, E + 1) ** s
+        popularity = popularity[rng.permutation(E)]
+        popularity /= popularity.sum()
+        drawn = rng.multinomial(self.top_k * self.tokens, popularity, size=P)
+        return np.minimum(drawn, C)
+
+    def chunk_tokens(self, degree: int) -> np.ndarray:
+        """[r, P, E] tokens per capacity chunk: chunk j holds capacity slots [jC/r, (j+1)C/r)."""
+        C = self.capacity
+        bounds = [C * j // degree for j in range(degree + 1)]
+        t = self.tokens_matrix
+        return np.stack(
+            [np.clip(t - lo, 0, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
+        )
+
+    def chunk_capacity(self, degree: int) -> list[int]:
+        C = self.capacity
+        return [C * (j + 1) // degree - C * j // degree for j in range(degree)]
