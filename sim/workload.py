@@ -60,6 +60,8 @@ class MoELayer:
         kind = self.routing.get("kind")
         if kind not in ROUTING_KINDS:
             raise ConfigError(f"model.routing.kind: expected one of {ROUTING_KINDS}, got {kind!r}")
+        if kind != "uniform":
+            _ = self.tokens_matrix  # check the routing parameters now, not mid-build
 
     @property
     def tokens(self) -> int:
@@ -89,17 +91,27 @@ class MoELayer:
         if kind == "uniform":
             return np.full((P, E), C, dtype=np.int64)
         if kind == "matrix":
-            m = np.asarray(self.routing.get("tokens"), dtype=float)
+            try:
+                m = np.asarray(self.routing.get("tokens"), dtype=float)
+            except (TypeError, ValueError):
+                m = np.zeros(0)
             if m.shape != (P, E) or (m < 0).any():
                 raise ConfigError(
                     f"model.routing.tokens: expected a {P}x{E} matrix of non-negative counts, "
                     f"got shape {m.shape}"
                 )
             return np.minimum(m.astype(np.int64), C)
-        s = float(self.routing.get("s", 1.2))
+        unknown = set(self.routing) - {"kind", "s", "seed"}
+        if unknown:
+            raise ConfigError(f"model.routing: unknown field(s) {sorted(unknown)} for zipf")
+        try:
+            s = float(self.routing.get("s", 1.2))
+            seed = int(self.routing.get("seed", 0))
+        except (TypeError, ValueError):
+            raise ConfigError("model.routing: 's' must be a number and 'seed' an integer") from None
         if s < 0:
             raise ConfigError(f"model.routing.s: Zipf exponent must be >= 0, got {s}")
-        rng = np.random.default_rng(int(self.routing.get("seed", 0)))
+        rng = np.random.default_rng(seed)
         popularity = 1.0 / np.arange(1, E + 1) ** s
         popularity = popularity[rng.permutation(E)]
         popularity /= popularity.sum()
