@@ -53,8 +53,11 @@ def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, 
             raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
         files = {"trace": str(write_table(df, out_dir / f"trace.{fmt}"))}
         if want_trace and cfg.output.get("chrome_trace", True):
-            files["chrome_trace"] = str(write_chrome_trace(
-                df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")))
+            files["chrome_trace"] = str(
+                write_chrome_trace(
+                    df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")
+                )
+            )
         from sim.io import atomic_write_text
 
         atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
@@ -85,10 +88,18 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def _overrides(a: argparse.Namespace) -> dict[str, Any]:
-    costs = {k: v for k, v in (("network", a.network), ("fidelity", a.fidelity),
-                               ("compute", a.compute)) if v}
-    return dict(strategy=a.strategy, params=_parse_params(a.param), topology=a.topology,
-                nodes=a.nodes, costs=costs)
+    costs = {
+        k: v
+        for k, v in (("network", a.network), ("fidelity", a.fidelity), ("compute", a.compute))
+        if v
+    }
+    return dict(
+        strategy=a.strategy,
+        params=_parse_params(a.param),
+        topology=a.topology,
+        nodes=a.nodes,
+        costs=costs,
+    )
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
@@ -115,14 +126,22 @@ def _simulate_graph(a: argparse.Namespace) -> int:
         raise ConfigError("simulating a graph JSON needs --topology")
     graph = TaskGraph.from_json(a.config)
     topo = Topology.load(a.topology, nodes=a.nodes)
-    costs = CostModel.build(topo, {k: v for k, v in (("network", a.network),
-                                   ("fidelity", a.fidelity), ("compute", a.compute)) if v})
+    costs = CostModel.build(
+        topo,
+        {
+            k: v
+            for k, v in (("network", a.network), ("fidelity", a.fidelity), ("compute", a.compute))
+            if v
+        },
+    )
     res = simulate(graph, topo, costs)
     df = to_frame(res)
     summary = summarize(res, df)
     out = Path(a.out or "out")
-    summary["files"] = {"trace": str(write_table(df, out / "trace.csv")),
-                        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json"))}
+    summary["files"] = {
+        "trace": str(write_table(df, out / "trace.csv")),
+        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json")),
+    }
     _emit(summary, a.json)
     return 0
 
@@ -154,7 +173,9 @@ def cmd_topology(a: argparse.Namespace) -> int:
         G = topo.gpus_per_node
         print("  routes from gpu0:")
         for dst in range(1, min(topo.world_size, G + 1)):
-            print(f"    rank 0 -> {dst}: " + " ".join(topo.link_name(lk) for lk in topo.route(0, dst)))
+            print(
+                f"    rank 0 -> {dst}: " + " ".join(topo.link_name(lk) for lk in topo.route(0, dst))
+            )
     return 0
 
 
@@ -169,8 +190,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     def run_opts(sp: argparse.ArgumentParser) -> None:
         sp.add_argument("--strategy", help="override strategy.name")
-        sp.add_argument("--param", action="append", metavar="KEY=VALUE",
-                        help="override a strategy parameter (repeatable), e.g. degree=8")
+        sp.add_argument(
+            "--param",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a strategy parameter (repeatable), e.g. degree=8",
+        )
         sp.add_argument("--topology", help="override the topology preset or YAML path")
         sp.add_argument("--nodes", type=int, help="override the node count")
         sp.add_argument("--network", choices=["flow", "collective"], help="communication model")

@@ -21,8 +21,16 @@ from sim.workload import MoELayer
 
 TOP_FIELDS = {"topology", "nodes", "model", "strategy", "passes", "costs", "output"}
 MODEL_FIELDS = {
-    "batch", "seq_len", "model_dim", "hidden_dim", "experts", "experts_per_gpu", "top_k",
-    "capacity_factor", "dtype", "routing",
+    "batch",
+    "seq_len",
+    "model_dim",
+    "hidden_dim",
+    "experts",
+    "experts_per_gpu",
+    "top_k",
+    "capacity_factor",
+    "dtype",
+    "routing",
 }
 OUTPUT_FIELDS = {"dir", "trace_format", "chrome_trace", "max_trace_ranks"}
 
@@ -45,19 +53,27 @@ class RunConfig:
             raise ConfigError(f"{source}: expected a mapping at top level")
         unknown = set(raw) - TOP_FIELDS
         if unknown:
-            raise ConfigError(f"{source}: unknown field(s) {sorted(unknown)} (known: {sorted(TOP_FIELDS)})")
+            raise ConfigError(
+                f"{source}: unknown field(s) {sorted(unknown)} (known: {sorted(TOP_FIELDS)})"
+            )
         topo = raw.get("topology")
         if not isinstance(topo, str):
-            raise ConfigError(f"{source}: topology: expected a preset name or YAML path, got {topo!r}")
+            raise ConfigError(
+                f"{source}: topology: expected a preset name or YAML path, got {topo!r}"
+            )
         nodes = raw.get("nodes")
-        if nodes is not None and (not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1):
+        if nodes is not None and (
+            not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1
+        ):
             raise ConfigError(f"{source}: nodes: expected a positive integer, got {nodes!r}")
         model = raw.get("model")
         if not isinstance(model, dict):
             raise ConfigError(f"{source}: model: expected a mapping of layer sizes")
         bad = set(model) - MODEL_FIELDS
         if bad:
-            raise ConfigError(f"{source}: model: unknown field(s) {sorted(bad)} (known: {sorted(MODEL_FIELDS)})")
+            raise ConfigError(
+                f"{source}: model: unknown field(s) {sorted(bad)} (known: {sorted(MODEL_FIELDS)})"
+            )
         strat = raw.get("strategy", {"name": "sequential"})
         if isinstance(strat, str):
             strat = {"name": strat}
@@ -69,15 +85,28 @@ class RunConfig:
         if isinstance(passes, str):
             passes = [passes]
         if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes):
-            raise ConfigError(f"{source}: passes: expected a list from {list(PASSES)}, got {passes!r}")
+            raise ConfigError(
+                f"{source}: passes: expected a list from {list(PASSES)}, got {passes!r}"
+            )
         costs = raw.get("costs") or {}
         if not isinstance(costs, dict):
             raise ConfigError(f"{source}: costs: expected a mapping")
         output = raw.get("output") or {}
         if not isinstance(output, dict) or set(output) - OUTPUT_FIELDS:
-            raise ConfigError(f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}")
-        return cls(topo, nodes, dict(model), strat["name"], params, tuple(passes), dict(costs),
-                   dict(output), source)
+            raise ConfigError(
+                f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}"
+            )
+        return cls(
+            topo,
+            nodes,
+            dict(model),
+            strat["name"],
+            params,
+            tuple(passes),
+            dict(costs),
+            dict(output),
+            source,
+        )
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
@@ -99,9 +128,15 @@ class RunConfig:
         text = resources.files("sim").joinpath("configs/demo.yaml").read_text()
         return cls.from_dict(yaml.safe_load(text), source="<embedded demo config>")
 
-    def with_overrides(self, *, strategy: str | None = None, params: dict[str, Any] | None = None,
-                       topology: str | None = None, nodes: int | None = None,
-                       costs: dict[str, Any] | None = None) -> RunConfig:
+    def with_overrides(
+        self,
+        *,
+        strategy: str | None = None,
+        params: dict[str, Any] | None = None,
+        topology: str | None = None,
+        nodes: int | None = None,
+        costs: dict[str, Any] | None = None,
+    ) -> RunConfig:
         raw = self.to_dict()
         if strategy is not None and strategy != self.strategy:
             raw["strategy"] = {"name": strategy}
@@ -136,11 +171,15 @@ class RunConfig:
     def layer(self, world: int) -> MoELayer:
         m = dict(self.model)
         if "experts" in m and "experts_per_gpu" in m:
-            raise ConfigError(f"{self.source}: model: give 'experts' or 'experts_per_gpu', not both")
+            raise ConfigError(
+                f"{self.source}: model: give 'experts' or 'experts_per_gpu', not both"
+            )
         per_gpu = m.pop("experts_per_gpu", None)
         if per_gpu is not None:
             if not isinstance(per_gpu, int) or per_gpu < 1:
-                raise ConfigError(f"{self.source}: model.experts_per_gpu: expected a positive integer")
+                raise ConfigError(
+                    f"{self.source}: model.experts_per_gpu: expected a positive integer"
+                )
             m["experts"] = per_gpu * world
         required = {"batch", "seq_len", "model_dim", "hidden_dim", "experts"}
         missing = sorted(required - set(m))
@@ -153,5 +192,7 @@ class RunConfig:
             raise ConfigError(f"{self.source}: model.routing: expected a mapping with 'kind'")
         cf = m.pop("capacity_factor", 1.0)
         if not isinstance(cf, (int, float)) or isinstance(cf, bool):
-            raise ConfigError(f"{self.source}: model.capacity_factor: expected a number, got {cf!r}")
+            raise ConfigError(
+                f"{self.source}: model.capacity_factor: expected a number, got {cf!r}"
+            )
         return MoELayer(world=world, routing=routing, capacity_factor=float(cf), **m)

@@ -26,7 +26,7 @@ import simpy
 from sim import collectives as coll_algos
 from sim.costs import CostModel
 from sim.errors import DeadlockError, GraphError
-from sim.graph import COLLECTIVE_KINDS, COMPUTE_KINDS, P2P_KINDS, TaskGraph
+from sim.graph import COLLECTIVE_KINDS, P2P_KINDS, TaskGraph
 from sim.network import (
     BundleBatch,
     FlowNetwork,
@@ -127,8 +127,9 @@ class Engine:
         self.mem_timeline: list[tuple[float, int, float]] = []
         # network
         self.flow_mode = costs.network == "flow"
-        self.net = FlowNetwork(topo, lambda: self.env.now,
-                               self._comm_scale if inter.affects("comm") else None)
+        self.net = FlowNetwork(
+            topo, lambda: self.env.now, self._comm_scale if inter.affects("comm") else None
+        )
         self.owners: list[Any] = []
         self._net_version = 0
         self._net_dirty = False
@@ -287,8 +288,11 @@ class Engine:
         rank_task = {self.tasks[m].rank: m for m in members}
         if t.kind in P2P_KINDS:
             snd = next(x for x in tasks if x.kind == "send")
-            phases = [coll_algos.ExplicitPhase(np.array([snd.rank]), np.array([snd.peer]),
-                                               np.array([snd.bytes]))]
+            phases = [
+                coll_algos.ExplicitPhase(
+                    np.array([snd.rank]), np.array([snd.peer]), np.array([snd.bytes])
+                )
+            ]
             kind = "send"
         else:
             phases = coll_algos.phases(tasks) if self.flow_mode else []
@@ -356,10 +360,14 @@ class Engine:
             return
         links = np.asarray(route, dtype=np.int64)
         batch = BundleBatch(
-            np.ones(1), np.array([float(t.bytes)]),
+            np.ones(1),
+            np.array([float(t.bytes)]),
             np.array([self.costs.alpha + self.topo.route_latency(route)]),
-            np.zeros(len(links), dtype=np.int64), links, np.ones(len(links)),
-            np.zeros(1, dtype=np.int64), np.array([t.rank]),
+            np.zeros(len(links), dtype=np.int64),
+            links,
+            np.ones(len(links)),
+            np.zeros(1, dtype=np.int64),
+            np.array([t.rank]),
         )
         run = _CollRun([i], {t.rank: i}, [], t.kind)
         run.pending = np.bincount(batch.rank_r, minlength=self.graph.world_size)
@@ -429,15 +437,20 @@ class Engine:
             if self.running[s] and (t.kind in COLLECTIVE_KINDS or t.kind in P2P_KINDS):
                 members = self.coll_members[t.coll]  # type: ignore[index]
                 absent = sorted(self.tasks[m].rank for m in members if math.isnan(self.start[m]))
-                lines.append(f"{t.id} (rank {t.rank}, {t.stream}): waits for rank(s) {absent} "
-                             f"to launch {t.kind} {t.coll!r}")
+                lines.append(
+                    f"{t.id} (rank {t.rank}, {t.stream}): waits for rank(s) {absent} "
+                    f"to launch {t.kind} {t.coll!r}"
+                )
             elif not self.running[s]:
                 waiting = [d for d in t.deps if math.isnan(self.end[self._index(d)])]
                 lines.append(f"{t.id} (rank {t.rank}, {t.stream}): waits for {waiting}")
         left = len(self.tasks) - self.done
         shown = "\n  ".join(lines[:20])
         more = f"\n  ... and {len(lines) - 20} more streams" if len(lines) > 20 else ""
-        return f"simulated deadlock: {left} task(s) can never finish; blocked streams:\n  {shown}{more}"
+        return (
+            f"simulated deadlock: {left} task(s) can never finish; blocked streams:\n"
+            f"  {shown}{more}"
+        )
 
     def _index(self, tid: str) -> int:
         if not hasattr(self, "_idx"):

@@ -73,8 +73,9 @@ def _concat(batches: list[BundleBatch]) -> BundleBatch:
 
 
 # -- building bundles from flows ------------------------------------------------------------
-def per_flow(topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray,
-             alpha: float) -> BundleBatch:
+def per_flow(
+    topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, alpha: float
+) -> BundleBatch:
     """Every flow its own bundle. Self-sends and empty messages move nothing and are dropped."""
     keep = (src != dst) & (nbytes > 0)
     src, dst, nbytes = src[keep], dst[keep], nbytes[keep].astype(float)
@@ -132,8 +133,9 @@ def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.
     return nodes, locs
 
 
-def bundled_uniform(topo: Topology, nodes: np.ndarray, locs: np.ndarray, per_pair: float,
-                    alpha: float) -> BundleBatch:
+def bundled_uniform(
+    topo: Topology, nodes: np.ndarray, locs: np.ndarray, per_pair: float, alpha: float
+) -> BundleBatch:
     """Bundles of a uniform all-to-all among nodes x locs, one per (src local, dst local, same?).
 
     Exact for a single-switch fabric: the flow set is invariant under node permutations, so
@@ -162,12 +164,22 @@ def bundled_uniform(topo: Topology, nodes: np.ndarray, locs: np.ndarray, per_pai
         for b in locs:
             if a != b:
                 loc = topo.intra[a][b]
-                add(S, [(loc, 1.0)], np.unique(np.concatenate([nodes * G + a, nodes * G + b])),
-                    float(topo.local_lat[loc].sum()))
+                add(
+                    S,
+                    [(loc, 1.0)],
+                    np.unique(np.concatenate([nodes * G + a, nodes * G + b])),
+                    float(topo.local_lat[loc].sum()),
+                )
             if S > 1:
-                lat_ab = float(topo.local_lat[topo.out[a]].sum() + topo.local_lat[topo.inn[b]].sum())
-                add(S * (S - 1), [(topo.out[a], S - 1.0), (topo.inn[b], S - 1.0)],
-                    np.unique(np.concatenate([nodes * G + a, nodes * G + b])), lat_ab)
+                lat_ab = float(
+                    topo.local_lat[topo.out[a]].sum() + topo.local_lat[topo.inn[b]].sum()
+                )
+                add(
+                    S * (S - 1),
+                    [(topo.out[a], S - 1.0), (topo.inn[b], S - 1.0)],
+                    np.unique(np.concatenate([nodes * G + a, nodes * G + b])),
+                    lat_ab,
+                )
     n = len(count)
     if n == 0:
         z = np.zeros(0)
@@ -186,8 +198,9 @@ def bundled_uniform(topo: Topology, nodes: np.ndarray, locs: np.ndarray, per_pai
 
 
 # -- the solver -----------------------------------------------------------------------------
-def max_min_rates(n: int, inc_b: np.ndarray, inc_l: np.ndarray, inc_m: np.ndarray,
-                  cap: np.ndarray) -> np.ndarray:
+def max_min_rates(
+    n: int, inc_b: np.ndarray, inc_l: np.ndarray, inc_m: np.ndarray, cap: np.ndarray
+) -> np.ndarray:
     """Per-flow rate of each bundle under max-min fairness (progressive filling).
 
     `inc_l` indexes `cap` (compact link ids). All unfrozen flows rise together; the link that
@@ -221,8 +234,12 @@ def max_min_rates(n: int, inc_b: np.ndarray, inc_l: np.ndarray, inc_m: np.ndarra
 class FlowNetwork:
     """Active bundles, their rates, and the bytes every link has carried."""
 
-    def __init__(self, topo: Topology, now: Callable[[], float],
-                 rate_scale: Callable[[np.ndarray], np.ndarray] | None = None):
+    def __init__(
+        self,
+        topo: Topology,
+        now: Callable[[], float],
+        rate_scale: Callable[[np.ndarray], np.ndarray] | None = None,
+    ):
         self.topo = topo
         self.now = now
         self.cap = topo.link_cap
@@ -252,8 +269,9 @@ class FlowNetwork:
             m = self._merged
             assert m is not None
             self.remaining -= self.rate * dt
-            usage = np.bincount(self._inc_lc, weights=m.inc_m * self.rate[m.inc_b],
-                                minlength=len(self._links))
+            usage = np.bincount(
+                self._inc_lc, weights=m.inc_m * self.rate[m.inc_b], minlength=len(self._links)
+            )
             self.carried[self._links] += usage * dt
         self._last = t
 

@@ -51,8 +51,7 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
     kinds = df["stream"].str.split(".").str[0]
     busy: dict[str, float] = {}
     for stream, sub in df.groupby("stream"):
-        per_rank = [union_length(g[["start", "end"]].to_numpy())
-                    for _, g in sub.groupby("rank")]
+        per_rank = [union_length(g[["start", "end"]].to_numpy()) for _, g in sub.groupby("rank")]
         busy[stream] = float(np.mean(per_rank))
     exp = []
     for _rank, g in df.assign(k=kinds).groupby("rank"):
@@ -67,12 +66,18 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
         idx = np.arange(lid, topo.num_links, topo.links_per_node)
         links[cls]["bytes"] += float(carried[idx].sum())
         links[cls]["capacity"] += float(topo.local_cap[lid]) * len(idx)
-        links[cls]["peak"] = max(links[cls].get("peak", 0.0),
-                                 float(carried[idx].max()) / max(topo.local_cap[lid] * makespan, 1e-30))
+        links[cls]["peak"] = max(
+            links[cls].get("peak", 0.0),
+            float(carried[idx].max()) / max(topo.local_cap[lid] * makespan, 1e-30),
+        )
     link_util = {
-        c: {"bytes": v["bytes"], "mean_util": v["bytes"] / max(v["capacity"] * makespan, 1e-30),
-            "max_util": v["peak"]}
-        for c, v in links.items() if v["bytes"] > 0
+        c: {
+            "bytes": v["bytes"],
+            "mean_util": v["bytes"] / max(v["capacity"] * makespan, 1e-30),
+            "max_util": v["peak"],
+        }
+        for c, v in links.items()
+        if v["bytes"] > 0
     }
     mem_cap = float(topo.gpu.get("memory_bytes", np.inf))
     peak_mem = float(res.mem_peak.max()) if len(res.mem_peak) else 0.0
@@ -107,13 +112,19 @@ def format_summary(s: dict[str, Any]) -> str:
         f"max {s['exposed_comm_max_s'] * 1e3:.3f} ms)",
     ]
     for stream, t in sorted(s["busy_s"].items()):
-        lines.append(f"  busy {stream:13s} {t * 1e3:10.3f} ms ({t / max(s['makespan_s'], 1e-30):6.1%})")
+        lines.append(
+            f"  busy {stream:13s} {t * 1e3:10.3f} ms ({t / max(s['makespan_s'], 1e-30):6.1%})"
+        )
     for cls, u in sorted(s["link_util"].items()):
-        lines.append(f"  link {cls:13s} {u['mean_util']:6.1%} mean, {u['max_util']:6.1%} busiest "
-                     f"({u['bytes'] / 1e9:.3f} GB)")
+        lines.append(
+            f"  link {cls:13s} {u['mean_util']:6.1%} mean, {u['max_util']:6.1%} busiest "
+            f"({u['bytes'] / 1e9:.3f} GB)"
+        )
     oom = "  OUT OF MEMORY" if s["oom"] else ""
-    lines.append(f"  peak activations   {s['peak_activation_bytes'] / 2**30:10.3f} GiB of "
-                 f"{s['gpu_memory_bytes'] / 2**30:.1f} GiB{oom}")
+    lines.append(
+        f"  peak activations   {s['peak_activation_bytes'] / 2**30:10.3f} GiB of "
+        f"{s['gpu_memory_bytes'] / 2**30:.1f} GiB{oom}"
+    )
     fid = ", ".join(f"{k}: {v}" for k, v in s["fidelity"].items())
     lines.append(f"  network model      {s['network']} ({fid} collectives)")
     return "\n".join(lines)

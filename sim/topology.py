@@ -98,8 +98,7 @@ class Topology:
         for name, typ in devices.items():
             if typ not in DEVICE_TYPES:
                 raise TopologyError(
-                    f"{self.name}: device {name!r} has type {typ!r}; expected one of "
-                    f"{DEVICE_TYPES}"
+                    f"{self.name}: device {name!r} has type {typ!r}; expected one of {DEVICE_TYPES}"
                 )
             if name in self.devices:
                 raise TopologyError(f"{self.name}: device name {name!r} used twice")
@@ -337,7 +336,11 @@ def _load_classes(spec: dict[str, Any], name: str) -> dict[str, LinkClass]:
     out = {}
     for cname, c in raw.items():
         try:
-            bw, lat, eff = float(c["bw"]), float(c.get("latency", 0.0)), float(c.get("efficiency", 1.0))
+            bw, lat, eff = (
+                float(c["bw"]),
+                float(c.get("latency", 0.0)),
+                float(c.get("efficiency", 1.0)),
+            )
         except (KeyError, TypeError, ValueError) as e:
             raise TopologyError(f"{name}: link_classes.{cname} needs numeric bw ({e})") from None
         if not bw > 0:

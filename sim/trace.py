@@ -18,25 +18,41 @@ from sim.engine import SimResult
 from sim.errors import ConfigError
 from sim.io import atomic_write_bytes, atomic_write_text
 
-COLUMNS = ["id", "rank", "stream", "kind", "start", "end", "duration", "sync_wait", "bytes",
-           "flops", "layer", "phase", "step", "chunk"]
+COLUMNS = [
+    "id",
+    "rank",
+    "stream",
+    "kind",
+    "start",
+    "end",
+    "duration",
+    "sync_wait",
+    "bytes",
+    "flops",
+    "layer",
+    "phase",
+    "step",
+    "chunk",
+]
 TAGS = ("layer", "phase", "step", "chunk")
 
 
 def to_frame(res: SimResult) -> pd.DataFrame:
     tasks = list(res.graph)
-    df = pd.DataFrame({
-        "id": [t.id for t in tasks],
-        "rank": np.fromiter((t.rank for t in tasks), dtype=np.int64, count=len(tasks)),
-        "stream": [t.stream for t in tasks],
-        "kind": [t.kind for t in tasks],
-        "start": res.start,
-        "end": res.end,
-        "duration": res.end - res.start,
-        "sync_wait": res.sync_wait,
-        "bytes": [float(t.bytes) for t in tasks],
-        "flops": [float(t.flops) for t in tasks],
-    })
+    df = pd.DataFrame(
+        {
+            "id": [t.id for t in tasks],
+            "rank": np.fromiter((t.rank for t in tasks), dtype=np.int64, count=len(tasks)),
+            "stream": [t.stream for t in tasks],
+            "kind": [t.kind for t in tasks],
+            "start": res.start,
+            "end": res.end,
+            "duration": res.end - res.start,
+            "sync_wait": res.sync_wait,
+            "bytes": [float(t.bytes) for t in tasks],
+            "flops": [float(t.flops) for t in tasks],
+        }
+    )
     for tag in TAGS:
         df[tag] = [t.tags.get(tag) for t in tasks]
     return df[COLUMNS]
@@ -65,21 +81,40 @@ def chrome_trace(df: pd.DataFrame, max_ranks: int | None = None) -> dict:
     streams = sorted(df["stream"].unique())
     tid = {s: i for i, s in enumerate(streams)}
     for rank in sorted(df["rank"].unique()):
-        events.append({"ph": "M", "name": "process_name", "pid": int(rank),
-                       "args": {"name": f"rank {rank}"}})
+        events.append(
+            {"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}}
+        )
         for s in streams:
-            events.append({"ph": "M", "name": "thread_name", "pid": int(rank), "tid": tid[s],
-                           "args": {"name": s}})
+            events.append(
+                {
+                    "ph": "M",
+                    "name": "thread_name",
+                    "pid": int(rank),
+                    "tid": tid[s],
+                    "args": {"name": s},
+                }
+            )
     for row in df.itertuples(index=False):
         args = {"kind": row.kind, "bytes": row.bytes, "flops": row.flops}
         if row.sync_wait > 0:
             args["sync_wait_us"] = row.sync_wait * 1e6
-        events.append({
-            "ph": "X", "name": row.step or row.kind, "cat": row.kind, "pid": int(row.rank),
-            "tid": tid[row.stream], "ts": row.start * 1e6, "dur": row.duration * 1e6,
-            "args": args | {k: getattr(row, k) for k in ("phase", "chunk") if getattr(row, k) is not None
-                            and getattr(row, k) == getattr(row, k)},
-        })
+        events.append(
+            {
+                "ph": "X",
+                "name": row.step or row.kind,
+                "cat": row.kind,
+                "pid": int(row.rank),
+                "tid": tid[row.stream],
+                "ts": row.start * 1e6,
+                "dur": row.duration * 1e6,
+                "args": args
+                | {
+                    k: getattr(row, k)
+                    for k in ("phase", "chunk")
+                    if getattr(row, k) is not None and getattr(row, k) == getattr(row, k)
+                },
+            }
+        )
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 

@@ -56,7 +56,9 @@ class MoELayer:
         if not self.capacity_factor > 0:
             raise ConfigError(f"model.capacity_factor: must be > 0, got {self.capacity_factor}")
         if self.dtype not in DTYPE_BYTES:
-            raise ConfigError(f"model.dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}")
+            raise ConfigError(
+                f"model.dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
+            )
         kind = self.routing.get("kind")
         if kind not in ROUTING_KINDS:
             raise ConfigError(f"model.routing.kind: expected one of {ROUTING_KINDS}, got {kind!r}")
@@ -123,9 +125,7 @@ class MoELayer:
         C = self.capacity
         bounds = [C * j // degree for j in range(degree + 1)]
         t = self.tokens_matrix
-        return np.stack(
-            [np.clip(t - lo, 0, hi - lo) for lo, hi in zip(bounds, bounds[1:])]
-        )
+        return np.stack([np.clip(t - lo, 0, hi - lo) for lo, hi in zip(bounds, bounds[1:])])
 
     def chunk_capacity(self, degree: int) -> list[int]:
         C = self.capacity

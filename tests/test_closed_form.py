@@ -33,10 +33,12 @@ def recurrence(order: str, td: list[float], te: list[float], tc: list[float]) ->
         tau_d, tau_e, tau_c = [0.0] * r, [0.0] * r, [0.0] * r
         for i in range(r):
             tau_d[i] = 0.0 if i == 0 else tau_d[i - 1] + td[i - 1]
-            tau_e[i] = (tau_d[0] + td[0]) if i == 0 else max(tau_e[i - 1] + te[i - 1],
-                                                             tau_d[i] + td[i])
-            tau_c[i] = (tau_e[0] + te[0]) if i == 0 else max(tau_e[i] + te[i],
-                                                             tau_c[i - 1] + tc[i - 1])
+            tau_e[i] = (
+                (tau_d[0] + td[0]) if i == 0 else max(tau_e[i - 1] + te[i - 1], tau_d[i] + td[i])
+            )
+            tau_c[i] = (
+                (tau_e[0] + te[0]) if i == 0 else max(tau_e[i] + te[i], tau_c[i - 1] + tc[i - 1])
+            )
         return tau_c[r - 1] + tc[r - 1] - tau_d[0]
     if order == "tutel":
         fifo = [("D", i) for i in range(r)] + [("C", i) for i in range(r)]
@@ -74,20 +76,48 @@ def recurrence(order: str, td: list[float], te: list[float], tc: list[float]) ->
     alpha_g=st.floats(1e-6, 1e-4),
     beta_g=st.floats(1e-15, 1e-13),
 )
-def test_pipelined_forward_matches_recurrence(r, order, batch, seq_len, model_dim, hidden_dim,
-                                             local_experts, top_k, cf, alpha_a, beta_a,
-                                             alpha_g, beta_g):
+def test_pipelined_forward_matches_recurrence(
+    r,
+    order,
+    batch,
+    seq_len,
+    model_dim,
+    hidden_dim,
+    local_experts,
+    top_k,
+    cf,
+    alpha_a,
+    beta_a,
+    alpha_g,
+    beta_g,
+):
     P = TOPO.world_size
-    layer = MoELayer(batch=batch, seq_len=seq_len, model_dim=model_dim, hidden_dim=hidden_dim,
-                     experts=local_experts * P, world=P, top_k=top_k, capacity_factor=cf)
+    layer = MoELayer(
+        batch=batch,
+        seq_len=seq_len,
+        model_dim=model_dim,
+        hidden_dim=hidden_dim,
+        experts=local_experts * P,
+        world=P,
+        top_k=top_k,
+        capacity_factor=cf,
+    )
     r = min(r, layer.capacity)
     small = {"alpha": 2e-6, "beta": 1e-12}  # gate / encode / decode: alpha + beta * bytes
-    costs = CostModel.build(TOPO, {
-        "compute": "alpha_beta", "network": "collective",
-        "alpha_beta": {"gemm": {"alpha": alpha_g, "beta": beta_g},
-                       "gate": small, "encode": small, "decode": small},
-        "collectives": {"all_to_all": {"alpha": alpha_a, "beta": beta_a}},
-    })
+    costs = CostModel.build(
+        TOPO,
+        {
+            "compute": "alpha_beta",
+            "network": "collective",
+            "alpha_beta": {
+                "gemm": {"alpha": alpha_g, "beta": beta_g},
+                "gate": small,
+                "encode": small,
+                "decode": small,
+            },
+            "collectives": {"all_to_all": {"alpha": alpha_a, "beta": beta_a}},
+        },
+    )
     g = build("pipelined", layer, {"degree": r, "order": order}, ("fwd",))
     res = simulate(g, TOPO, costs)
 

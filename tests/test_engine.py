@@ -16,9 +16,14 @@ TOPO = star()
 
 
 def costs(**extra) -> CostModel:
-    spec = {"compute": "alpha_beta", "alpha": 0.0,
-            "alpha_beta": {"gemm": {"alpha": 10.0, "beta": 0.0},
-                           "elementwise": {"alpha": 1.0, "beta": 0.0}}}
+    spec = {
+        "compute": "alpha_beta",
+        "alpha": 0.0,
+        "alpha_beta": {
+            "gemm": {"alpha": 10.0, "beta": 0.0},
+            "elementwise": {"alpha": 1.0, "beta": 0.0},
+        },
+    }
     spec.update(extra)
     return CostModel.build(TOPO, spec)
 
@@ -59,16 +64,22 @@ def _overlap_graph() -> TaskGraph:
 
 
 def test_interference_slows_compute_while_comm_runs():
-    c = costs(network="collective", collectives={"all_to_all": {"alpha": 4.0, "beta": 0.0}},
-              interference={"compute": {"comm": 0.5}})
+    c = costs(
+        network="collective",
+        collectives={"all_to_all": {"alpha": 4.0, "beta": 0.0}},
+        interference={"compute": {"comm": 0.5}},
+    )
     e = ends(simulate(_overlap_graph(), TOPO, c))
     # 4 s at half speed = 2 s of work, then 8 s at full speed
     assert e["a2a"] == 4.0 and math.isclose(e["gemm"], 12.0)
 
 
 def test_interference_slows_comm_while_compute_runs():
-    c = costs(network="collective", collectives={"all_to_all": {"alpha": 4.0, "beta": 0.0}},
-              interference={"comm": {"compute": 0.5}})
+    c = costs(
+        network="collective",
+        collectives={"all_to_all": {"alpha": 4.0, "beta": 0.0}},
+        interference={"comm": {"compute": 0.5}},
+    )
     e = ends(simulate(_overlap_graph(), TOPO, c))
     assert e["gemm"] == 10.0 and math.isclose(e["a2a"], 8.0)
 

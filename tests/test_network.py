@@ -20,15 +20,25 @@ GB = 1e9
 
 def star(bw_gpu0: float = 10 * GB, latency: float = 0.0) -> Topology:
     """One node: 4 GPUs on one switch; GPU 0's link may be slower than the others."""
-    return Topology({
-        "name": "star", "nodes": 1, "gpus_per_node": 4,
-        "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12},
-        "node": {"devices": {"sw": "nvswitch"},
-                 "links": [{"a": "gpu0", "b": "sw", "class": "slow"},
-                           {"a": ["gpu1", "gpu2", "gpu3"], "b": "sw", "class": "fast"}]},
-        "link_classes": {"slow": {"bw": bw_gpu0, "latency": latency},
-                         "fast": {"bw": 10 * GB, "latency": latency}},
-    })
+    return Topology(
+        {
+            "name": "star",
+            "nodes": 1,
+            "gpus_per_node": 4,
+            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12},
+            "node": {
+                "devices": {"sw": "nvswitch"},
+                "links": [
+                    {"a": "gpu0", "b": "sw", "class": "slow"},
+                    {"a": ["gpu1", "gpu2", "gpu3"], "b": "sw", "class": "fast"},
+                ],
+            },
+            "link_classes": {
+                "slow": {"bw": bw_gpu0, "latency": latency},
+                "fast": {"bw": 10 * GB, "latency": latency},
+            },
+        }
+    )
 
 
 def p2p_graph(pairs: list[tuple[int, int, float]]) -> TaskGraph:
@@ -88,7 +98,10 @@ def test_efficiency_scales_bandwidth():
 def test_max_min_rates_unit():
     # links: 0 cap 10, 1 cap 2; bundle 0 crosses both, bundle 1 only link 0 (3 flows)
     rates = max_min_rates(
-        2, np.array([0, 0, 1]), np.array([0, 1, 0]), np.array([1.0, 1.0, 3.0]),
+        2,
+        np.array([0, 0, 1]),
+        np.array([0, 1, 0]),
+        np.array([1.0, 1.0, 3.0]),
         np.array([10.0, 2.0]),
     )
     assert rates[0] == pytest.approx(2.0)
@@ -108,16 +121,31 @@ def test_uniform_all_to_all_on_one_switch_closed_form():
     assert math.isclose(res.makespan, expect, rel_tol=1e-12)
 
 
-@pytest.mark.parametrize("preset,nodes", [
-    ("dgx-a100", 3), ("pipemoe-2080ti", 4), ("p4de-a100", 2), ("p3dn-v100", 2), ("dgx-h100", 2),
-    ("parm-4090", 1),
-])
+@pytest.mark.parametrize(
+    "preset,nodes",
+    [
+        ("dgx-a100", 3),
+        ("pipemoe-2080ti", 4),
+        ("p4de-a100", 2),
+        ("p3dn-v100", 2),
+        ("dgx-h100", 2),
+        ("parm-4090", 1),
+    ],
+)
 @pytest.mark.parametrize("order", ["tutel", "two_streams"])
 def test_bundled_agrees_with_per_flow(preset, nodes, order):
     topo = Topology.load(preset, nodes=nodes)
     P = topo.world_size
-    layer = MoELayer(batch=2, seq_len=256, model_dim=512, hidden_dim=1024, experts=P, world=P,
-                     top_k=2, capacity_factor=1.0)
+    layer = MoELayer(
+        batch=2,
+        seq_len=256,
+        model_dim=512,
+        hidden_dim=1024,
+        experts=P,
+        world=P,
+        top_k=2,
+        capacity_factor=1.0,
+    )
     g = build("pipelined", layer, {"degree": 2, "order": order}, ("fwd", "bwd"))
     per = simulate(g, topo, CostModel.build(topo, {"fidelity": "flow"}))
     bun = simulate(g, topo, CostModel.build(topo, {"fidelity": "bundled"}))
@@ -151,8 +179,19 @@ def test_skewed_all_to_allv_is_bounded_by_the_hot_ingress():
         split = [0.0] * n
         split[0] = S if r else 0.0
         recv = [S if (r == 0 and q) else 0.0 for q in range(n)]
-        g.add(Task(f"a{r}", r, "comm", "all_to_allv", bytes=sum(split), group=list(range(n)),
-                   coll="x", split=split, recv_split=recv))
+        g.add(
+            Task(
+                f"a{r}",
+                r,
+                "comm",
+                "all_to_allv",
+                bytes=sum(split),
+                group=list(range(n)),
+                coll="x",
+                split=split,
+                recv_split=recv,
+            )
+        )
     res = simulate(g, topo, CostModel.build(topo, {"alpha": 0.0}))
     nv = topo.link_classes["nvlink3"]
     expect = 2 * nv.latency + (n - 1) * S / nv.eff_bw

@@ -21,24 +21,47 @@ TOPO = Topology.load("dgx-a100", nodes=1)
 
 
 def layer(**kw) -> MoELayer:
-    base = dict(batch=2, seq_len=512, model_dim=1024, hidden_dim=4096, experts=16, world=8,
-                top_k=2, capacity_factor=1.0)
+    base = dict(
+        batch=2,
+        seq_len=512,
+        model_dim=1024,
+        hidden_dim=4096,
+        experts=16,
+        world=8,
+        top_k=2,
+        capacity_factor=1.0,
+    )
     return MoELayer(**{**base, **kw})
 
 
 def comm_sequence(g, rank=0):
-    return [(t.stream, t.tags["step"], t.tags["chunk"]) for t in g
-            if t.rank == rank and t.stream.startswith("comm") and t.tags["phase"] == "fwd"]
+    return [
+        (t.stream, t.tags["step"], t.tags["chunk"])
+        for t in g
+        if t.rank == rank and t.stream.startswith("comm") and t.tags["phase"] == "fwd"
+    ]
 
 
 def test_issue_orders():
     L = layer()
     tutel = comm_sequence(build("pipelined", L, {"degree": 3, "order": "tutel"}, ("fwd",)))
-    assert [(s, c) for _, s, c in tutel] == [("dispatch", 0), ("dispatch", 1), ("dispatch", 2),
-                                              ("combine", 0), ("combine", 1), ("combine", 2)]
+    assert [(s, c) for _, s, c in tutel] == [
+        ("dispatch", 0),
+        ("dispatch", 1),
+        ("dispatch", 2),
+        ("combine", 0),
+        ("combine", 1),
+        ("combine", 2),
+    ]
     alt = comm_sequence(build("pipelined", L, {"degree": 3, "order": "alternating"}, ("fwd",)))
-    assert [(s, c) for _, s, c in alt] == [("dispatch", 0), ("dispatch", 1), ("combine", 0),
-                                            ("dispatch", 2), ("combine", 1), ("combine", 2)]
+    assert [(s, c) for _, s, c in alt] == [
+        ("dispatch", 0),
+        ("dispatch", 1),
+        ("combine", 0),
+        ("dispatch", 2),
+        ("combine", 1),
+        ("combine", 2),
+    ]
     two = comm_sequence(build("pipelined", L, {"degree": 3, "order": "two_streams"}, ("fwd",)))
     assert {st for st, s, _ in two if s == "dispatch"} == {"comm"}
     assert {st for st, s, _ in two if s == "combine"} == {"comm.1"}
@@ -51,8 +74,11 @@ def test_backward_mirrors_forward_with_twice_the_expert_work():
         if t.kind == "gemm":
             flops[t.tags["phase"]] += t.flops
     assert math.isclose(flops["bwd"], 2 * flops["fwd"])
-    bwd_chunks = [t.tags["chunk"] for t in g
-                  if t.rank == 0 and t.tags["phase"] == "bwd" and t.tags["step"] == "combine_grad"]
+    bwd_chunks = [
+        t.tags["chunk"]
+        for t in g
+        if t.rank == 0 and t.tags["phase"] == "bwd" and t.tags["step"] == "combine_grad"
+    ]
     assert bwd_chunks == [1, 0]  # walked in reverse
 
 
@@ -78,7 +104,9 @@ def test_skewed_routing_uses_all_to_allv_and_conserves_tokens():
     assert math.isclose(sent, tm.sum() * L.model_dim * L.elem)
     # same seed, same matrix; different seed, different matrix
     assert np.array_equal(tm, layer(routing={"kind": "zipf", "s": 1.5, "seed": 3}).tokens_matrix)
-    assert not np.array_equal(tm, layer(routing={"kind": "zipf", "s": 1.5, "seed": 4}).tokens_matrix)
+    assert not np.array_equal(
+        tm, layer(routing={"kind": "zipf", "s": 1.5, "seed": 4}).tokens_matrix
+    )
 
 
 def test_skew_makes_the_layer_slower_than_uniform_at_equal_tokens():
@@ -88,9 +116,14 @@ def test_skew_makes_the_layer_slower_than_uniform_at_equal_tokens():
     hot = np.full((P, E), 64)
     hot[:, 0] = 64 * 4  # everyone sends 4x to expert 0 ...
     hot[:, 1:4] = 0  # ... and nothing to 1..3: same total tokens as uniform
-    L_hot = layer(experts=E, capacity_factor=4.0, routing={"kind": "matrix", "tokens": hot.tolist()})
-    L_uni = layer(experts=E, capacity_factor=4.0,
-                  routing={"kind": "matrix", "tokens": np.full((P, E), 64).tolist()})
+    L_hot = layer(
+        experts=E, capacity_factor=4.0, routing={"kind": "matrix", "tokens": hot.tolist()}
+    )
+    L_uni = layer(
+        experts=E,
+        capacity_factor=4.0,
+        routing={"kind": "matrix", "tokens": np.full((P, E), 64).tolist()},
+    )
     t_hot = simulate(build("sequential", L_hot, {}, ("fwd",)), TOPO, c).makespan
     t_uni = simulate(build("sequential", L_uni, {}, ("fwd",)), TOPO, c).makespan
     assert t_hot > 1.5 * t_uni
@@ -129,11 +162,14 @@ def test_activation_memory_is_kept_for_backward_and_freed():
     assert all(v == 0.0 for v in final.values())
 
 
-@pytest.mark.parametrize("params,match", [
-    ({"degree": 0}, "degree"),
-    ({"degree": 10_000}, "capacity"),
-    ({"order": "random"}, "order"),
-])
+@pytest.mark.parametrize(
+    "params,match",
+    [
+        ({"degree": 0}, "degree"),
+        ({"degree": 10_000}, "capacity"),
+        ({"order": "random"}, "order"),
+    ],
+)
 def test_bad_strategy_params(params, match):
     with pytest.raises(ConfigError, match=match):
         build("pipelined", layer(), params, ("fwd",))

@@ -60,7 +60,9 @@ class CostModel:
             raise ConfigError(f"costs.fidelity: expected one of {FIDELITIES}, got {fidelity!r}")
         min_ranks = spec.pop("bundle_min_ranks", 64)
         if not isinstance(min_ranks, int) or min_ranks < 1:
-            raise ConfigError(f"costs.bundle_min_ranks: expected a positive integer, got {min_ranks!r}")
+            raise ConfigError(
+                f"costs.bundle_min_ranks: expected a positive integer, got {min_ranks!r}"
+            )
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
         return cls(compute, network, collective, inter, alpha, fidelity, min_ranks)

@@ -26,7 +26,9 @@ class RooflineCompute:
     mem_efficiency: float = 1.0
 
     @classmethod
-    def from_gpu(cls, gpu: dict[str, Any], override: dict[str, Any] | None = None) -> RooflineCompute:
+    def from_gpu(
+        cls, gpu: dict[str, Any], override: dict[str, Any] | None = None
+    ) -> RooflineCompute:
         roof = {**(gpu.get("roofline") or {}), **(override or {})}
         try:
             peak = {k: float(v) for k, v in (gpu.get("peak_flops") or {}).items()}

@@ -36,7 +36,9 @@ class CollectiveAlphaBeta:
         return cls(fits)
 
     def params(self, kind: str, ranks: int) -> tuple[float, float]:
-        rows = self.fits.get(kind) or (self.fits.get("all_to_all") if kind == "all_to_allv" else None)
+        rows = self.fits.get(kind) or (
+            self.fits.get("all_to_all") if kind == "all_to_allv" else None
+        )
         if not rows:
             raise ConfigError(
                 f"costs.network is 'collective' but there is no alpha-beta fit for {kind!r} "

@@ -38,7 +38,9 @@ def comm_order(r: int, order: str) -> list[tuple[str, int, str]]:
             seq += [("first", j, "comm"), ("second", j - 1, "comm")]
         return seq + [("second", r - 1, "comm")]
     if order == "two_streams":
-        return [("first", j, "comm") for j in range(r)] + [("second", j, "comm.1") for j in range(r)]
+        return [("first", j, "comm") for j in range(r)] + [
+            ("second", j, "comm.1") for j in range(r)
+        ]
     raise ConfigError(f"strategy.order: expected one of {ORDERS}, got {order!r}")
 
 
@@ -67,9 +69,14 @@ def _sizes(layer: MoELayer, r: int) -> _Sizes:
     return _Sizes(False, a2a, split, rows)
 
 
-def build_layer(layer: MoELayer, degree: int = 1, order: str = "tutel",
-                passes: tuple[str, ...] = ("fwd",), layer_id: int = 0,
-                strategy: str = "pipelined") -> TaskGraph:
+def build_layer(
+    layer: MoELayer,
+    degree: int = 1,
+    order: str = "tutel",
+    passes: tuple[str, ...] = ("fwd",),
+    layer_id: int = 0,
+    strategy: str = "pipelined",
+) -> TaskGraph:
     if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
         raise ConfigError(f"strategy.degree: expected a positive integer, got {degree!r}")
     if degree > layer.capacity:
@@ -80,11 +87,17 @@ def build_layer(layer: MoELayer, degree: int = 1, order: str = "tutel",
         if p not in PASSES:
             raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
     sizes = _sizes(layer, degree)
-    g = TaskGraph(layer.world, meta={
-        "strategy": strategy, "degree": degree, "order": order, "passes": list(passes),
-        "layer": {k: v for k, v in layer.__dict__.items() if k != "routing"}
-        | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
-    })
+    g = TaskGraph(
+        layer.world,
+        meta={
+            "strategy": strategy,
+            "degree": degree,
+            "order": order,
+            "passes": list(passes),
+            "layer": {k: v for k, v in layer.__dict__.items() if k != "routing"}
+            | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
+        },
+    )
     seq = comm_order(degree, order)
     for rank in range(layer.world):
         streams: dict[str, list[Task]] = defaultdict(list)
@@ -99,8 +112,16 @@ def build_layer(layer: MoELayer, degree: int = 1, order: str = "tutel",
 
 
 class _RankBuilder:
-    def __init__(self, layer: MoELayer, sizes: _Sizes, rank: int, layer_id: int,
-                 streams: dict[str, list[Task]], r: int, keep_for_bwd: bool):
+    def __init__(
+        self,
+        layer: MoELayer,
+        sizes: _Sizes,
+        rank: int,
+        layer_id: int,
+        streams: dict[str, list[Task]],
+        r: int,
+        keep_for_bwd: bool,
+    ):
         self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
         self.streams, self.r, self.keep = streams, r, keep_for_bwd
         self.group = list(range(layer.world))
@@ -121,29 +142,73 @@ class _RankBuilder:
         return d
 
     # -- pieces --------------------------------------------------------------------------
-    def _compute(self, phase: str, step: str, kind: str, flops: float, nbytes: float,
-                 deps: list[str], j: int | None = None, shape: dict | None = None,
-                 allocs: dict | None = None, frees: list[str] | None = None) -> str:
-        return self._add("compute", Task(
-            self._id(phase, step, j), self.rank, "compute", kind, deps=deps, flops=flops,
-            bytes=nbytes, shape=shape, allocs=allocs or {}, frees=frees or [],
-            tags=self._tags(phase, step, j)))
+    def _compute(
+        self,
+        phase: str,
+        step: str,
+        kind: str,
+        flops: float,
+        nbytes: float,
+        deps: list[str],
+        j: int | None = None,
+        shape: dict | None = None,
+        allocs: dict | None = None,
+        frees: list[str] | None = None,
+    ) -> str:
+        return self._add(
+            "compute",
+            Task(
+                self._id(phase, step, j),
+                self.rank,
+                "compute",
+                kind,
+                deps=deps,
+                flops=flops,
+                bytes=nbytes,
+                shape=shape,
+                allocs=allocs or {},
+                frees=frees or [],
+                tags=self._tags(phase, step, j),
+            ),
+        )
 
-    def _exchange(self, phase: str, step: str, j: int, stream: str, deps: list[str],
-                  reverse: bool, allocs: dict | None = None,
-                  frees: list[str] | None = None) -> Task:
+    def _exchange(
+        self,
+        phase: str,
+        step: str,
+        j: int,
+        stream: str,
+        deps: list[str],
+        reverse: bool,
+        allocs: dict | None = None,
+        frees: list[str] | None = None,
+    ) -> Task:
         """One all-to-all chunk; `reverse` sends expert outputs back to their token owners."""
         tid = self._id(phase, step, j)
         coll = f"L{self.lid}/{phase}/{step}.{j}"
-        common = dict(deps=deps, group=self.group, coll=coll, allocs=allocs or {},
-                      frees=frees or [], tags=self._tags(phase, step, j))
+        common = dict(
+            deps=deps,
+            group=self.group,
+            coll=coll,
+            allocs=allocs or {},
+            frees=frees or [],
+            tags=self._tags(phase, step, j),
+        )
         if self.s.uniform:
             t = Task(tid, self.rank, stream, "all_to_all", bytes=self.s.a2a_bytes[j], **common)
         else:
             m = self.s.split[j].T if reverse else self.s.split[j]
             send, recv = m[self.rank], m[:, self.rank]
-            t = Task(tid, self.rank, stream, "all_to_allv", bytes=float(send.sum()),
-                     split=send.tolist(), recv_split=recv.tolist(), **common)
+            t = Task(
+                tid,
+                self.rank,
+                stream,
+                "all_to_allv",
+                bytes=float(send.sum()),
+                split=send.tolist(),
+                recv_split=recv.tolist(),
+                **common,
+            )
         return t
 
     def _expert_shapes(self, j: int) -> tuple[dict, dict, float]:
@@ -167,7 +232,9 @@ class _RankBuilder:
         l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
         E, C = l.experts, l.capacity
         fwd = phase == "fwd"
-        first_step, second_step = ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
+        first_step, second_step = (
+            ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
+        )
         # order chunks are processed in: forward 0..r-1, backward reversed (Tutel)
         chunks = list(range(self.r)) if fwd else list(reversed(range(self.r)))
         gate_flops = 2.0 * T * M * E * (1 if fwd else 2)
@@ -184,9 +251,18 @@ class _RankBuilder:
         comm: dict[tuple[str, int], tuple[str, Task]] = {}
         for what, j, stream in comm_plan:
             if what == "first":
-                comm[(what, j)] = (stream, self._exchange(
-                    phase, first_step, j, stream, [head], reverse=not fwd,
-                    allocs={f"di.{j}": self._di_bytes(j)} if fwd else None))
+                comm[(what, j)] = (
+                    stream,
+                    self._exchange(
+                        phase,
+                        first_step,
+                        j,
+                        stream,
+                        [head],
+                        reverse=not fwd,
+                        allocs={f"di.{j}": self._di_bytes(j)} if fwd else None,
+                    ),
+                )
         expert_last: dict[int, str] = {}
         for j in chunks:
             got = comm[("first", j)][1].id
@@ -195,39 +271,92 @@ class _RankBuilder:
             f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
             mid = float(e * fc1["batch"] * fc1["m"] * fc1["n"])
             if fwd:
-                a = self._compute(phase, "fc1", "gemm", f1, self._gemm_bytes(fc1), [got],
-                                  j, fc1, allocs={f"mid.{j}": mid})
+                a = self._compute(
+                    phase,
+                    "fc1",
+                    "gemm",
+                    f1,
+                    self._gemm_bytes(fc1),
+                    [got],
+                    j,
+                    fc1,
+                    allocs={f"mid.{j}": mid},
+                )
                 frees = [] if self.keep else [f"di.{j}", f"mid.{j}"]
-                expert_last[j] = self._compute(phase, "fc2", "gemm", f2, self._gemm_bytes(fc2),
-                                               [a], j, fc2, allocs={f"do.{j}": self._di_bytes(j)},
-                                               frees=frees)
+                expert_last[j] = self._compute(
+                    phase,
+                    "fc2",
+                    "gemm",
+                    f2,
+                    self._gemm_bytes(fc2),
+                    [a],
+                    j,
+                    fc2,
+                    allocs={f"do.{j}": self._di_bytes(j)},
+                    frees=frees,
+                )
             else:
                 # dgrad and wgrad of fc2 then fc1: twice the forward GEMM work
-                d2 = self._compute(phase, "fc2_dgrad", "gemm", f2, self._gemm_bytes(fc2),
-                                   [got], j, _t(fc2))
-                w2 = self._compute(phase, "fc2_wgrad", "gemm", f2, self._gemm_bytes(fc2), [d2], j,
-                                   _w(fc2), frees=[f"mid.{j}"])
-                d1 = self._compute(phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j,
-                                   _t(fc1))
-                expert_last[j] = self._compute(phase, "fc1_wgrad", "gemm", f1,
-                                               self._gemm_bytes(fc1), [d1], j, _w(fc1),
-                                               frees=[f"di.{j}"])
+                d2 = self._compute(
+                    phase, "fc2_dgrad", "gemm", f2, self._gemm_bytes(fc2), [got], j, _t(fc2)
+                )
+                w2 = self._compute(
+                    phase,
+                    "fc2_wgrad",
+                    "gemm",
+                    f2,
+                    self._gemm_bytes(fc2),
+                    [d2],
+                    j,
+                    _w(fc2),
+                    frees=[f"mid.{j}"],
+                )
+                d1 = self._compute(
+                    phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, _t(fc1)
+                )
+                expert_last[j] = self._compute(
+                    phase,
+                    "fc1_wgrad",
+                    "gemm",
+                    f1,
+                    self._gemm_bytes(fc1),
+                    [d1],
+                    j,
+                    _w(fc1),
+                    frees=[f"di.{j}"],
+                )
         for what, j, stream in comm_plan:
             if what == "second":
-                comm[(what, j)] = (stream, self._exchange(
-                    phase, second_step, j, stream, [expert_last[j]], reverse=fwd,
-                    frees=[f"do.{j}"] if fwd else None))
+                comm[(what, j)] = (
+                    stream,
+                    self._exchange(
+                        phase,
+                        second_step,
+                        j,
+                        stream,
+                        [expert_last[j]],
+                        reverse=fwd,
+                        frees=[f"do.{j}"] if fwd else None,
+                    ),
+                )
         for what, j, _stream in comm_plan:
             stream, task = comm[(what, j)]
             self._add(stream, task)
         second_ids = {j: comm[("second", j)][1].id for j in chunks}
         tail_deps = [second_ids[j] for j in chunks]
         if fwd:
-            self._compute(phase, "decode", "decode", float(2 * T * M * l.top_k),
-                          buf + float(e * T * M), tail_deps)
+            self._compute(
+                phase,
+                "decode",
+                "decode",
+                float(2 * T * M * l.top_k),
+                buf + float(e * T * M),
+                tail_deps,
+            )
         else:
-            enc = self._compute(phase, "encode_grad", "decode", 0.0, buf + float(e * T * M),
-                                tail_deps)
+            enc = self._compute(
+                phase, "encode_grad", "decode", 0.0, buf + float(e * T * M), tail_deps
+            )
             self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
 
     def _di_bytes(self, j: int) -> float:

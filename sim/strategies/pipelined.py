@@ -19,5 +19,6 @@ DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel"}
 
 
 def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
-    return build_layer(layer, degree=params["degree"], order=params["order"], passes=passes,
-                       strategy=NAME)
+    return build_layer(
+        layer, degree=params["degree"], order=params["order"], passes=passes, strategy=NAME
+    )
