@@ -128,7 +128,9 @@ class Engine:
         # network
         self.flow_mode = costs.network == "flow"
         self.net = FlowNetwork(
-            topo, lambda: self.env.now, self._comm_scale if inter.affects("comm") else None
+            topo,
+            lambda: self.env.now,
+            self._flow_scale if inter.affects("comm") or inter.affects("copy") else None,
         )
         self.owners: list[Any] = []
         self._net_version = 0
@@ -261,16 +263,19 @@ class Engine:
             if self.net.rate_scale is not None and self.net.active:
                 self._net_touch()
 
-    def _comm_scale(self, m: BundleBatch) -> np.ndarray:
-        # A bundle's speed follows the comm interference on its first source rank (bundles are
-        # symmetric, so any member stands for all).
+    def _flow_scale(self, m: BundleBatch, owners: np.ndarray) -> np.ndarray:
+        # A bundle's speed follows the interference on its first source rank (bundles are
+        # symmetric, so any member stands for all); copies are `copy` work, the rest `comm`.
         first = np.full(len(m.count), -1, dtype=np.int64)
         first[m.rank_b[::-1]] = m.rank_r[::-1]
         out = np.ones(len(m.count))
-        for r in np.unique(first):
-            busy = self.busy[int(r)]
-            others = frozenset(k for k, c in busy.items() if c > 0 and k != "comm")
-            out[first == r] = self.costs.interference.speed("comm", others)
+        for o in np.unique(owners):
+            kind = "copy" if self.owners[o].kind in ("d2h", "h2d") else "comm"
+            of_owner = owners == o
+            for r in np.unique(first[of_owner]):
+                busy = self.busy[int(r)]
+                others = frozenset(k for k, c in busy.items() if c > 0 and k != kind)
+                out[of_owner & (first == r)] = self.costs.interference.speed(kind, others)
         return out
 
     # -- communication -----------------------------------------------------------------------

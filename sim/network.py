@@ -238,7 +238,7 @@ class FlowNetwork:
         self,
         topo: Topology,
         now: Callable[[], float],
-        rate_scale: Callable[[np.ndarray], np.ndarray] | None = None,
+        rate_scale: Callable[[BundleBatch, np.ndarray], np.ndarray] | None = None,
     ):
         self.topo = topo
         self.now = now
@@ -304,7 +304,7 @@ class FlowNetwork:
         self.recomputes += 1
         rate = max_min_rates(self.active, m.inc_b, self._inc_lc, m.inc_m, self.cap[self._links])
         if self.rate_scale is not None:
-            rate = rate * self.rate_scale(m)
+            rate = rate * self.rate_scale(m, self._owner)
         self.rate = rate
 
     def next_finish(self) -> float:

@@ -136,3 +136,23 @@ def test_copies_use_the_host_route():
     pcie = topo.link_classes["pcie4"]
     lat = 2 * pcie.latency
     assert math.isclose(res.makespan, lat + 2e9 / pcie.eff_bw, rel_tol=1e-12)
+
+
+def test_copy_interference_applies_to_host_copies():
+    from sim.topology import Topology
+
+    topo = Topology.load("dgx-a100", nodes=1)
+    pcie = topo.link_classes["pcie4"]
+    g = TaskGraph(8)
+    g.add(Task("work", 0, "compute", "elementwise"))
+    g.add(Task("off", 0, "copy", "d2h", bytes=2 * pcie.eff_bw))  # 2 s alone
+    spec = {"compute": "alpha_beta", "alpha": 0.0,
+            "alpha_beta": {"elementwise": {"alpha": 1.0, "beta": 0.0}}}
+    slow = CostModel.build(topo, {**spec, "interference": {"copy": {"compute": 0.5}}})
+    comm_only = CostModel.build(topo, {**spec, "interference": {"comm": {"compute": 0.5}}})
+    lat = 2 * pcie.latency
+    # the copy starts after the path latency; while the 1 s of compute runs it moves at half rate
+    e = ends(simulate(g, topo, slow))
+    assert math.isclose(e["off"], lat + 2.0 + 0.5 * (1.0 - lat), rel_tol=1e-9)
+    e = ends(simulate(g, topo, comm_only))
+    assert math.isclose(e["off"], lat + 2.0, rel_tol=1e-9)

@@ -182,3 +182,15 @@ def test_bad_layers():
         layer(routing={"kind": "magic"})
     with pytest.raises(ConfigError, match="routing.tokens"):
         layer(routing={"kind": "matrix", "tokens": [[1, 2]]})
+
+
+@pytest.mark.parametrize("routing", [{"kind": "uniform"}, {"kind": "zipf", "s": 1.1, "seed": 1}])
+def test_built_graphs_round_trip_through_json(tmp_path, routing):
+    from sim.graph import TaskGraph
+
+    g = build("pipelined", layer(routing=routing), {"degree": 2}, ("fwd", "bwd"))
+    g.to_json(tmp_path / "g.json")
+    back = TaskGraph.from_json(tmp_path / "g.json")
+    assert back.to_dict() == g.to_dict()
+    c = CostModel.build(TOPO, {})
+    assert simulate(back, TOPO, c).makespan == simulate(g, TOPO, c).makespan

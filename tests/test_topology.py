@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
-from functools import lru_cache
+from functools import cache
 
 import networkx as nx
 import pytest
@@ -16,7 +16,7 @@ from sim.topology import Topology, list_presets, topologies_dir
 PRESETS = list_presets()
 
 
-@lru_cache(maxsize=None)
+@cache
 def _raw(name: str) -> dict:
     return yaml.safe_load((topologies_dir() / f"{name}.yaml").read_text())
 
@@ -29,7 +29,7 @@ def _has_fabric(name: str) -> bool:
     return _raw(name).get("fabric") is not None
 
 
-@lru_cache(maxsize=None)
+@cache
 def _topo(name: str, nodes: int | None) -> Topology:
     return Topology.load(name, nodes=nodes)
 

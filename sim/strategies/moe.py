@@ -11,7 +11,7 @@ dgrad + wgrad (twice the forward GEMM work), then the dispatch gradient returns.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -94,14 +94,15 @@ def build_layer(
             "degree": degree,
             "order": order,
             "passes": list(passes),
-            "layer": {k: v for k, v in layer.__dict__.items() if k != "routing"}
+            "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
             | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
         },
     )
     seq = comm_order(degree, order)
+    group = list(range(layer.world))  # one list shared by every task: validated once
     for rank in range(layer.world):
         streams: dict[str, list[Task]] = defaultdict(list)
-        b = _RankBuilder(layer, sizes, rank, layer_id, streams, degree, "bwd" in passes)
+        b = _RankBuilder(layer, sizes, rank, layer_id, streams, degree, "bwd" in passes, group)
         for p in passes:
             b.pass_(p, seq)
         for tasks in streams.values():
@@ -121,10 +122,11 @@ class _RankBuilder:
         streams: dict[str, list[Task]],
         r: int,
         keep_for_bwd: bool,
+        group: list[int],
     ):
         self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
         self.streams, self.r, self.keep = streams, r, keep_for_bwd
-        self.group = list(range(layer.world))
+        self.group = group
 
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
         c = "" if j is None else f".{j}"
