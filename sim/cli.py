@@ -1,7 +1,8 @@
 """`moesim`: simulate MoE layers, inspect topologies, export task graphs.
 
-User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print one line
-`moesim: error: ...` and exit 2; nothing is left half-written.
+User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print
+`moesim: error: ...` (one line; a deadlock adds one line per blocked stream) and exit 2,
+without a traceback; outputs are written atomically, so nothing is left half-written.
 """
 
 from __future__ import annotations
@@ -125,7 +126,11 @@ def _simulate_graph(a: argparse.Namespace) -> int:
     if not a.topology:
         raise ConfigError("simulating a graph JSON needs --topology")
     graph = TaskGraph.from_json(a.config)
-    topo = Topology.load(a.topology, nodes=a.nodes)
+    nodes = a.nodes
+    if nodes is None:  # just enough nodes for the graph's ranks, not the preset's default
+        per_node = Topology.load(a.topology, nodes=1).gpus_per_node
+        nodes = -(-graph.world_size // per_node)
+    topo = Topology.load(a.topology, nodes=nodes)
     costs = CostModel.build(
         topo,
         {

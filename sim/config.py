@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError
+from sim.errors import ConfigError, yaml_problem
 from sim.strategies import resolve_params
 from sim.strategies.moe import PASSES
 from sim.topology import Topology
@@ -120,7 +120,7 @@ class RunConfig:
         try:
             raw = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({e})") from None
+            raise ConfigError(f"config file {p}: not valid YAML ({yaml_problem(e)})") from None
         return cls.from_dict(raw, source=str(p))
 
     @classmethod

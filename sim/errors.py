@@ -19,3 +19,11 @@ class TopologyError(MoesimError):
 
 class DeadlockError(MoesimError):
     """The simulation stopped with tasks left that can never run."""
+
+
+def yaml_problem(e: Exception) -> str:
+    """A YAML parser error as one line: what went wrong and where."""
+    problem = getattr(e, "problem", None) or getattr(e, "context", None) or str(e).splitlines()[0]
+    mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+    return f"{problem}{where}"

@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -89,12 +89,29 @@ class Task:
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
-        # Drop empty optional fields: graphs of 10^5 tasks stay readable and small.
-        return {k: v for k, v in d.items() if v not in (None, [], {}, 0.0) or k in _REQUIRED}
+        # Drop fields left at their defaults: graphs of 10^5 tasks stay readable and small.
+        return {k: v for k, v in d.items() if k in _REQUIRED or not _is_default(k, v)}
 
 
 _REQUIRED = ("id", "rank", "stream", "kind")
 _FIELDS = {f for f in Task.__dataclass_fields__}
+
+
+def _default(f: Any) -> Any:
+    if f.default is not MISSING:
+        return f.default
+    if f.default_factory is not MISSING:
+        return f.default_factory()
+    return MISSING
+
+
+_DEFAULTS = {f.name: _default(f) for f in fields(Task)}
+
+
+def _is_default(name: str, value: Any) -> bool:
+    default = _DEFAULTS[name]
+    # `type` too: peer=0 must not pass for the default None, nor 0 for 0.0 in the wrong field
+    return type(value) is type(default) and value == default
 
 
 class TaskGraph:
@@ -367,9 +384,38 @@ def _check_acyclic(g: TaskGraph) -> None:
                 ready.append(m)
     if seen == len(nodes):
         return
-    stuck = sorted(n for n, k in indeg.items() if k > 0)
-    names = [n for n in stuck][:8]
-    raise GraphError(
-        f"graph has a cycle (through deps, stream order or collective rendezvous); "
-        f"{len(stuck)} task(s) can never start, e.g. {names}"
+    stuck = {n for n, k in indeg.items() if k > 0}
+    cycle = _find_cycle(stuck, succ)
+    members: dict[str, list[str]] = defaultdict(list)
+    for tid, n in node_of.items():
+        members[n].append(tid)
+    shown = " -> ".join(
+        n
+        if not n.startswith("coll:")
+        else f"{n[5:]!r} on ({', '.join(members[n][:4])}"
+        + (", ..." if len(members[n]) > 4 else "")
+        + ")"
+        for n in cycle + cycle[:1]
     )
+    blocked = sum(len(members[n]) for n in stuck)
+    raise GraphError(
+        f"graph has a cycle through deps, stream order or collective rendezvous: {shown}; "
+        f"{blocked} task(s) could never start"
+    )
+
+
+def _find_cycle(stuck: set[str], succ: dict[str, set[str]]) -> list[str]:
+    """One cycle among nodes Kahn's algorithm could not schedule (every such node has a
+    stuck predecessor, so walking predecessors must revisit a node)."""
+    pred: dict[str, str] = {}
+    for a in stuck:
+        for b in succ.get(a, ()):
+            if b in stuck:
+                pred.setdefault(b, a)
+    n = min(stuck)
+    order: dict[str, int] = {}
+    while n not in order:
+        order[n] = len(order)
+        n = pred[n]
+    path = sorted(order, key=order.get)[order[n] :]
+    return list(reversed(path))

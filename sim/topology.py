@@ -26,7 +26,7 @@ import networkx as nx
 import numpy as np
 import yaml
 
-from sim.errors import TopologyError
+from sim.errors import TopologyError, yaml_problem
 
 DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
 
@@ -84,7 +84,7 @@ class Topology:
         try:
             spec = yaml.safe_load(p.read_text())
         except yaml.YAMLError as e:
-            raise TopologyError(f"topology file {p}: not valid YAML ({e})") from e
+            raise TopologyError(f"topology file {p}: not valid YAML ({yaml_problem(e)})") from None
         if not isinstance(spec, dict):
             raise TopologyError(f"topology file {p}: expected a mapping at top level")
         return cls(spec, nodes=nodes, source=str(p))

@@ -146,8 +146,11 @@ def test_copy_interference_applies_to_host_copies():
     g = TaskGraph(8)
     g.add(Task("work", 0, "compute", "elementwise"))
     g.add(Task("off", 0, "copy", "d2h", bytes=2 * pcie.eff_bw))  # 2 s alone
-    spec = {"compute": "alpha_beta", "alpha": 0.0,
-            "alpha_beta": {"elementwise": {"alpha": 1.0, "beta": 0.0}}}
+    spec = {
+        "compute": "alpha_beta",
+        "alpha": 0.0,
+        "alpha_beta": {"elementwise": {"alpha": 1.0, "beta": 0.0}},
+    }
     slow = CostModel.build(topo, {**spec, "interference": {"copy": {"compute": 0.5}}})
     comm_only = CostModel.build(topo, {**spec, "interference": {"comm": {"compute": 0.5}}})
     lat = 2 * pcie.latency

@@ -25,27 +25,95 @@ def _tasks(p2p: tuple[int, int] = (0, 1)) -> list[dict]:
     """
     snd, rcv = p2p
     tasks = [
-        {"id": "g0", "rank": 0, "stream": "compute", "kind": "gemm",
-         "flops": 2.0 * 2 * 64 * 128 * 256, "bytes": 1000.0,
-         "shape": {"m": 64, "n": 128, "k": 256, "batch": 2},
-         "allocs": {"act0": 4096.0}, "tags": {"phase": "fwd", "chunk": 0, "step": "expert"}},
-        {"id": "g1", "rank": 1, "stream": "compute", "kind": "gemm",
-         "flops": 2.0 * 64 * 128 * 256, "shape": {"m": 64, "n": 128, "k": 256}},
-        {"id": "a0", "rank": 0, "stream": "comm", "kind": "all_to_all", "deps": ["g0"],
-         "bytes": 4096.0, "group": [0, 1], "coll": "disp", "algo": "linear",
-         "tags": {"phase": "fwd", "step": "dispatch"}},
-        {"id": "a1", "rank": 1, "stream": "comm", "kind": "all_to_all", "deps": ["g1"],
-         "bytes": 4096.0, "group": [0, 1], "coll": "disp", "algo": "linear"},
-        {"id": "v0", "rank": 0, "stream": "comm", "kind": "all_to_allv", "group": [0, 1],
-         "coll": "comb", "split": [100.0, 200.0], "recv_split": [100.0, 300.0]},
-        {"id": "v1", "rank": 1, "stream": "comm", "kind": "all_to_allv", "group": [0, 1],
-         "coll": "comb", "split": [300.0, 400.0], "recv_split": [200.0, 400.0]},
-        {"id": "s0", "rank": snd, "stream": "comm", "kind": "send", "peer": rcv, "coll": "p2p",
-         "bytes": 512.0},
-        {"id": "r1", "rank": rcv, "stream": "comm", "kind": "recv", "peer": snd, "coll": "p2p",
-         "bytes": 512.0},
-        {"id": "e0", "rank": 0, "stream": "compute", "kind": "elementwise", "deps": ["v0"],
-         "bytes": 64.0, "frees": ["act0"]},
+        {
+            "id": "g0",
+            "rank": 0,
+            "stream": "compute",
+            "kind": "gemm",
+            "flops": 2.0 * 2 * 64 * 128 * 256,
+            "bytes": 1000.0,
+            "shape": {"m": 64, "n": 128, "k": 256, "batch": 2},
+            "allocs": {"act0": 4096.0},
+            "tags": {"phase": "fwd", "chunk": 0, "step": "expert"},
+        },
+        {
+            "id": "g1",
+            "rank": 1,
+            "stream": "compute",
+            "kind": "gemm",
+            "flops": 2.0 * 64 * 128 * 256,
+            "shape": {"m": 64, "n": 128, "k": 256},
+        },
+        {
+            "id": "a0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "all_to_all",
+            "deps": ["g0"],
+            "bytes": 4096.0,
+            "group": [0, 1],
+            "coll": "disp",
+            "algo": "linear",
+            "tags": {"phase": "fwd", "step": "dispatch"},
+        },
+        {
+            "id": "a1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "all_to_all",
+            "deps": ["g1"],
+            "bytes": 4096.0,
+            "group": [0, 1],
+            "coll": "disp",
+            "algo": "linear",
+        },
+        {
+            "id": "v0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            "group": [0, 1],
+            "coll": "comb",
+            "split": [100.0, 200.0],
+            "recv_split": [100.0, 300.0],
+        },
+        {
+            "id": "v1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            "group": [0, 1],
+            "coll": "comb",
+            "split": [300.0, 400.0],
+            "recv_split": [200.0, 400.0],
+        },
+        {
+            "id": "s0",
+            "rank": snd,
+            "stream": "comm",
+            "kind": "send",
+            "peer": rcv,
+            "coll": "p2p",
+            "bytes": 512.0,
+        },
+        {
+            "id": "r1",
+            "rank": rcv,
+            "stream": "comm",
+            "kind": "recv",
+            "peer": snd,
+            "coll": "p2p",
+            "bytes": 512.0,
+        },
+        {
+            "id": "e0",
+            "rank": 0,
+            "stream": "compute",
+            "kind": "elementwise",
+            "deps": ["v0"],
+            "bytes": 64.0,
+            "frees": ["act0"],
+        },
     ]
     return tasks
 
@@ -96,16 +164,10 @@ def test_json_round_trip_without_rank0_peer(tmp_path):
     _round_trip(tmp_path, _graph_dict(_tasks(p2p=(1, 2)), world=3))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="BUG: Task.to_dict drops fields equal to 0.0, so peer=0 (int 0 == 0.0) is lost; "
-    "a recv from rank 0 then fails validation on reload",
-)
 def test_json_round_trip(tmp_path):
     _round_trip(tmp_path, _graph_dict())
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: Task.to_dict drops peer=0 (0 == 0.0)")
 def test_to_dict_keeps_peer_zero():
     t = Task(id="r", rank=1, stream="comm", kind="recv", peer=0, coll="p")
     assert t.to_dict().get("peer") == 0
@@ -151,19 +213,29 @@ def _add(*tasks: dict):
 
 
 BAD = [
-    ("duplicate_id", _mut(lambda d: d["tasks"].append(dict(_by_id(d, "g0")))),
-     ["'g0'", "duplicate"]),
+    (
+        "duplicate_id",
+        _mut(lambda d: d["tasks"].append(dict(_by_id(d, "g0")))),
+        ["'g0'", "duplicate"],
+    ),
     ("unknown_dep", _set("e0", deps=["ghost"]), ["'e0'", "ghost"]),
-    ("dep_cycle", _add(
-        {"id": "cx", "rank": 1, "stream": "compute.1", "kind": "gemm", "deps": ["cy"]},
-        {"id": "cy", "rank": 1, "stream": "copy", "kind": "d2d", "deps": ["cx"]},
-    ), ["cycle", "cx", "cy"]),
-    ("stream_order_cycle", _add(
-        {"id": "sa", "rank": 1, "stream": "compute.2", "kind": "gemm", "deps": ["sb"]},
-        {"id": "sb", "rank": 1, "stream": "compute.2", "kind": "gemm"},
-    ), ["cycle", "sa", "sb"]),
-    ("opposite_collective_order", _mut(lambda d: _swap(d, "a1", "v1")),
-     ["cycle", "disp", "comb"]),
+    (
+        "dep_cycle",
+        _add(
+            {"id": "cx", "rank": 1, "stream": "compute.1", "kind": "gemm", "deps": ["cy"]},
+            {"id": "cy", "rank": 1, "stream": "copy", "kind": "d2d", "deps": ["cx"]},
+        ),
+        ["cycle", "cx", "cy"],
+    ),
+    (
+        "stream_order_cycle",
+        _add(
+            {"id": "sa", "rank": 1, "stream": "compute.2", "kind": "gemm", "deps": ["sb"]},
+            {"id": "sb", "rank": 1, "stream": "compute.2", "kind": "gemm"},
+        ),
+        ["cycle", "sa", "sb"],
+    ),
+    ("opposite_collective_order", _mut(lambda d: _swap(d, "a1", "v1")), ["cycle", "disp", "comb"]),
     ("collective_missing_on_member", _drop("a1"), ["'disp'", "[1]"]),
     ("all_to_all_bytes_differ", _set("a1", bytes=8192.0), ["'disp'", "'a1'"]),
     ("recv_split_disagrees", _set("v1", recv_split=[999.0, 400.0]), ["'comb'", "'v1'"]),
@@ -174,8 +246,11 @@ BAD = [
     ("unknown_kind", _set("g0", kind="fft"), ["'g0'", "fft"]),
     ("comm_kind_on_compute_stream", _set("a0", stream="compute"), ["'a0'", "comm stream"]),
     ("unknown_stream_kind", _set("g0", stream="gpu"), ["'g0'", "gpu"]),
-    ("schema_version", _mut(lambda d: d.update(schema_version=SCHEMA_VERSION + 1)),
-     ["schema_version", str(SCHEMA_VERSION + 1)]),
+    (
+        "schema_version",
+        _mut(lambda d: d.update(schema_version=SCHEMA_VERSION + 1)),
+        ["schema_version", str(SCHEMA_VERSION + 1)],
+    ),
     ("unknown_task_field", _set("g0", colour="red"), ["'g0'", "colour"]),
 ]
 

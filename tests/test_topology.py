@@ -44,8 +44,9 @@ def _hops(topo: Topology, route: list[int]) -> list[tuple[str, str]]:
 
 
 def test_presets_exist():
-    assert {"dgx-a100", "dgx-h100", "p3dn-v100", "p4de-a100", "parm-4090",
-            "pipemoe-2080ti"} <= set(PRESETS)
+    assert {"dgx-a100", "dgx-h100", "p3dn-v100", "p4de-a100", "parm-4090", "pipemoe-2080ti"} <= set(
+        PRESETS
+    )
 
 
 def _load_cases():
@@ -169,8 +170,11 @@ def test_link_cap_is_bw_times_efficiency(name):
         fabric = _raw(name)["fabric"]["class"]
         n_fabric = sum(1 for lk in range(topo.num_links) if "fabric" in topo.link_name(lk))
         assert n_fabric > 0
-        assert all(topo.link_class_of(lk) == fabric
-                   for lk in range(topo.num_links) if "fabric" in topo.link_name(lk))
+        assert all(
+            topo.link_class_of(lk) == fabric
+            for lk in range(topo.num_links)
+            if "fabric" in topo.link_name(lk)
+        )
 
 
 # -- errors ----------------------------------------------------------------------------------
@@ -224,8 +228,9 @@ SPEC_ERRORS = [
 ]
 
 
-@pytest.mark.parametrize("mutate, needles", [e[1:] for e in SPEC_ERRORS],
-                         ids=[e[0] for e in SPEC_ERRORS])
+@pytest.mark.parametrize(
+    "mutate, needles", [e[1:] for e in SPEC_ERRORS], ids=[e[0] for e in SPEC_ERRORS]
+)
 def test_bad_spec_raises(mutate, needles):
     s = _spec()
     mutate(s)
