@@ -26,11 +26,12 @@ import simpy
 from sim import collectives as coll_algos
 from sim.costs import CostModel
 from sim.errors import DeadlockError, GraphError
-from sim.graph import COLLECTIVE_KINDS, P2P_KINDS, TaskGraph
+from sim.graph import COLLECTIVE_KINDS, P2P_KINDS, Task, TaskGraph
 from sim.network import (
     BundleBatch,
     FlowNetwork,
     bundled_uniform,
+    pair_mask,
     per_flow,
     product_layout,
 )
@@ -300,7 +301,7 @@ class Engine:
             ]
             kind = "send"
         else:
-            phases = coll_algos.phases(tasks) if self.flow_mode else []
+            phases = coll_algos.phases(tasks, self.topo) if self.flow_mode else []
             kind = t.kind
         run = _CollRun(members, rank_task, phases, kind)
         if not self.flow_mode:
@@ -318,12 +319,25 @@ class Engine:
                 if math.isnan(self.end[m]):
                     self._finish(m)
             return
-        batch = self._bundle(run.phases[run.k], len(run.members))
+        phase = run.phases[run.k]
+        if isinstance(phase, coll_algos.LocalPhase):
+            # Every member copies the same bytes; the phase ends when they all have.
+            t0 = self.tasks[run.members[0]]
+            copy = Task(
+                f"{t0.id}#copy",
+                t0.rank,
+                "copy",
+                "d2d",
+                bytes=2.0 * phase.nbytes,
+                tags={"dtype": t0.tags.get("dtype", "bf16")},
+            )
+            self._after(self.costs.compute.duration(copy), self._next_phase, run)
+            return
+        batch = self._bundle(phase, len(run.members))
         run.pending = np.bincount(batch.rank_r, minlength=self.graph.world_size)
         run.bundles_left = len(batch)
         if run.bundles_left == 0:
-            run.k += 1
-            self._start_phase(run)
+            self._next_phase(run)
             return
         if run.k == len(run.phases) - 1:
             # Members no flow touches are done as soon as the last phase starts.
@@ -336,22 +350,39 @@ class Engine:
             sub = batch.select(batch.latency == lat)
             self._after(float(lat), self._net_add, sub, owner)
 
+    def _next_phase(self, run: _CollRun) -> None:
+        run.k += 1
+        self._start_phase(run)
+
     def _bundle(self, phase, group_size: int) -> BundleBatch:
+        """Flows of one phase, bundled where that is exact and asked for (counted per phase)."""
         alpha = self.costs.alpha
         if isinstance(phase, coll_algos.UniformPhase):
             fid = self.costs.fidelity
             want = fid == "bundled" or (fid == "auto" and group_size >= self.costs.bundle_min_ranks)
             layout = product_layout(self.topo, phase.members) if want else None
             if layout is not None:
-                self.fidelity_used["bundled"] += 1
-                return bundled_uniform(self.topo, layout[0], layout[1], phase.per_pair, alpha)
+                batch = bundled_uniform(
+                    self.topo, layout[0], layout[1], phase.per_pair, alpha, phase.pairs, phase.relay
+                )
+                if batch is not None:
+                    self.fidelity_used["bundled"] += 1
+                    return batch
             mem = phase.members
             src = np.repeat(mem, len(mem))
             dst = np.tile(mem, len(mem))
+            keep = pair_mask(self.topo, src, dst, phase.pairs)
             self.fidelity_used["flow"] += 1
-            return per_flow(self.topo, src, dst, np.full(len(src), phase.per_pair), alpha)
+            return per_flow(
+                self.topo,
+                src[keep],
+                dst[keep],
+                np.full(int(keep.sum()), phase.per_pair),
+                alpha,
+                phase.relay,
+            )
         self.fidelity_used["flow"] += 1
-        return per_flow(self.topo, phase.src, phase.dst, phase.nbytes, alpha)
+        return per_flow(self.topo, phase.src, phase.dst, phase.nbytes, alpha, phase.relay)
 
     def _copy(self, i: int) -> None:
         t = self.tasks[i]
@@ -423,8 +454,7 @@ class Engine:
             if run.bundles_left == 0:
                 self.owners[owner] = None
                 if run.phases:
-                    run.k += 1
-                    self._start_phase(run)
+                    self._next_phase(run)
                 else:
                     for m in run.members:
                         if math.isnan(self.end[m]):

@@ -73,51 +73,143 @@ def _concat(batches: list[BundleBatch]) -> BundleBatch:
 
 
 # -- building bundles from flows ------------------------------------------------------------
+def _route_cost(topo: Topology, local: list[int], trunk: bool, alpha: float) -> tuple[float, float]:
+    """(latency before data moves, per-message overhead in bytes) of a route.
+
+    A message occupies its route for the largest per-message cost of the link classes it
+    crosses (the NIC's message rate, usually); that time is charged as bytes at the route's
+    bottleneck rate, so a thousand tiny messages through one NIC cost a thousand times it.
+    """
+    loc = np.asarray(local, dtype=np.int64) % topo.links_per_node
+    lat = float(topo.local_lat[loc].sum())
+    msg = float(topo.local_msg[loc].max()) if len(loc) else 0.0
+    bw = float(topo.local_cap[loc].min()) if len(loc) else np.inf
+    if trunk and topo.trunk_class is not None:
+        tc = topo.trunk_class
+        lat += 2 * tc.latency
+        msg = max(msg, tc.msg_cost)
+        bw = min(bw, tc.eff_bw)
+    return alpha + lat, (msg * bw if np.isfinite(bw) else 0.0)
+
+
+class _Acc:
+    """Accumulates bundles: counts, bytes, latency and COO incidence / rank lists."""
+
+    def __init__(self) -> None:
+        self.count: list[np.ndarray] = []
+        self.nbytes: list[np.ndarray] = []
+        self.lat: list[np.ndarray] = []
+        self.inc: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []
+        self.ranks: list[tuple[np.ndarray, np.ndarray]] = []
+        self.n = 0
+
+    def add(
+        self,
+        count,
+        nbytes,
+        lat,
+        links: list[tuple[np.ndarray, np.ndarray]],
+        ranks: np.ndarray,
+        rank_b: np.ndarray | None = None,
+    ) -> None:
+        """`links`: per bundle-local row, (link ids [k, p], mult [k, p]) blocks; k bundles."""
+        count = np.atleast_1d(np.asarray(count, dtype=float))
+        k = len(count)
+        ids = np.arange(self.n, self.n + k)
+        self.count.append(count)
+        self.nbytes.append(np.broadcast_to(np.asarray(nbytes, dtype=float), (k,)).copy())
+        self.lat.append(np.broadcast_to(np.asarray(lat, dtype=float), (k,)).copy())
+        for lk, mult in links:
+            lk = np.asarray(lk, dtype=np.int64).reshape(k, -1)
+            mult = np.asarray(mult, dtype=float)
+            mult = np.broadcast_to(mult if mult.ndim == 0 else mult.reshape(k, -1), lk.shape)
+            self.inc.append((np.repeat(ids, lk.shape[1]), lk.ravel(), mult.ravel()))
+        if rank_b is None:
+            ranks = np.asarray(ranks, dtype=np.int64).reshape(k, -1)
+            self.ranks.append((np.repeat(ids, ranks.shape[1]), ranks.ravel()))
+        else:
+            self.ranks.append((ids[rank_b], np.asarray(ranks, dtype=np.int64)))
+        self.n += k
+
+    def batch(self) -> BundleBatch:
+        if self.n == 0:
+            z, zi = np.zeros(0), np.zeros(0, dtype=np.int64)
+            return BundleBatch(z, z, z, zi, zi, z, zi, zi)
+        cat = np.concatenate
+        return BundleBatch(
+            cat(self.count),
+            cat(self.nbytes),
+            cat(self.lat),
+            cat([i[0] for i in self.inc]),
+            cat([i[1] for i in self.inc]),
+            cat([i[2] for i in self.inc]),
+            cat([r[0] for r in self.ranks]),
+            cat([r[1] for r in self.ranks]),
+        )
+
+
 def per_flow(
-    topo: Topology, src: np.ndarray, dst: np.ndarray, nbytes: np.ndarray, alpha: float
+    topo: Topology,
+    src: np.ndarray,
+    dst: np.ndarray,
+    nbytes: np.ndarray,
+    alpha: float,
+    relay: bool = False,
 ) -> BundleBatch:
     """Every flow its own bundle. Self-sends and empty messages move nothing and are dropped."""
     keep = (src != dst) & (nbytes > 0)
-    src, dst, nbytes = src[keep], dst[keep], nbytes[keep].astype(float)
+    src, dst = src[keep].astype(np.int64), dst[keep].astype(np.int64)
+    nbytes = nbytes[keep].astype(float)
     G, L = topo.gpus_per_node, topo.links_per_node
     na, la = np.divmod(src, G)
     nb, lb = np.divmod(dst, G)
     same = na == nb
     key = same * (G * G) + la * G + lb
-    inc_b, inc_l, lat = [], [], np.zeros(len(src))
     order = np.argsort(key, kind="stable")
     bounds = np.flatnonzero(np.diff(key[order])) + 1
-    for grp in np.split(order, bounds):
-        if len(grp) == 0:
+    acc = _Acc()
+    for grp in np.split(order, bounds) if len(order) else []:
+        a, b = int(la[grp[0]]), int(lb[grp[0]])
+        if same[grp[0]]:
+            loc = np.asarray(topo.intra[a][b], dtype=np.int64)
+            lat, over = _route_cost(topo, topo.intra[a][b], False, alpha)
+            links = na[grp, None] * L + loc[None, :]
+            acc.add(
+                np.ones(len(grp)),
+                nbytes[grp] + over,
+                lat,
+                [(links, 1.0)],
+                np.stack([src[grp], dst[grp]], axis=1),
+            )
             continue
-        i0 = grp[0]
-        a, b = la[i0], lb[i0]
-        if same[i0]:
-            parts = [(na[grp], topo.intra[a][b])]
-        else:
-            parts = [(na[grp], topo.out[a]), (nb[grp], topo.inn[b])]
-        path_lat = 0.0
-        for nodes, local in parts:
-            if not local:
+        sp, ia = topo.src_part(a, b, relay)
+        dp, ib = topo.dst_part(b)
+        f = topo.fabric
+        assert f is not None
+        ls, ld = f.leaf(na[grp], ia), f.leaf(nb[grp], ib)
+        cross = ls != ld
+        spa, dpa = np.asarray(sp, dtype=np.int64), np.asarray(dp, dtype=np.int64)
+        for trunk in (False, True):
+            sel = cross == trunk
+            if not sel.any():
                 continue
-            loc = np.asarray(local, dtype=np.int64)
-            inc_l.append((nodes[:, None] * L + loc[None, :]).ravel())
-            inc_b.append(np.repeat(grp, len(loc)))
-            path_lat += float(topo.local_lat[loc].sum())
-        lat[grp] = alpha + path_lat
-    n = len(src)
-    inc_b_a = np.concatenate(inc_b) if inc_b else np.zeros(0, dtype=np.int64)
-    inc_l_a = np.concatenate(inc_l) if inc_l else np.zeros(0, dtype=np.int64)
-    return BundleBatch(
-        np.ones(n),
-        nbytes,
-        lat,
-        inc_b_a,
-        inc_l_a,
-        np.ones(len(inc_b_a)),
-        np.repeat(np.arange(n), 2),
-        np.stack([src, dst], axis=1).ravel(),
-    )
+            g = grp[sel]
+            lat, over = _route_cost(topo, sp + dp, trunk, alpha)
+            links = [
+                np.concatenate(
+                    [na[g, None] * L + spa[None, :], nb[g, None] * L + dpa[None, :]], axis=1
+                )
+            ]
+            if trunk:
+                links.append(np.stack([topo.trunk_up(ls[sel]), topo.trunk_down(ld[sel])], axis=1))
+            acc.add(
+                np.ones(len(g)),
+                nbytes[g] + over,
+                lat,
+                [(lk, 1.0) for lk in links],
+                np.stack([src[g], dst[g]], axis=1),
+            )
+    return acc.batch()
 
 
 def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -133,68 +225,89 @@ def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.
     return nodes, locs
 
 
-def bundled_uniform(
-    topo: Topology, nodes: np.ndarray, locs: np.ndarray, per_pair: float, alpha: float
-) -> BundleBatch:
-    """Bundles of a uniform all-to-all among nodes x locs, one per (src local, dst local, same?).
+PAIRS = ("all", "intra", "rail")
 
-    Exact for a single-switch fabric: the flow set is invariant under node permutations, so
-    the (unique) max-min allocation gives equal rates to flows that such permutations map
-    onto each other.
+
+def pair_mask(topo: Topology, src: np.ndarray, dst: np.ndarray, pairs: str) -> np.ndarray:
+    """Which (src, dst) pairs a uniform exchange covers: all, same node, or same local index."""
+    G = topo.gpus_per_node
+    if pairs == "all":
+        return src != dst
+    if pairs == "intra":
+        return (src // G == dst // G) & (src != dst)
+    return (src % G == dst % G) & (src != dst)
+
+
+def bundled_uniform(
+    topo: Topology,
+    nodes: np.ndarray,
+    locs: np.ndarray,
+    per_pair: float,
+    alpha: float,
+    pairs: str = "all",
+    relay: bool = False,
+) -> BundleBatch | None:
+    """Bundles of a uniform exchange among nodes x locs, one per (src local, dst local,
+    same node / same leaf / across leaves); None when the nodes are not spread evenly over
+    leaves (then the caller models flows one by one).
+
+    Exact: the flow set is invariant under permutations of nodes that keep the leaf
+    structure, so the (unique) max-min allocation gives equal rates to flows that such
+    permutations map onto each other, and flows of one bundle see equally loaded links.
     """
     G, L = topo.gpus_per_node, topo.links_per_node
     S = len(nodes)
     base = nodes * L
-    count, lat, inc_b, inc_l, inc_m, rank_b, rank_r = [], [], [], [], [], [], []
-
-    def add(c: float, parts: list[tuple[list[int], float]], ranks: np.ndarray, path_lat: float):
-        b = len(count)
-        count.append(c)
-        lat.append(alpha + path_lat)
-        for local, mult in parts:
-            loc = np.asarray(local, dtype=np.int64)
-            links = (base[:, None] + loc[None, :]).ravel()
-            inc_l.append(links)
-            inc_b.append(np.full(len(links), b))
-            inc_m.append(np.full(len(links), mult))
-        rank_r.append(ranks)
-        rank_b.append(np.full(len(ranks), b))
-
+    acc = _Acc()
+    f = topo.fabric
     for a in locs:
         for b in locs:
-            if a != b:
-                loc = topo.intra[a][b]
-                add(
+            a_, b_ = int(a), int(b)
+            ranks = np.stack([nodes * G + a_, nodes * G + b_], axis=1)
+            if a_ != b_ and pairs in ("all", "intra"):
+                loc = np.asarray(topo.intra[a_][b_], dtype=np.int64)
+                lat, over = _route_cost(topo, topo.intra[a_][b_], False, alpha)
+                acc.add(
                     S,
-                    [(loc, 1.0)],
-                    np.unique(np.concatenate([nodes * G + a, nodes * G + b])),
-                    float(topo.local_lat[loc].sum()),
+                    per_pair + over,
+                    lat,
+                    [(base[None, :, None] + loc, 1.0)],
+                    ranks.ravel()[None, :],
                 )
-            if S > 1:
-                lat_ab = float(
-                    topo.local_lat[topo.out[a]].sum() + topo.local_lat[topo.inn[b]].sum()
-                )
-                add(
-                    S * (S - 1),
-                    [(topo.out[a], S - 1.0), (topo.inn[b], S - 1.0)],
-                    np.unique(np.concatenate([nodes * G + a, nodes * G + b])),
-                    lat_ab,
-                )
-    n = len(count)
-    if n == 0:
-        z = np.zeros(0)
-        zi = np.zeros(0, dtype=np.int64)
-        return BundleBatch(z, z, z, zi, zi, z, zi, zi)
-    return BundleBatch(
-        np.asarray(count, dtype=float),
-        np.full(n, float(per_pair)),
-        np.asarray(lat),
-        np.concatenate(inc_b),
-        np.concatenate(inc_l),
-        np.concatenate(inc_m),
-        np.concatenate(rank_b),
-        np.concatenate(rank_r),
-    )
+            if S < 2 or pairs == "intra" or (pairs == "rail" and a_ != b_):
+                continue
+            assert f is not None
+            sp, ia = topo.src_part(a_, b_, relay)
+            dp, ib = topo.dst_part(b_)
+            ls, ld = f.leaf(nodes, ia), f.leaf(nodes, ib)
+            # n_same[x]: destinations y != x of source x behind x's own leaf; m_same[y] likewise
+            cnt_d = np.bincount(ld, minlength=int(max(ls.max(), ld.max())) + 1)
+            cnt_s = np.bincount(ls, minlength=len(cnt_d))
+            n_same = cnt_d[ls] - (ld == ls)
+            m_same = cnt_s[ld] - (ld == ls)
+            if np.ptp(n_same) or np.ptp(m_same):
+                return None  # uneven leaves: bundles would not be symmetric
+            for trunk, n_rel, m_rel in (
+                (False, n_same[0], m_same[0]),
+                (True, S - 1 - n_same[0], S - 1 - m_same[0]),
+            ):
+                if n_rel == 0:
+                    continue
+                lat, over = _route_cost(topo, sp + dp, trunk, alpha)
+                spa, dpa = np.asarray(sp, dtype=np.int64), np.asarray(dp, dtype=np.int64)
+                links = [
+                    (base[None, :, None] + spa, float(n_rel)),
+                    (base[None, :, None] + dpa, float(m_rel)),
+                ]
+                if trunk:
+                    up = np.unique(ls, return_counts=True)
+                    down = np.unique(ld, return_counts=True)
+                    links.append((topo.trunk_up(up[0])[None, :], up[1][None, :] * float(n_rel)))
+                    links.append(
+                        (topo.trunk_down(down[0])[None, :], down[1][None, :] * float(m_rel))
+                    )
+                acc.add(S * n_rel, per_pair + over, lat, links, ranks.ravel()[None, :])
+    return acc.batch()
 
 
 # -- the solver -----------------------------------------------------------------------------

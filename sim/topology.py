@@ -27,6 +27,7 @@ import numpy as np
 import yaml
 
 from sim.errors import TopologyError, yaml_problem
+from sim.fabric import Fabric
 
 DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
 
@@ -46,6 +47,7 @@ class LinkClass:
     bw: float  # bytes/s per direction (line rate)
     latency: float  # s
     efficiency: float  # share of line rate a large transfer achieves
+    msg_cost: float = 0.0  # s a message occupies the link before its payload (message rate)
 
     @property
     def eff_bw(self) -> float:
@@ -125,43 +127,41 @@ class Topology:
 
         self.nics = [n for n, t in self.devices.items() if t == "nic"]
         fabric = self.spec.get("fabric")
+        self.fabric: Fabric | None = None
         self.fabric_class: LinkClass | None = None
         if fabric is not None:
-            if not isinstance(fabric, dict) or fabric.get("type") != "switch":
-                raise TopologyError(f"{self.name}: fabric.type must be 'switch'")
-            cname = fabric.get("class")
-            if cname not in self.link_classes:
-                raise TopologyError(f"{self.name}: fabric.class {cname!r} is not a link class")
-            if not self.nics:
-                raise TopologyError(f"{self.name}: a fabric needs at least one NIC in the node")
-            self.fabric_class = self.link_classes[cname]
-        if self.nodes > 1 and self.fabric_class is None:
+            self.fabric = Fabric.from_spec(
+                fabric, self.name, self.nics, self.devices, set(self.link_classes)
+            )
+            self.fabric_class = self.link_classes[self.fabric.cls_name]
+        if self.nodes > 1 and self.fabric is None:
             raise TopologyError(
                 f"{self.name}: {self.nodes} nodes requested but the topology has no fabric "
                 f"(it describes a single box)"
             )
-        # Fabric up/down links per NIC follow the local links.
+        # Each attach point's links to its leaf switch follow the node's local links.
         self.fabric_up: dict[str, int] = {}
         self.fabric_down: dict[str, int] = {}
         base = len(self.local_links)
-        if self.fabric_class is not None:
-            for j, nic in enumerate(self.nics):
-                self.fabric_up[nic] = base + 2 * j
-                self.fabric_down[nic] = base + 2 * j + 1
+        if self.fabric is not None:
+            for j, dev in enumerate(self.fabric.attach):
+                self.fabric_up[dev] = base + 2 * j
+                self.fabric_down[dev] = base + 2 * j + 1
         self.links_per_node = base + 2 * len(self.fabric_up)
 
-        caps, lats, names, classes = [], [], [], []
+        names: list[tuple[str, str]] = []
+        lcs: list[LinkClass] = []
         for u, v, lc in self.local_links:
-            caps.append(lc.eff_bw)
-            lats.append(lc.latency)
             names.append((u, v))
-            classes.append(lc.name)
-        for nic in self.fabric_up:
-            for u, v in ((nic, "fabric"), ("fabric", nic)):
-                caps.append(self.fabric_class.eff_bw)  # type: ignore[union-attr]
-                lats.append(self.fabric_class.latency)  # type: ignore[union-attr]
+            lcs.append(lc)
+        for dev in self.fabric_up:
+            for u, v in ((dev, "fabric"), ("fabric", dev)):
                 names.append((u, v))
-                classes.append(self.fabric_class.name)  # type: ignore[union-attr]
+                lcs.append(self.fabric_class)  # type: ignore[arg-type]
+        caps = [lc.eff_bw for lc in lcs]
+        lats = [lc.latency for lc in lcs]
+        classes = [lc.name for lc in lcs]
+        self.local_msg = np.array([lc.msg_cost for lc in lcs], dtype=float)
         self.local_cap = np.array(caps, dtype=float)
         self.local_lat = np.array(lats, dtype=float)
         self.local_names = names
@@ -213,17 +213,19 @@ class Topology:
                 nic_of = [self._nearest_nic(g, path) for g in self.gpu_names]
             if len(nic_of) != G or any(n not in self.fabric_up for n in nic_of):
                 raise TopologyError(
-                    f"{self.name}: node.nic_of_gpu must list one NIC of the node per GPU "
-                    f"({G}), got {nic_of}"
+                    f"{self.name}: node.nic_of_gpu must list one fabric-attached NIC of the "
+                    f"node per GPU ({G}), got {nic_of}"
                 )
             self.nic_of_gpu = list(nic_of)
+            attach = self.fabric.attach  # type: ignore[union-attr]
+            self.attach_of_gpu = [attach.index(n) for n in nic_of]
             for g, nic in zip(self.gpu_names, nic_of):
                 self.out.append(path(g, nic) + [self.fabric_up[nic]])
                 self.inn.append([self.fabric_down[nic]] + path(nic, g))
 
     def _nearest_nic(self, gpu: str, path) -> str:
-        best = min(self.nics, key=lambda n: (sum(1.0 / self.local_cap[i] for i in path(gpu, n)), n))
-        return best
+        attach = self.fabric.attach  # type: ignore[union-attr]
+        return min(attach, key=lambda n: (sum(1.0 / self.local_cap[i] for i in path(gpu, n)), n))
 
     # -- queries ----------------------------------------------------------------------------
     @property
@@ -231,38 +233,123 @@ class Topology:
         return self.nodes * self.gpus_per_node
 
     @property
-    def num_links(self) -> int:
+    def num_trunks(self) -> int:
+        """Leaf-spine trunk links (two per leaf) after the nodes' links; none for one switch."""
+        f = self.fabric
+        return 2 * f.leaves(self.nodes) if f is not None and f.has_trunks(self.nodes) else 0
+
+    @property
+    def trunk_base(self) -> int:
         return self.nodes * self.links_per_node
+
+    @property
+    def num_links(self) -> int:
+        return self.trunk_base + self.num_trunks
+
+    @cached_property
+    def trunk_class(self) -> LinkClass | None:
+        """A leaf's uplinks as one trunk: ports x port bandwidth / oversubscription."""
+        if not self.num_trunks:
+            return None
+        f, lc = self.fabric, self.fabric_class
+        assert f is not None and lc is not None
+        bw = lc.bw * f.ports_per_leaf() / f.oversubscription
+        return LinkClass(f"{lc.name}-spine", bw, lc.latency, lc.efficiency)
 
     @cached_property
     def link_cap(self) -> np.ndarray:
-        return np.tile(self.local_cap, self.nodes)
+        trunk = self.trunk_class
+        extra = np.full(self.num_trunks, trunk.eff_bw if trunk else 0.0)
+        return np.concatenate([np.tile(self.local_cap, self.nodes), extra])
 
     @cached_property
     def link_lat(self) -> np.ndarray:
-        return np.tile(self.local_lat, self.nodes)
+        trunk = self.trunk_class
+        extra = np.full(self.num_trunks, trunk.latency if trunk else 0.0)
+        return np.concatenate([np.tile(self.local_lat, self.nodes), extra])
+
+    @cached_property
+    def link_class_names(self) -> list[str]:
+        """Class name per link instance (trunks are '<fabric class>-spine')."""
+        trunk = [self.trunk_class.name] * self.num_trunks if self.trunk_class else []
+        return list(self.local_class) * self.nodes + trunk
+
+    def _leaf_name(self, leaf: int) -> str:
+        if self.fabric is None or self.fabric.type == "switch":
+            return "fabric"
+        return f"fabric/leaf{leaf}"
+
+    def _spine_name(self, leaf: int) -> str:
+        f = self.fabric
+        assert f is not None
+        plane = f.plane(leaf % len(f.attach)) if f.type == "rail" else 0
+        return f"fabric/spine{plane}" if f.multi_plane else "fabric/spine"
+
+    def _endpoints(self, link: int) -> tuple[str, str]:
+        link = int(link)
+        if link >= self.trunk_base:
+            leaf, down = divmod(link - self.trunk_base, 2)
+            ends = (self._leaf_name(leaf), self._spine_name(leaf))
+            return (ends[1], ends[0]) if down else ends
+        node, lid = divmod(link, self.links_per_node)
+        u, v = self.local_names[lid]
+
+        def full(x: str, other: str) -> str:
+            if x != "fabric":
+                return f"n{node}/{x}"
+            ia = self.fabric.attach.index(other)  # type: ignore[union-attr]
+            return self._leaf_name(int(self.fabric.leaf(node, ia)))  # type: ignore[union-attr]
+
+        return full(u, v), full(v, u)
 
     def link_name(self, link: int) -> str:
-        node, lid = divmod(int(link), self.links_per_node)
-        u, v = self.local_names[lid]
-        fu = u if u == "fabric" else f"n{node}/{u}"
-        fv = v if v == "fabric" else f"n{node}/{v}"
-        return f"{fu}->{fv}"
+        u, v = self._endpoints(link)
+        return f"{u}->{v}"
 
     def link_class_of(self, link: int) -> str:
-        return self.local_class[int(link) % self.links_per_node]
+        return self.link_class_names[int(link)]
 
     def locate(self, rank: int) -> tuple[int, int]:
         return divmod(rank, self.gpus_per_node)
 
-    def route(self, src: int, dst: int) -> list[int]:
+    # -- routing ------------------------------------------------------------------------------
+    def needs_relay(self, la: int, lb: int) -> bool:
+        """Multi-plane rails: GPU la's NIC cannot reach GPU lb's NIC through the network."""
+        f = self.fabric
+        if f is None or not f.multi_plane:
+            return False
+        return f.plane(self.attach_of_gpu[la]) != f.plane(self.attach_of_gpu[lb])
+
+    def src_part(self, la: int, lb: int, relay: bool) -> tuple[list[int], int]:
+        """Local links on the source node of an inter-node flow la -> lb, and the attach index
+        where it enters the fabric. With `relay` (NCCL PXN), or when the planes force it, the
+        flow first crosses to the source node's GPU lb over the node's own links."""
+        via = lb if (relay or self.needs_relay(la, lb)) else la
+        return self.intra[la][via] + self.out[via], self.attach_of_gpu[via]
+
+    def dst_part(self, lb: int) -> tuple[list[int], int]:
+        return self.inn[lb], self.attach_of_gpu[lb]
+
+    def trunk_up(self, leaf: np.ndarray | int) -> np.ndarray:
+        return self.trunk_base + 2 * np.asarray(leaf)
+
+    def trunk_down(self, leaf: np.ndarray | int) -> np.ndarray:
+        return self.trunk_base + 2 * np.asarray(leaf) + 1
+
+    def route(self, src: int, dst: int, relay: bool = False) -> list[int]:
         """Directed link instances from GPU `src` to GPU `dst` (global rank numbers)."""
         na, la = self.locate(src)
         nb, lb = self.locate(dst)
         L = self.links_per_node
         if na == nb:
             return [na * L + i for i in self.intra[la][lb]]
-        return [na * L + i for i in self.out[la]] + [nb * L + i for i in self.inn[lb]]
+        sp, ia = self.src_part(la, lb, relay)
+        dp, ib = self.dst_part(lb)
+        f = self.fabric
+        assert f is not None
+        ls, ld = int(f.leaf(na, ia)), int(f.leaf(nb, ib))
+        trunks = [] if ls == ld else [int(self.trunk_up(ls)), int(self.trunk_down(ld))]
+        return [na * L + i for i in sp] + trunks + [nb * L + i for i in dp]
 
     def host_route(self, rank: int, to_host: bool) -> list[int]:
         if not self.has_host:
@@ -272,7 +359,7 @@ class Topology:
         return [n * self.links_per_node + i for i in local]
 
     def route_latency(self, links: list[int]) -> float:
-        return float(sum(self.local_lat[i % self.links_per_node] for i in links))
+        return float(self.link_lat[np.asarray(links, dtype=np.int64)].sum()) if links else 0.0
 
     def graph(self) -> nx.DiGraph:
         """The whole cluster as a networkx graph (for drawing, printing and reference routing)."""
@@ -280,20 +367,14 @@ class Topology:
         for n in range(self.nodes):
             for d, t in self.devices.items():
                 g.add_node(f"n{n}/{d}", type=t, node=n)
-        if self.fabric_class is not None:
-            g.add_node("fabric", type="ib_switch", node=None)
+        cap, lat, cls = self.link_cap, self.link_lat, self.link_class_names
         for link in range(self.num_links):
-            node, lid = divmod(link, self.links_per_node)
-            u, v = self.local_names[lid]
-            fu = u if u == "fabric" else f"n{node}/{u}"
-            fv = v if v == "fabric" else f"n{node}/{v}"
+            u, v = self._endpoints(link)
+            for x in (u, v):
+                if x not in g:
+                    g.add_node(x, type="spine" if "spine" in x else "ib_switch", node=None)
             g.add_edge(
-                fu,
-                fv,
-                link=link,
-                cls=self.local_class[lid],
-                bw=float(self.local_cap[lid]),
-                latency=float(self.local_lat[lid]),
+                u, v, link=link, cls=cls[link], bw=float(cap[link]), latency=float(lat[link])
             )
         return g
 
@@ -304,17 +385,33 @@ class Topology:
             f"world={self.world_size} links={self.num_links} GPU={self.gpu.get('model')}",
             "  link classes (per direction):",
         ]
-        for lc in self.link_classes.values():
+        classes = list(self.link_classes.values())
+        if self.trunk_class is not None:
+            classes.append(self.trunk_class)
+        for lc in classes:
             lines.append(
-                f"    {lc.name:10s} {lc.bw / 1e9:8.1f} GB/s x {lc.efficiency:.2f} eff, "
-                f"latency {lc.latency * 1e6:.2f} us"
+                f"    {lc.name:12s} {lc.bw / 1e9:8.1f} GB/s x {lc.efficiency:.2f} eff, "
+                f"latency {lc.latency * 1e6:.2f} us, per message {lc.msg_cost * 1e6:.2f} us"
             )
         lines.append("  node template:")
         for lid in range(0, len(self.local_links), 2):
             u, v, lc = self.local_links[lid]
             lines.append(f"    {u} <-> {v} [{lc.name}]")
-        if self.fabric_class is not None:
-            lines.append(f"    NICs {', '.join(self.nics)} <-> fabric [{self.fabric_class.name}]")
+        f = self.fabric
+        if f is not None:
+            extra = ""
+            if f.type == "fat_tree":
+                extra = f", {f.group} node(s) per leaf, {f.oversubscription:g}:1 oversubscribed"
+            elif f.type == "rail":
+                planes = "multi-plane" if f.multi_plane else "single plane"
+                extra = (
+                    f", {f.group} node(s) per unit, leaf per rail, {planes}, "
+                    f"{f.oversubscription:g}:1"
+                )
+            lines.append(
+                f"  fabric: {f.type} [{f.cls_name}]{extra}; attached: {', '.join(f.attach)}; "
+                f"{f.leaves(self.nodes)} leaf switch(es)"
+            )
         return "\n".join(lines)
 
 
@@ -336,10 +433,11 @@ def _load_classes(spec: dict[str, Any], name: str) -> dict[str, LinkClass]:
     out = {}
     for cname, c in raw.items():
         try:
-            bw, lat, eff = (
+            bw, lat, eff, msg = (
                 float(c["bw"]),
                 float(c.get("latency", 0.0)),
                 float(c.get("efficiency", 1.0)),
+                float(c.get("msg_cost", 0.0)),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise TopologyError(f"{name}: link_classes.{cname} needs numeric bw ({e})") from None
@@ -349,7 +447,9 @@ def _load_classes(spec: dict[str, Any], name: str) -> dict[str, LinkClass]:
             raise TopologyError(f"{name}: link_classes.{cname}.efficiency must be in (0, 1]")
         if lat < 0:
             raise TopologyError(f"{name}: link_classes.{cname}.latency must be >= 0")
-        out[cname] = LinkClass(cname, bw, lat, eff)
+        if msg < 0:
+            raise TopologyError(f"{name}: link_classes.{cname}.msg_cost must be >= 0")
+        out[cname] = LinkClass(cname, bw, lat, eff, msg)
     return out
 
 
