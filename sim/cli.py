@@ -163,6 +163,48 @@ def cmd_graph(a: argparse.Namespace) -> int:
     return 0
 
 
+def _size(text: str) -> int:
+    """1024, 1K, 16M, 1G (binary multiples, as nccl-tests' -b/-e take them)."""
+    units = {"K": 2**10, "M": 2**20, "G": 2**30}
+    t = text.strip().upper().removesuffix("B")
+    try:
+        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"size {text!r}: expected e.g. 1024, 64K, 16M, 1G"
+        ) from None
+
+
+def cmd_collectives(a: argparse.Namespace) -> int:
+    from sim import collbench
+    from sim.costs import CostModel
+    from sim.io import atomic_write_text
+    from sim.topology import Topology
+
+    fabric = {"oversubscription": a.oversubscription} if a.oversubscription else None
+    topo = Topology.load(a.topology, nodes=a.nodes, fabric=fabric)
+    costs = CostModel.build(topo, {"fidelity": a.fidelity} if a.fidelity else {})
+    rows, fidelity = collbench.run(
+        topo, costs, a.collective, a.algo, collbench.sizes(a.min, a.max, a.factor)
+    )
+    header = {
+        "collective": a.collective,
+        "algo": a.algo or "default",
+        "topology": topo.name,
+        "nodes": topo.nodes,
+        "gpus": topo.world_size,
+        "fidelity": fidelity,
+    }
+    if a.json:
+        text = json.dumps({**header, "rows": [r.as_dict() for r in rows]}, indent=2)
+    else:
+        text = collbench.format_table(rows, header)
+    print(text)
+    if a.out:
+        atomic_write_text(a.out, text + "\n")
+    return 0
+
+
 def cmd_topology(a: argparse.Namespace) -> int:
     from sim.topology import Topology, list_presets
 
@@ -174,6 +216,10 @@ def cmd_topology(a: argparse.Namespace) -> int:
         raise ConfigError("topology show: name a preset or a YAML file")
     topo = Topology.load(a.name, nodes=a.nodes)
     print(topo.describe())
+    if a.draw:
+        from sim.draw import draw_topology
+
+        print(f"  drew {draw_topology(topo, a.draw)}")
     if a.routes:
         G = topo.gpus_per_node
         print("  routes from gpu0:")
@@ -225,7 +271,38 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("name", nargs="?")
     t.add_argument("--nodes", type=int)
     t.add_argument("--routes", action="store_true", help="also print routes from GPU 0")
+    t.add_argument("--draw", metavar="FILE.html", help="draw the cluster graph (plotly HTML)")
     t.set_defaults(fn=cmd_topology)
+
+    c = sub.add_parser("collectives", help="nccl-tests-style sweep of one collective, simulated")
+    c.add_argument("--topology", default="dgx-a100", help="preset or YAML (default dgx-a100)")
+    c.add_argument("--nodes", type=int, help="node count (default: the preset's)")
+    c.add_argument(
+        "--collective",
+        "-c",
+        default="all_to_all",
+        choices=[
+            "all_to_all",
+            "all_gather",
+            "reduce_scatter",
+            "all_reduce",
+            "broadcast",
+            "sendrecv",
+        ],
+    )
+    c.add_argument(
+        "--algo",
+        help="algorithm, e.g. linear, pairwise, 2dh, rail_relay, ring, "
+        "hierarchical (default: the kind's default)",
+    )
+    c.add_argument("--min", "-b", type=_size, default=_size("1K"), help="smallest size (1K)")
+    c.add_argument("--max", "-e", type=_size, default=_size("1G"), help="largest size (1G)")
+    c.add_argument("--factor", "-f", type=int, default=2, help="size step factor (2)")
+    c.add_argument("--fidelity", choices=["auto", "flow", "bundled"])
+    c.add_argument("--oversubscription", type=float, help="override the fabric's ratio")
+    c.add_argument("--json", action="store_true", help="print JSON instead of the table")
+    c.add_argument("--out", help="also write the output to this file")
+    c.set_defaults(fn=cmd_collectives)
     return p
 
 

@@ -19,7 +19,7 @@ from sim.strategies.moe import PASSES
 from sim.topology import Topology
 from sim.workload import MoELayer
 
-TOP_FIELDS = {"topology", "nodes", "model", "strategy", "passes", "costs", "output"}
+TOP_FIELDS = {"topology", "nodes", "fabric", "model", "strategy", "passes", "costs", "output"}
 MODEL_FIELDS = {
     "batch",
     "seq_len",
@@ -46,6 +46,7 @@ class RunConfig:
     costs: dict[str, Any] = field(default_factory=dict)
     output: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
+    fabric: dict[str, Any] = field(default_factory=dict)  # overrides of the topology's fabric
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
@@ -96,6 +97,9 @@ class RunConfig:
             raise ConfigError(
                 f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}"
             )
+        fabric = raw.get("fabric") or {}
+        if not isinstance(fabric, dict):
+            raise ConfigError(f"{source}: fabric: expected a mapping of fabric overrides")
         return cls(
             topo,
             nodes,
@@ -106,6 +110,7 @@ class RunConfig:
             dict(costs),
             dict(output),
             source,
+            dict(fabric),
         )
 
     @classmethod
@@ -160,13 +165,15 @@ class RunConfig:
         }
         if self.nodes is not None:
             d["nodes"] = self.nodes
+        if self.fabric:
+            d["fabric"] = dict(self.fabric)
         if self.output:
             d["output"] = dict(self.output)
         return d
 
     # -- resolution ------------------------------------------------------------------------
     def load_topology(self) -> Topology:
-        return Topology.load(self.topology, nodes=self.nodes)
+        return Topology.load(self.topology, nodes=self.nodes, fabric=self.fabric)
 
     def layer(self, world: int) -> MoELayer:
         m = dict(self.model)

@@ -74,7 +74,14 @@ class Topology:
 
     # -- loading ----------------------------------------------------------------------------
     @classmethod
-    def load(cls, name_or_path: str | Path, nodes: int | None = None) -> Topology:
+    def load(
+        cls,
+        name_or_path: str | Path,
+        nodes: int | None = None,
+        fabric: dict[str, Any] | None = None,
+    ) -> Topology:
+        """A preset name or YAML path; `fabric` overrides fields of its fabric section
+        (e.g. {"type": "fat_tree", "nodes_per_leaf": 4, "oversubscription": 2})."""
         p = Path(name_or_path)
         if p.suffix not in (".yaml", ".yml"):
             p = topologies_dir() / f"{name_or_path}.yaml"
@@ -89,6 +96,12 @@ class Topology:
             raise TopologyError(f"topology file {p}: not valid YAML ({yaml_problem(e)})") from None
         if not isinstance(spec, dict):
             raise TopologyError(f"topology file {p}: expected a mapping at top level")
+        if fabric:
+            if not isinstance(fabric, dict):
+                raise TopologyError("fabric overrides: expected a mapping")
+            if not isinstance(spec.get("fabric"), dict):
+                raise TopologyError(f"{spec.get('name', p)}: has no fabric to override")
+            spec["fabric"] = {**spec["fabric"], **fabric}
         return cls(spec, nodes=nodes, source=str(p))
 
     def _build_template(self) -> None:

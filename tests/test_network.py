@@ -92,7 +92,8 @@ def test_efficiency_scales_bandwidth():
     g.add(Task("r", 1, "comm", "recv", peer=0, bytes=1 * GB, coll="p"))
     res = simulate(g, topo, CostModel.build(topo, {"alpha": 0.0}))
     nv = topo.link_classes["nvlink3"]
-    assert math.isclose(res.makespan, 2 * nv.latency + GB / nv.eff_bw, rel_tol=1e-12)
+    expect = 2 * nv.latency + nv.msg_cost + GB / nv.eff_bw
+    assert math.isclose(res.makespan, expect, rel_tol=1e-12)
 
 
 def test_max_min_rates_unit():
@@ -109,7 +110,8 @@ def test_max_min_rates_unit():
 
 
 def test_uniform_all_to_all_on_one_switch_closed_form():
-    """n GPUs on a non-blocking switch: (n-1)/n * S / bw + alpha + path latency."""
+    """n GPUs on a non-blocking switch: alpha + path latency + (n-1)/n * S / bw, plus the
+    n-1 messages' per-message cost on the sender's link."""
     topo = Topology.load("dgx-a100", nodes=1)
     n, S, alpha = 8, 64 * 2**20, 5e-6
     g = TaskGraph(n)
@@ -117,7 +119,7 @@ def test_uniform_all_to_all_on_one_switch_closed_form():
         g.add(Task(f"a{r}", r, "comm", "all_to_all", bytes=S, group=list(range(n)), coll="x"))
     res = simulate(g, topo, CostModel.build(topo, {"alpha": alpha}))
     nv = topo.link_classes["nvlink3"]
-    expect = alpha + 2 * nv.latency + (n - 1) / n * S / nv.eff_bw
+    expect = alpha + 2 * nv.latency + (n - 1) * nv.msg_cost + (n - 1) / n * S / nv.eff_bw
     assert math.isclose(res.makespan, expect, rel_tol=1e-12)
 
 
@@ -194,5 +196,5 @@ def test_skewed_all_to_allv_is_bounded_by_the_hot_ingress():
         )
     res = simulate(g, topo, CostModel.build(topo, {"alpha": 0.0}))
     nv = topo.link_classes["nvlink3"]
-    expect = 2 * nv.latency + (n - 1) * S / nv.eff_bw
+    expect = 2 * nv.latency + (n - 1) * (nv.msg_cost + S / nv.eff_bw)
     assert math.isclose(res.makespan, expect, rel_tol=1e-9)
