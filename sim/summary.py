@@ -87,7 +87,7 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
         "nodes": topo.nodes,
         "world_size": res.graph.world_size,
         "strategy": meta.get("strategy"),
-        "params": {k: meta[k] for k in ("degree", "order") if k in meta},
+        "params": {k: meta[k] for k in ("degree", "order", "algo") if meta.get(k) is not None},
         "passes": meta.get("passes"),
         "makespan_s": makespan,
         "busy_s": busy,

@@ -10,14 +10,17 @@ Routing models:
   buffer (Tutel/DeepSpeed style), so all peers exchange equal bytes.
 - zipf: a seeded Zipf(s) popularity over experts; each GPU's k*T assignments are drawn from
   it, capped at C per expert (drops), and only real tokens move (all-to-allv).
-- matrix: tokens[p][e] given explicitly (e.g. from a trace), capped at C.
+- matrix: tokens[p][e] given inline (`tokens:`) or as a CSV / .npy / JSON file (`file:`,
+  e.g. counts taken from a trace), capped at C.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from functools import cached_property
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -93,10 +96,7 @@ class MoELayer:
         if kind == "uniform":
             return np.full((P, E), C, dtype=np.int64)
         if kind == "matrix":
-            try:
-                m = np.asarray(self.routing.get("tokens"), dtype=float)
-            except (TypeError, ValueError):
-                m = np.zeros(0)
+            m = _load_matrix(self.routing)
             if m.shape != (P, E) or (m < 0).any():
                 raise ConfigError(
                     f"model.routing.tokens: expected a {P}x{E} matrix of non-negative counts, "
@@ -130,3 +130,26 @@ class MoELayer:
     def chunk_capacity(self, degree: int) -> list[int]:
         C = self.capacity
         return [C * (j + 1) // degree - C * j // degree for j in range(degree)]
+
+
+def _load_matrix(routing: dict[str, Any]) -> np.ndarray:
+    """`tokens: [[...]]` inline, or `file:` a CSV / .npy / JSON matrix (e.g. from a trace)."""
+    unknown = set(routing) - {"kind", "tokens", "file"}
+    if unknown or ("tokens" in routing) == ("file" in routing):
+        raise ConfigError("model.routing: a matrix needs exactly one of 'tokens' or 'file'")
+    if "tokens" in routing:
+        try:
+            return np.asarray(routing["tokens"], dtype=float)
+        except (TypeError, ValueError):
+            return np.zeros(0)
+    path = Path(str(routing["file"]))
+    try:
+        if path.suffix == ".npy":
+            return np.load(path).astype(float)
+        if path.suffix == ".json":
+            return np.asarray(json.loads(path.read_text()), dtype=float)
+        return np.loadtxt(path, delimiter=",", ndmin=2)
+    except FileNotFoundError:
+        raise ConfigError(f"model.routing.file: {path} not found") from None
+    except (ValueError, json.JSONDecodeError) as e:
+        raise ConfigError(f"model.routing.file: {path} is not a numeric matrix ({e})") from None

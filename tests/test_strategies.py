@@ -194,3 +194,28 @@ def test_built_graphs_round_trip_through_json(tmp_path, routing):
     assert back.to_dict() == g.to_dict()
     c = CostModel.build(TOPO, {})
     assert simulate(back, TOPO, c).makespan == simulate(g, TOPO, c).makespan
+
+
+def test_all_to_all_algorithm_is_a_strategy_parameter():
+    topo = Topology.load("dgx-a100", nodes=4)
+    L = layer(world=32, experts=32, batch=1, seq_len=256)
+    c = CostModel.build(topo, {})
+    times = {}
+    for algo in (None, "linear", "2dh", "rail_relay"):
+        g = build("pipelined", L, {"degree": 2, "algo": algo}, ("fwd",))
+        assert {t.algo for t in g if t.kind == "all_to_all"} == {algo}
+        times[algo] = simulate(g, topo, c).makespan
+    assert times[None] == times["linear"] and times["2dh"] != times["linear"]
+
+
+def test_routing_matrix_from_a_file(tmp_path):
+    m = np.arange(8 * 16).reshape(8, 16) % 7
+    np.savetxt(tmp_path / "m.csv", m, delimiter=",")
+    np.save(tmp_path / "m.npy", m)
+    for name in ("m.csv", "m.npy"):
+        L = layer(capacity_factor=4.0, routing={"kind": "matrix", "file": str(tmp_path / name)})
+        assert np.array_equal(L.tokens_matrix, np.minimum(m, L.capacity))
+    with pytest.raises(ConfigError, match="not found"):
+        layer(routing={"kind": "matrix", "file": str(tmp_path / "absent.csv")})
+    with pytest.raises(ConfigError, match="exactly one"):
+        layer(routing={"kind": "matrix"})

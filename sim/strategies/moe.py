@@ -76,7 +76,10 @@ def build_layer(
     passes: tuple[str, ...] = ("fwd",),
     layer_id: int = 0,
     strategy: str = "pipelined",
+    algo: str | None = None,
 ) -> TaskGraph:
+    """The layer's graph; `algo` picks the all-to-all algorithm of every exchange (None: the
+    collective's default, see sim.collectives)."""
     if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
         raise ConfigError(f"strategy.degree: expected a positive integer, got {degree!r}")
     if degree > layer.capacity:
@@ -93,6 +96,7 @@ def build_layer(
             "strategy": strategy,
             "degree": degree,
             "order": order,
+            "algo": algo,
             "passes": list(passes),
             "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
             | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
@@ -102,7 +106,9 @@ def build_layer(
     group = list(range(layer.world))  # one list shared by every task: validated once
     for rank in range(layer.world):
         streams: dict[str, list[Task]] = defaultdict(list)
-        b = _RankBuilder(layer, sizes, rank, layer_id, streams, degree, "bwd" in passes, group)
+        b = _RankBuilder(
+            layer, sizes, rank, layer_id, streams, degree, "bwd" in passes, group, algo
+        )
         for p in passes:
             b.pass_(p, seq)
         for tasks in streams.values():
@@ -123,10 +129,11 @@ class _RankBuilder:
         r: int,
         keep_for_bwd: bool,
         group: list[int],
+        algo: str | None,
     ):
         self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
         self.streams, self.r, self.keep = streams, r, keep_for_bwd
-        self.group = group
+        self.group, self.algo = group, algo
 
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
         c = "" if j is None else f".{j}"
@@ -192,6 +199,7 @@ class _RankBuilder:
             deps=deps,
             group=self.group,
             coll=coll,
+            algo=self.algo,
             allocs=allocs or {},
             frees=frees or [],
             tags=self._tags(phase, step, j),

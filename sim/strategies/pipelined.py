@@ -15,10 +15,15 @@ from sim.strategies.moe import build_layer
 from sim.workload import MoELayer
 
 NAME = "pipelined"
-DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel"}
+DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel", "algo": None}
 
 
 def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
     return build_layer(
-        layer, degree=params["degree"], order=params["order"], passes=passes, strategy=NAME
+        layer,
+        degree=params["degree"],
+        order=params["order"],
+        passes=passes,
+        strategy=NAME,
+        algo=params["algo"],
     )

@@ -12,8 +12,10 @@ from sim.strategies.moe import build_layer
 from sim.workload import MoELayer
 
 NAME = "sequential"
-DEFAULTS: dict[str, Any] = {}
+DEFAULTS: dict[str, Any] = {"algo": None}  # all-to-all algorithm (sim.collectives)
 
 
 def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
-    return build_layer(layer, degree=1, order="tutel", passes=passes, strategy=NAME)
+    return build_layer(
+        layer, degree=1, order="tutel", passes=passes, strategy=NAME, algo=params["algo"]
+    )
