@@ -88,12 +88,18 @@ def cmd_demo(a: argparse.Namespace) -> int:
     return 0
 
 
+def _cost_overrides(a: argparse.Namespace) -> dict[str, Any]:
+    pairs = (
+        ("network", a.network),
+        ("fidelity", a.fidelity),
+        ("compute", a.compute),
+        ("calibration", a.calibration),
+    )
+    return {k: v for k, v in pairs if v}
+
+
 def _overrides(a: argparse.Namespace) -> dict[str, Any]:
-    costs = {
-        k: v
-        for k, v in (("network", a.network), ("fidelity", a.fidelity), ("compute", a.compute))
-        if v
-    }
+    costs = _cost_overrides(a)
     return dict(
         strategy=a.strategy,
         params=_parse_params(a.param),
@@ -131,14 +137,7 @@ def _simulate_graph(a: argparse.Namespace) -> int:
         per_node = Topology.load(a.topology, nodes=1).gpus_per_node
         nodes = -(-graph.world_size // per_node)
     topo = Topology.load(a.topology, nodes=nodes)
-    costs = CostModel.build(
-        topo,
-        {
-            k: v
-            for k, v in (("network", a.network), ("fidelity", a.fidelity), ("compute", a.compute))
-            if v
-        },
-    )
+    costs = CostModel.build(topo, _cost_overrides(a))
     res = simulate(graph, topo, costs)
     df = to_frame(res)
     summary = summarize(res, df)
@@ -252,6 +251,11 @@ def build_parser() -> argparse.ArgumentParser:
         sp.add_argument("--network", choices=["flow", "collective"], help="communication model")
         sp.add_argument("--fidelity", choices=["auto", "flow", "bundled"], help="flow fidelity")
         sp.add_argument("--compute", choices=["roofline", "alpha_beta"], help="compute model")
+        sp.add_argument(
+            "--calibration",
+            metavar="FILE",
+            help="calibration YAML from `moesim calibrate` (costs.calibration)",
+        )
 
     s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
     s.add_argument("config", help="run config YAML, or task graph JSON (needs --topology)")

@@ -32,8 +32,15 @@ class CostModel:
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
-        """Costs for `topo`, with the run config's `costs:` section layered on top."""
+        """Costs for `topo`, with the run config's `costs:` section layered on top (and under
+        it, a calibration file named by `costs.calibration`)."""
         spec = dict(spec or {})
+        if spec.get("calibration"):  # measured parameters under the config's explicit ones
+            from sim.calibrate import Calibration
+
+            cal = Calibration.load(spec.pop("calibration"))
+            spec = {**cal.cost_spec(), **spec}
+        spec.pop("calibration", None)
         gpu = topo.gpu
         compute_kind = spec.pop("compute", "roofline")
         roof = RooflineCompute.from_gpu(gpu, spec.pop("roofline", None))

@@ -1,0 +1,86 @@
+"""Calibration fits and the calibration file (the measuring side lives in exec/)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from sim.calibrate import Calibration, fit_alpha_beta
+from sim.costs import CostModel
+from sim.engine import simulate
+from sim.errors import ConfigError
+from sim.graph import Task, TaskGraph
+from sim.topology import Topology
+
+
+def test_fit_recovers_exact_alpha_beta():
+    x = np.array([1e6, 2e6, 4e6, 8e6])
+    a, b, r2 = fit_alpha_beta(x, 5e-6 + 2e-9 * x)
+    assert a == pytest.approx(5e-6) and b == pytest.approx(2e-9) and r2 == pytest.approx(1.0)
+
+
+def test_fit_keeps_parameters_non_negative():
+    x = np.array([1.0, 2.0, 3.0])
+    a, b, _ = fit_alpha_beta(x, np.array([0.5, 2.0, 3.5]))  # unconstrained alpha = -1
+    assert a == 0.0 and b > 0
+    a, b, _ = fit_alpha_beta(x, np.array([3.0, 2.0, 1.0]))  # unconstrained beta < 0
+    assert b == 0.0 and a == pytest.approx(2.0)
+
+
+def _rows() -> pd.DataFrame:
+    rng = np.random.default_rng(0)
+    rows = []
+    for x in (1e8, 2e8, 4e8, 8e8):
+        t = 1e-4 + 1e-11 * x
+        rows += [("gemm", 1, x, t * (1 + 0.01 * rng.standard_normal()), "compute", "")]
+        rows += [("gemm", 1, x, t / 0.8, "compute", "comm")]  # 80% speed beside comm
+    for x in (1e5, 1e6, 1e7):
+        t = 2e-5 + 1e-9 * x
+        rows += [
+            ("all_to_all", 2, x, t, "comm", ""),
+            ("all_to_all", 2, x, t / 0.5, "comm", "compute"),
+        ]
+        rows += [("all_to_all", 4, x, 2 * t, "comm", "")]
+        rows += [("d2h", 1, x, 1e-5 + 1e-10 * x, "copy", "")]
+    return pd.DataFrame(rows, columns=["op", "ranks", "x", "t", "stream", "others"])
+
+
+def test_fit_measurements_and_round_trip(tmp_path):
+    cal = Calibration.fit(_rows(), meta={"device": "test"})
+    assert cal.compute["gemm"]["beta"] == pytest.approx(1e-11, rel=0.05)
+    assert cal.compute["d2h"]["alpha"] == pytest.approx(1e-5)
+    fits = {f["ranks"]: f for f in cal.collectives["all_to_all"]}
+    assert fits[2]["alpha"] == pytest.approx(2e-5) and fits[4]["beta"] == pytest.approx(2e-9)
+    assert cal.interference["compute"]["comm"] == pytest.approx(0.8, rel=0.03)
+    assert cal.interference["comm"]["compute"] == pytest.approx(0.5)
+    back = Calibration.load(cal.save(tmp_path / "cal.yaml"))
+    assert back.to_dict() == cal.to_dict()
+
+
+def test_calibration_drives_the_cost_model(tmp_path):
+    path = Calibration.fit(_rows()).save(tmp_path / "cal.yaml")
+    topo = Topology.load("flat-switch", nodes=2)
+    costs = CostModel.build(topo, {"calibration": str(path)})
+    assert costs.network == "collective" and not costs.interference.trivial
+    g = TaskGraph(2)
+    for r in range(2):
+        g.add(Task(f"a{r}", r, "comm", "all_to_all", bytes=1e6, group=[0, 1], coll="x"))
+        g.add(Task(f"c{r}", r, "copy", "d2h", bytes=1e6, deps=[f"a{r}"]))
+    res = simulate(g, topo, costs)
+    expect = (2e-5 + 1e-9 * 1e6) + (1e-5 + 1e-10 * 1e6)
+    assert math.isclose(res.makespan, expect, rel_tol=1e-6)
+    # explicit config costs still win over the calibration
+    assert CostModel.build(topo, {"calibration": str(path), "network": "flow"}).network == "flow"
+
+
+def test_bad_calibration_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        Calibration.load(tmp_path / "nope.yaml")
+    (tmp_path / "bad.yaml").write_text("meta: {}\n")
+    with pytest.raises(ConfigError, match="compute"):
+        Calibration.load(tmp_path / "bad.yaml")
+    with pytest.raises(ConfigError, match="column"):
+        Calibration.fit(pd.DataFrame({"op": ["gemm"], "t": [1.0]}))
