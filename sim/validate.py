@@ -1,0 +1,112 @@
+"""Simulated against measured: per-graph makespan error, per-task-kind error, and rankings.
+
+Both sides are traces in the one schema (sim.trace.COLUMNS), so the comparison is row by row:
+the task ids are the graph's. `compare` reduces one graph's pair of traces; `write_report`
+turns a list of them into a Markdown table and a plotly figure (simulated vs measured
+makespan), written atomically next to each other.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from sim.io import atomic_write_text
+
+
+def makespan(df: pd.DataFrame) -> float:
+    return float(df["end"].max() - df["start"].min()) if len(df) else 0.0
+
+
+def compare(name: str, measured: pd.DataFrame, simulated: pd.DataFrame) -> dict[str, Any]:
+    """One graph: makespans, their error, and the mean duration error per task kind."""
+    m, s = makespan(measured), makespan(simulated)
+    both = measured.merge(simulated, on=["id", "rank"], suffixes=("_m", "_s"))
+    per_kind = {}
+    for kind, g in both.groupby("kind_m"):
+        dm, ds = float(g["duration_m"].mean()), float(g["duration_s"].mean())
+        per_kind[str(kind)] = {
+            "measured_s": dm,
+            "simulated_s": ds,
+            "error_pct": 100.0 * (ds - dm) / dm if dm > 0 else float("nan"),
+        }
+    return {
+        "graph": name,
+        "measured_s": m,
+        "simulated_s": s,
+        "error_pct": 100.0 * (s - m) / m if m > 0 else float("nan"),
+        "tasks_matched": len(both),
+        "per_kind": per_kind,
+    }
+
+
+def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
+    err = np.array([abs(r["error_pct"]) for r in results])
+    best_m = min(results, key=lambda r: r["measured_s"])["graph"]
+    best_s = min(results, key=lambda r: r["simulated_s"])["graph"]
+    return {
+        "mape_pct": float(err.mean()),
+        "max_abs_error_pct": float(err.max()),
+        "best_measured": best_m,
+        "best_simulated": best_s,
+        "same_best": best_m == best_s,
+    }
+
+
+def write_report(
+    results: list[dict[str, Any]],
+    out_dir: str | Path,
+    title: str,
+    context: dict[str, Any] | None = None,
+) -> dict[str, Path]:
+    import plotly.graph_objects as go
+
+    out = Path(out_dir)
+    summ = summarize(results)
+    lines = [f"# {title}", ""]
+    for k, v in (context or {}).items():
+        lines.append(f"- {k}: {v}")
+    lines += [
+        f"- MAPE on makespan: {summ['mape_pct']:.1f}% (worst {summ['max_abs_error_pct']:.1f}%)",
+        f"- best graph measured: {summ['best_measured']}; simulated: {summ['best_simulated']}"
+        f" ({'same' if summ['same_best'] else 'DIFFERENT'})",
+        "",
+        "| graph | measured (ms) | simulated (ms) | error |",
+        "|---|---:|---:|---:|",
+    ]
+    for r in results:
+        lines.append(
+            f"| {r['graph']} | {r['measured_s'] * 1e3:.3f} | "
+            f"{r['simulated_s'] * 1e3:.3f} | {r['error_pct']:+.1f}% |"
+        )
+    kinds = sorted({k for r in results for k in r["per_kind"]})
+    lines += [
+        "",
+        "Mean task duration error per kind (simulated vs measured):",
+        "",
+        "| graph | " + " | ".join(kinds) + " |",
+        "|---|" + "---:|" * len(kinds),
+    ]
+    for r in results:
+        cells = [
+            f"{r['per_kind'][k]['error_pct']:+.0f}%" if k in r["per_kind"] else "" for k in kinds
+        ]
+        lines.append(f"| {r['graph']} | " + " | ".join(cells) + " |")
+    md = out / "report.md"
+    atomic_write_text(md, "\n".join(lines) + "\n")
+    names = [r["graph"] for r in results]
+    fig = go.Figure(
+        [
+            go.Bar(name="measured", x=names, y=[r["measured_s"] * 1e3 for r in results]),
+            go.Bar(name="simulated", x=names, y=[r["simulated_s"] * 1e3 for r in results]),
+        ]
+    )
+    fig.update_layout(
+        title=f"{title}: makespan (ms)", barmode="group", yaxis_title="ms", template="plotly_white"
+    )
+    html = out / "report.html"
+    atomic_write_text(html, fig.to_html(include_plotlyjs="cdn"))
+    return {"markdown": md, "html": html}
