@@ -307,6 +307,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.add_argument("--out", help="also write the output to this file")
     c.set_defaults(fn=cmd_collectives)
+
+    from exec.cli import add_parser as add_exec_parser  # torch is imported only when run
+
+    add_exec_parser(sub)
     return p
 
 
