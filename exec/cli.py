@@ -18,6 +18,105 @@ from pathlib import Path
 from typing import Any
 
 
+def add_parsers(sub: Any) -> None:
+    add_parser(sub)
+    add_calibrate_parser(sub)
+    add_validate_parser(sub)
+
+
+def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
+    c = sub.add_parser("calibrate", help="measure this machine and fit the cost model")
+    c.add_argument("--nprocs", type=int, default=2, help="local processes (default 2)")
+    c.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    c.add_argument("--out", default="calibration.yaml", help="calibration file to write")
+    c.add_argument("--quick", action="store_true", help="a small plan (for smoke tests)")
+    c.add_argument("--timeout", type=float, default=120.0)
+    c.set_defaults(fn=cmd_calibrate)
+    return c
+
+
+def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
+    v = sub.add_parser("validate", help="run graphs for real and in the simulator; report")
+    v.add_argument("config", help="run config YAML (its layer; the world is --nprocs)")
+    v.add_argument("--nprocs", type=int, default=2)
+    v.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
+    v.add_argument("--calibration", help="calibration file (default: calibrate first)")
+    v.add_argument(
+        "--topology",
+        default="localhost-cpu",
+        help="topology the simulator replays on (default localhost-cpu)",
+    )
+    v.add_argument("--repeats", type=int, default=3, help="runs per graph; median kept")
+    v.add_argument("--quick", action="store_true", help="quick calibration if one is needed")
+    v.add_argument("--out", default="reports/validation", help="report directory")
+    v.add_argument("--timeout", type=float, default=120.0)
+    v.set_defaults(fn=cmd_validate)
+    return v
+
+
+def _check_procs(nprocs: int, timeout: float) -> None:
+    from exec.errors import ExecError
+
+    if nprocs < 1:
+        raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
+    if timeout <= 0:
+        raise ExecError(f"--timeout must be > 0 seconds, got {timeout:g}")
+
+
+def cmd_calibrate(a: argparse.Namespace) -> int:
+    from exec.errors import require_torch
+    from exec.microbench import Plan, calibrate
+    from sim.trace import write_table
+
+    require_torch()
+    _check_procs(a.nprocs, a.timeout)
+    print(f"calibrating {a.nprocs} ranks ({a.backend})")
+    cal, rows = calibrate(a.nprocs, a.backend, Plan.quick() if a.quick else None, a.timeout)
+    path = cal.save(a.out)
+    write_table(rows, Path(path).with_suffix(".measurements.csv"))
+    for op, p in sorted(cal.compute.items()):
+        print(
+            f"  {op:12s} alpha {p['alpha'] * 1e6:9.2f} us  beta {p['beta']:.3e}  r2 {p['r2']:.3f}"
+        )
+    for op, fits in sorted(cal.collectives.items()):
+        for f in fits:
+            print(
+                f"  {op:12s} alpha {f['alpha'] * 1e6:9.2f} us  beta {f['beta']:.3e}  "
+                f"r2 {f['r2']:.3f}  ({f['ranks']} ranks)"
+            )
+    for kind, row in sorted(cal.interference.items()):
+        print(f"  {kind:12s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items()))
+    print(f"  wrote {path}")
+    return 0
+
+
+def cmd_validate(a: argparse.Namespace) -> int:
+    from exec.errors import require_torch
+    from exec.microbench import Plan, calibrate
+    from exec.validation import validate
+    from sim.config import RunConfig
+
+    require_torch()
+    _check_procs(a.nprocs, a.timeout)
+    cfg = RunConfig.load(a.config)
+    out = Path(a.out)
+    calibration = a.calibration
+    if calibration is None:
+        print(f"no --calibration: calibrating {a.nprocs} ranks first")
+        cal, _ = calibrate(a.nprocs, a.backend, Plan.quick() if a.quick else None, a.timeout)
+        calibration = str(cal.save(out / "calibration.yaml"))
+    print(f"validating on {a.nprocs} ranks ({a.backend})")
+    res = validate(cfg, a.nprocs, calibration, out, a.backend, a.topology, a.repeats, a.timeout)
+    s = res["summary"]
+    print(
+        f"  MAPE {s['mape_pct']:.1f}% (worst {s['max_abs_error_pct']:.1f}%); best measured "
+        f"{s['best_measured']!r}, simulated {s['best_simulated']!r}"
+    )
+    for name, path in res["files"].items():
+        print(f"  wrote {name:9s} {path}")
+    return 0
+
+
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     e = sub.add_parser(
         "exec",

@@ -10,7 +10,8 @@ Measurements are rows (a pandas DataFrame) with columns:
 
 Fits:
 - per op kind (and per group size for collectives), t = alpha + beta * x by least squares on
-  the rows measured alone (PipeMoE Eq. 13 / 16), constrained to alpha, beta >= 0;
+  the median time per size of the rows measured alone (PipeMoE Eq. 13 / 16), constrained to
+  alpha, beta >= 0;
 - interference (MPipeMoE Sec. II-C, Fig. 3): for each stream kind and set of concurrent
   kinds, the relative speed = median(predicted alone time / measured time), capped at 1.
 
@@ -42,6 +43,8 @@ def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     x, t = np.asarray(x, dtype=float), np.asarray(t, dtype=float)
     if len(x) == 0:
         raise ConfigError("calibration: no measurements to fit")
+    if len(np.unique(x)) < 2:  # one size says nothing about the slope: a constant cost
+        return max(float(t.mean()), 0.0), 0.0, 1.0
     candidates = []
     if len(np.unique(x)) >= 2:
         A = np.stack([np.ones_like(x), x], axis=1)
@@ -77,7 +80,11 @@ class Calibration:
         if missing:
             raise ConfigError(f"calibration: measurements lack column(s) {sorted(missing)}")
         rows = rows.assign(others=rows["others"].fillna("").astype(str))
-        alone = rows[rows["others"] == ""]
+        # one point per size, the median of its repetitions: timings on a shared machine
+        # have heavy tails (a descheduled thread), which least squares would chase
+        alone = (
+            rows[rows["others"] == ""].groupby(["op", "ranks", "x"], as_index=False)["t"].median()
+        )
         cal = cls(meta=dict(meta or {}))
         for op, sub in alone.groupby("op"):
             if op in COMM_KINDS:
@@ -88,8 +95,10 @@ class Calibration:
                 cal.collectives[str(op)] = fits
             else:
                 a, b, r2 = fit_alpha_beta(sub["x"].to_numpy(), sub["t"].to_numpy())
-                cal.compute[str(op)] = {"alpha": a, "beta": b, "r2": r2, "n": len(sub)}
-        busy = rows[rows["others"] != ""]
+                cal.compute[str(op)] = {"alpha": a, "beta": b, "r2": r2, "sizes": len(sub)}
+        # interference: only ops that also ran alone have a baseline to compare with
+        fitted = set(cal.compute) | set(cal.collectives)
+        busy = rows[(rows["others"] != "") & rows["op"].isin(fitted)]
         for (stream, others), g in busy.groupby(["stream", "others"]):
             pred = np.array([cal.predict(r.op, int(r.ranks), float(r.x)) for r in g.itertuples()])
             speed = float(np.median(pred / g["t"].to_numpy()))

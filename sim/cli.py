@@ -308,9 +308,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--out", help="also write the output to this file")
     c.set_defaults(fn=cmd_collectives)
 
-    from exec.cli import add_parser as add_exec_parser  # torch is imported only when run
+    from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run
 
-    add_exec_parser(sub)
+    add_parsers(sub)
     return p
 
 

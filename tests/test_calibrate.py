@@ -84,3 +84,10 @@ def test_bad_calibration_files(tmp_path):
         Calibration.load(tmp_path / "bad.yaml")
     with pytest.raises(ConfigError, match="column"):
         Calibration.fit(pd.DataFrame({"op": ["gemm"], "t": [1.0]}))
+
+
+def test_ops_measured_only_under_overlap_do_not_break_the_fit():
+    rows = _rows()
+    extra = pd.DataFrame([("encode", 1, 1e6, 1e-3, "compute", "comm")], columns=rows.columns)
+    cal = Calibration.fit(pd.concat([rows, extra], ignore_index=True))
+    assert "encode" not in cal.compute and cal.interference["compute"]["comm"] < 1

@@ -97,8 +97,13 @@ def _reference(topo: Topology, src: str, dst: str | None = None) -> dict[str, fl
             continue  # other GPUs are endpoints only
         if pinned and types.get(u) == "nic" and v.startswith("fabric") and u != nic_of[src]:
             continue
-        if (pinned and dst is not None and types.get(v) == "nic" and u.startswith("fabric")
-                and v != nic_of[dst]):
+        if (
+            pinned
+            and dst is not None
+            and types.get(v) == "nic"
+            and u.startswith("fabric")
+            and v != nic_of[dst]
+        ):
             continue
         w = 1.0 / attrs["bw"]
         # local -> nic#up -> fabric and fabric -> nic#down -> local; nothing else crosses a NIC.
@@ -182,9 +187,12 @@ def test_link_cap_is_bw_times_efficiency(name):
             c = classes[fabric["class"]]
             ports = fabric.get("nodes_per_unit", fabric.get("nodes_per_leaf", 1))
             if fabric["type"] == "fat_tree":
-                ports *= len(fabric.get("attach", [n for n, t in
-                                                   _raw(name)["node"]["devices"].items()
-                                                   if t == "nic"]))
+                ports *= len(
+                    fabric.get(
+                        "attach",
+                        [n for n, t in _raw(name)["node"]["devices"].items() if t == "nic"],
+                    )
+                )
             want = float(c["bw"]) * ports / fabric.get("oversubscription", 1.0)
             want *= float(c.get("efficiency", 1.0))
         else:
@@ -195,8 +203,10 @@ def test_link_cap_is_bw_times_efficiency(name):
     if fabric:
         on_fabric = [lk for lk in range(topo.num_links) if "fabric" in topo.link_name(lk)]
         assert on_fabric
-        assert all(topo.link_class_of(lk) in (fabric["class"], fabric["class"] + "-spine")
-                   for lk in on_fabric)
+        assert all(
+            topo.link_class_of(lk) in (fabric["class"], fabric["class"] + "-spine")
+            for lk in on_fabric
+        )
 
 
 # -- errors ----------------------------------------------------------------------------------

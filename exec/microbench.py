@@ -1,0 +1,233 @@
+"""Microbenchmarks for calibration, written as task graphs and run by the executor itself.
+
+Measuring through the same runner that executes strategies means the fitted costs include
+exactly the overheads a replayed graph pays (thread hand-off, async-op wait, buffer reuse).
+Each benchmark is one graph per category, so that process start-up (about a second) is paid
+a handful of times rather than per size:
+
+- GEMMs over a grid of (m, n, k) on the compute stream;
+- the memory-bound kernel (what gate / encode / decode / elementwise run as) over sizes;
+- host copies (d2h, h2d) over sizes on the copy stream;
+- each collective over message sizes on the comm stream (all ranks);
+- the same operations concurrently: compute + comm, comm + copy, compute + copy, and all
+  three, sized so that the streams overlap for most of their length (MPipeMoE Sec. II-C).
+
+`calibrate()` runs them, turns the traces into measurement rows (exec.measure) and fits a
+sim.calibrate.Calibration.
+"""
+
+from __future__ import annotations
+
+import platform
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import pandas as pd
+
+from exec.launch import launch
+from exec.measure import measurements
+from sim.calibrate import Calibration
+from sim.graph import Task, TaskGraph
+
+MEMORY_KINDS = ("elementwise", "gate", "encode", "decode", "softmax", "layernorm", "attention")
+
+
+@dataclass
+class Plan:
+    """Sizes to measure; `quick()` is the CI-sized plan."""
+
+    gemms: list[tuple[int, int, int]] = field(
+        default_factory=lambda: [
+            (m, n, k) for m in (64, 256, 1024) for n, k in ((256, 256), (512, 1024), (1024, 512))
+        ]
+    )
+    memory_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 27, 2)])
+    copy_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 27, 2)])
+    comm_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(10, 25, 2)])
+    collectives: tuple[str, ...] = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
+    reps: int = 5
+    overlap_reps: int = 12
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(
+            gemms=[(64, 256, 256), (256, 512, 512), (512, 512, 1024)],
+            memory_bytes=[2**16, 2**20, 2**23],
+            copy_bytes=[2**16, 2**20, 2**23],
+            comm_bytes=[2**10, 2**16, 2**20],
+            collectives=("all_to_all",),
+            reps=3,
+            overlap_reps=4,
+        )
+
+
+class _Builder:
+    """Adds tasks to a graph on every rank with unique ids and collective ids."""
+
+    def __init__(self, world: int, name: str):
+        self.g = TaskGraph(world, meta={"benchmark": name})
+        self.world = world
+        self.group = list(range(world))
+        self.n = 0
+
+    def add(self, stream: str, kind: str, **kw) -> None:
+        cid = f"b{self.n}"
+        self.n += 1
+        for r in range(self.world):
+            extra = dict(kw)
+            if kind in ("all_to_all", "all_gather", "reduce_scatter", "all_reduce"):
+                extra.update(group=self.group, coll=cid)
+            self.g.add(Task(f"r{r}/{cid}", r, stream, kind, tags={"dtype": "fp32"}, **extra))
+
+    def done(self) -> TaskGraph:
+        self.g.validate()
+        return self.g
+
+
+def gemm_shape(m: int, n: int, k: int) -> dict:
+    return {"batch": 1, "m": m, "n": n, "k": k}
+
+
+def gemm_graph(world: int, plan: Plan) -> TaskGraph:
+    b = _Builder(world, "gemm")
+    for _ in range(plan.reps):
+        for m, n, k in plan.gemms:
+            b.add(
+                "compute",
+                "gemm",
+                shape=gemm_shape(m, n, k),
+                flops=2.0 * m * n * k,
+                bytes=4.0 * (m * k + k * n + m * n),
+            )
+    return b.done()
+
+
+def memory_graph(world: int, plan: Plan) -> TaskGraph:
+    b = _Builder(world, "memory")
+    for _ in range(plan.reps):
+        for nbytes in plan.memory_bytes:
+            b.add("compute", "elementwise", bytes=float(nbytes))
+    return b.done()
+
+
+def copy_graph(world: int, plan: Plan) -> TaskGraph:
+    b = _Builder(world, "copy")
+    for _ in range(plan.reps):
+        for nbytes in plan.copy_bytes:
+            for kind in ("d2h", "h2d"):
+                b.add("copy", kind, bytes=float(nbytes))
+    return b.done()
+
+
+def comm_graph(world: int, plan: Plan) -> TaskGraph:
+    b = _Builder(world, "comm")
+    for _ in range(plan.reps):
+        for kind in plan.collectives:
+            for nbytes in plan.comm_bytes:
+                b.add("comm", kind, bytes=float(nbytes))
+    return b.done()
+
+
+COMBOS = (("compute", "comm"), ("comm", "copy"), ("compute", "copy"), ("compute", "comm", "copy"))
+
+
+def overlap_graph(world: int, plan: Plan, sizes: dict[str, dict]) -> TaskGraph:
+    """Each stream of a combination runs `overlap_reps` back-to-back operations at once. A
+    4-byte all_reduce ends each combination, and the other streams wait for it, so that the
+    next combination starts together."""
+    b = _Builder(world, "overlap")
+    for combo in COMBOS:
+        for _ in range(plan.overlap_reps):
+            for stream in combo:
+                s = sizes[stream]
+                b.add(stream, s["kind"], **{k: v for k, v in s.items() if k != "kind"})
+        b.add("comm", "all_reduce", bytes=4.0)
+        end = f"b{b.n - 1}"
+        for stream in ("compute", "copy"):
+            for r in range(world):
+                b.g.add(
+                    Task(
+                        f"r{r}/{end}.sync.{stream}",
+                        r,
+                        stream,
+                        "elementwise",
+                        bytes=0.0,
+                        deps=[f"r{r}/{end}"],
+                        tags={"dtype": "fp32"},
+                    )
+                )
+    return b.done()
+
+
+def _overlap_sizes(cal: Calibration, target_s: float) -> dict[str, dict]:
+    """One operation per stream kind whose alone time is about `target_s`."""
+
+    def invert(op: str, ranks: int, lo: float, hi: float) -> float:
+        for _ in range(60):  # bisection on the monotone fitted model
+            mid = (lo * hi) ** 0.5
+            lo, hi = (mid, hi) if cal.predict(op, ranks, mid) < target_s else (lo, mid)
+        return hi
+
+    world = max((f["ranks"] for f in cal.collectives.get("all_to_all", [])), default=2)
+    side = int(round(invert("gemm", 1, 1e3, 1e13) ** (1 / 3)))
+    return {
+        "compute": {
+            "kind": "gemm",
+            "shape": gemm_shape(side, side, side),
+            "flops": 2.0 * side**3,
+            "bytes": 12.0 * side * side,
+        },
+        "comm": {"kind": "all_to_all", "bytes": invert("all_to_all", world, 1e3, 1e9)},
+        "copy": {"kind": "d2h", "bytes": invert("d2h", 1, 1e3, 1e9)},
+    }
+
+
+def calibrate(
+    nprocs: int,
+    backend: str = "gloo",
+    plan: Plan | None = None,
+    timeout_s: float = 120.0,
+    log: Callable[[str], None] = print,
+) -> tuple[Calibration, pd.DataFrame]:
+    """Measure, fit, and return the calibration with all measurement rows."""
+    plan = plan or Plan()
+    rows = []
+    device = ""
+    for name, make in (
+        ("gemm", gemm_graph),
+        ("memory", memory_graph),
+        ("copy", copy_graph),
+        ("comm", comm_graph),
+    ):
+        g = make(nprocs, plan)
+        res = launch(g, nprocs, backend, timeout_s)
+        device = res.device
+        m = measurements(g, res.trace).assign(bench=name)
+        rows.append(m)
+        log(f"  measured {name:7s} {len(m):5d} rows in {res.makespan:7.3f} s")
+    alone = pd.concat(rows, ignore_index=True)
+    first = Calibration.fit(alone)
+    target = 4 * max(first.compute["gemm"]["alpha"], 1e-3)
+    sizes = _overlap_sizes(first, target)
+    g = overlap_graph(nprocs, plan, sizes)
+    res = launch(g, nprocs, backend, timeout_s)
+    over = measurements(g, res.trace).assign(bench="overlap")
+    # keep the sized operations under overlap, not the markers between the combinations nor
+    # the edges of a combination that happened to run alone (the alone fits come from above)
+    over = over[over["op"].isin([v["kind"] for v in sizes.values()]) & (over["others"] != "")]
+    log(f"  measured overlap {len(over):5d} rows in {res.makespan:7.3f} s")
+    allrows = pd.concat([alone, over], ignore_index=True)
+    # the memory-bound stand-in is one kernel for every such kind (exec.ops)
+    mem = allrows["op"] == "elementwise"
+    aliases = [allrows[mem].assign(op=k) for k in MEMORY_KINDS[1:]]
+    fit_rows = pd.concat([allrows, *aliases], ignore_index=True)
+    meta = {
+        "backend": backend,
+        "nprocs": nprocs,
+        "device": device,
+        "host": platform.node(),
+        "machine": platform.machine(),
+        "python": platform.python_version(),
+        "rows": len(allrows),
+    }
+    return Calibration.fit(fit_rows, meta=meta), allrows

@@ -1,0 +1,99 @@
+"""The calibrate -> simulate -> validate loop on this machine (gloo, 2 ranks). CI checks that
+the loop works and gives sane numbers, never a timing; the accuracy itself is a recorded
+benchmark (reports/validation-localhost-gloo/)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch", reason="the executor needs torch (pip install torch)")
+if not torch.distributed.is_available():
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
+
+from exec.microbench import Plan, calibrate  # noqa: E402
+from exec.validation import cases, validate  # noqa: E402
+from sim.calibrate import Calibration  # noqa: E402
+from sim.cli import main  # noqa: E402
+from sim.config import RunConfig  # noqa: E402
+
+TINY = {
+    "topology": "localhost-cpu",
+    "model": {
+        "batch": 1,
+        "seq_len": 64,
+        "model_dim": 32,
+        "hidden_dim": 64,
+        "experts_per_gpu": 2,
+        "top_k": 1,
+        "capacity_factor": 1.0,
+        "dtype": "fp32",
+    },
+    "strategy": {"name": "pipelined", "degree": 2},
+    "passes": ["fwd", "bwd"],
+}
+
+
+@pytest.fixture(scope="module")
+def calibration(tmp_path_factory):
+    cal, rows = calibrate(2, "gloo", Plan.quick(), log=lambda _m: None)
+    path = cal.save(tmp_path_factory.mktemp("cal") / "cal.yaml")
+    return cal, rows, path
+
+
+def test_calibration_is_sane(calibration):
+    cal, rows, path = calibration
+    assert set(rows["bench"]) == {"gemm", "memory", "copy", "comm", "overlap"}
+    gemm = cal.compute["gemm"]
+    assert gemm["alpha"] >= 0 and gemm["beta"] > 0 and gemm["r2"] > 0.5
+    assert 1e8 < 2.0 / gemm["beta"] < 1e13  # GEMM throughput between 0.1 and 10,000 GFLOP/s
+    for kind in ("elementwise", "gate", "encode", "decode", "d2h", "h2d"):
+        assert cal.compute[kind]["beta"] >= 0
+    a2a = {f["ranks"]: f for f in cal.collectives["all_to_all"]}[2]
+    assert a2a["alpha"] >= 0 and a2a["beta"] > 0
+    for row in cal.interference.values():
+        assert all(0 < v <= 1 for v in row.values())
+    assert {"compute", "comm"} <= set(cal.interference)
+    assert Calibration.load(path).to_dict() == cal.to_dict()
+
+
+def test_validate_writes_its_report(calibration, tmp_path):
+    cfg = RunConfig.from_dict(TINY)
+    res = validate(cfg, 2, str(calibration[2]), tmp_path, repeats=1, log=lambda _m: None)
+    names = [r["graph"] for r in res["results"]]
+    assert names == [c.name for c in cases(cfg.layer(2).capacity)]
+    assert all(r["measured_s"] > 0 and r["simulated_s"] > 0 for r in res["results"])
+    assert all(r["tasks_matched"] > 0 for r in res["results"])
+    s = res["summary"]
+    assert s["mape_pct"] >= 0 and s["best_measured"] in names and s["best_simulated"] in names
+    md = (tmp_path / "report.md").read_text()
+    assert "MAPE" in md and "pipelined r=2 fwd+bwd" in md
+    assert (tmp_path / "report.html").is_file() and (tmp_path / "validation.json").is_file()
+    assert len(list((tmp_path / "traces").glob("*.measured.csv"))) == len(names)
+
+
+def test_cli_calibrate_and_simulate_with_it(tmp_path, capsys):
+    out = tmp_path / "cal.yaml"
+    assert main(["calibrate", "--nprocs", "2", "--quick", "--out", str(out)]) == 0
+    assert "gemm" in capsys.readouterr().out and out.is_file()
+    assert (tmp_path / "cal.measurements.csv").is_file()
+    cfg = tmp_path / "run.yaml"
+    cfg.write_text(yaml.safe_dump({**TINY, "nodes": 2}))
+    assert (
+        main(
+            [
+                "simulate",
+                str(cfg),
+                "--calibration",
+                str(out),
+                "--json",
+                "--out",
+                str(tmp_path / "sim"),
+            ]
+        )
+        == 0
+    )
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["network"] == "collective" and summary["makespan_s"] > 0
