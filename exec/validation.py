@@ -78,7 +78,8 @@ def validate(
         write_table(measured, out_dir / "traces" / f"{slug}.measured.csv")
         write_table(simulated, out_dir / "traces" / f"{slug}.simulated.csv")
         log(
-            f"  {case.name:26s} measured {r['measured_s'] * 1e3:9.3f} ms  simulated "
+            f"  {case.name:26s} measured {r['measured_s'] * 1e3:9.3f} ms "
+            f"({min(spans) * 1e3:.2f}-{max(spans) * 1e3:.2f})  simulated "
             f"{r['simulated_s'] * 1e3:9.3f} ms  error {r['error_pct']:+6.1f}%"
         )
     context = {

@@ -74,12 +74,14 @@ def write_report(
         f"- best graph measured: {summ['best_measured']}; simulated: {summ['best_simulated']}"
         f" ({'same' if summ['same_best'] else 'DIFFERENT'})",
         "",
-        "| graph | measured (ms) | simulated (ms) | error |",
-        "|---|---:|---:|---:|",
+        "| graph | measured (ms) | measured runs, min-max (ms) | simulated (ms) | error |",
+        "|---|---:|---:|---:|---:|",
     ]
     for r in results:
+        runs = r.get("measured_runs_s") or [r["measured_s"]]
         lines.append(
             f"| {r['graph']} | {r['measured_s'] * 1e3:.3f} | "
+            f"{min(runs) * 1e3:.3f}-{max(runs) * 1e3:.3f} | "
             f"{r['simulated_s'] * 1e3:.3f} | {r['error_pct']:+.1f}% |"
         )
     kinds = sorted({k for r in results for k in r["per_kind"]})
