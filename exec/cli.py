@@ -110,7 +110,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     s = res["summary"]
     print(
         f"  MAPE {s['mape_pct']:.1f}% (worst {s['max_abs_error_pct']:.1f}%); best measured "
-        f"{s['best_measured']!r}, simulated {s['best_simulated']!r}"
+        f"{s['best_measured']!r}, simulated {' = '.join(s['best_simulated'])!r}"
     )
     for name, path in res["files"].items():
         print(f"  wrote {name:9s} {path}")

@@ -133,9 +133,15 @@ def comm_graph(world: int, plan: Plan) -> TaskGraph:
 # (victim stream, streams running beside it): each victim operation should be covered by
 # the others from start to end, so they run four times as many operations.
 COMBOS = (
-    ("compute", ("comm",)), ("compute", ("copy",)), ("compute", ("comm", "copy")),
-    ("comm", ("compute",)), ("comm", ("copy",)), ("comm", ("compute", "copy")),
-    ("copy", ("compute",)), ("copy", ("comm",)), ("copy", ("compute", "comm")),
+    ("compute", ("comm",)),
+    ("compute", ("copy",)),
+    ("compute", ("comm", "copy")),
+    ("comm", ("compute",)),
+    ("comm", ("copy",)),
+    ("comm", ("compute", "copy")),
+    ("copy", ("compute",)),
+    ("copy", ("comm",)),
+    ("copy", ("compute", "comm")),
 )
 COVER = 4
 COVERED = 0.9  # a row counts as "ran beside X" when X overlapped 90% of its duration
@@ -156,8 +162,17 @@ def overlap_graph(world: int, plan: Plan, sizes: dict[str, dict]) -> TaskGraph:
         end = f"b{b.n - 1}"
         for stream in ("compute", "copy"):
             for r in range(world):
-                b.g.add(Task(f"r{r}/{end}.sync.{stream}", r, stream, "elementwise", bytes=0.0,
-                             deps=[f"r{r}/{end}"], tags={"dtype": "fp32"}))
+                b.g.add(
+                    Task(
+                        f"r{r}/{end}.sync.{stream}",
+                        r,
+                        stream,
+                        "elementwise",
+                        bytes=0.0,
+                        deps=[f"r{r}/{end}"],
+                        tags={"dtype": "fp32"},
+                    )
+                )
     return b.done()
 
 

@@ -16,6 +16,8 @@ import pandas as pd
 
 from sim.io import atomic_write_text
 
+TIE = 0.005  # simulated makespans within 0.5% of the fastest share first place
+
 
 def makespan(df: pd.DataFrame) -> float:
     return float(df["end"].max() - df["start"].min()) if len(df) else 0.0
@@ -46,13 +48,16 @@ def compare(name: str, measured: pd.DataFrame, simulated: pd.DataFrame) -> dict[
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     err = np.array([abs(r["error_pct"]) for r in results])
     best_m = min(results, key=lambda r: r["measured_s"])["graph"]
-    best_s = min(results, key=lambda r: r["simulated_s"])["graph"]
+    fastest = min(r["simulated_s"] for r in results)
+    # graphs the simulator cannot tell apart (e.g. sequential and pipelined r=1, the same
+    # schedule) share first place
+    best_s = [r["graph"] for r in results if r["simulated_s"] <= fastest * (1 + TIE)]
     return {
         "mape_pct": float(err.mean()),
         "max_abs_error_pct": float(err.max()),
         "best_measured": best_m,
         "best_simulated": best_s,
-        "same_best": best_m == best_s,
+        "same_best": best_m in best_s,
     }
 
 
@@ -71,8 +76,8 @@ def write_report(
         lines.append(f"- {k}: {v}")
     lines += [
         f"- MAPE on makespan: {summ['mape_pct']:.1f}% (worst {summ['max_abs_error_pct']:.1f}%)",
-        f"- best graph measured: {summ['best_measured']}; simulated: {summ['best_simulated']}"
-        f" ({'same' if summ['same_best'] else 'DIFFERENT'})",
+        f"- best graph measured: {summ['best_measured']}; simulated: "
+        f"{' = '.join(summ['best_simulated'])} ({'same' if summ['same_best'] else 'DIFFERENT'})",
         "",
         "| graph | measured (ms) | measured runs, min-max (ms) | simulated (ms) | error |",
         "|---|---:|---:|---:|---:|",

@@ -32,6 +32,14 @@ def test_compare_and_report(tmp_path):
     assert r1["per_kind"]["gemm"]["error_pct"] == pytest.approx(100 * (1 / 1.1 - 1))
     s = summarize([r1, r2])
     assert s["mape_pct"] == pytest.approx((100 * (1 - 1 / 1.1) + 100 * (1 - 1 / 1.3)) / 2)
+    assert seq["end"].max() < pip["end"].max()  # this tiny layer: no overlap gain
+    assert s["best_simulated"] == ["sequential"] and s["best_measured"] == "sequential"
+    assert s["same_best"]
+    fast = compare("pipelined r=2", _trace("pipelined", {"degree": 2}, 0.5), pip)
+    assert not summarize([r1, fast])["same_best"]
+    tie = compare("pipelined r=1", _trace("pipelined", {"degree": 1}, 1.2), seq)
+    s = summarize([r1, tie])  # the same schedule: both simulated equal, both first
+    assert s["best_simulated"] == ["sequential", "pipelined r=1"] and s["same_best"]
     files = write_report([r1, r2], tmp_path, "test", {"device": "none"})
     md = files["markdown"].read_text()
     assert "MAPE" in md and "pipelined r=2" in md and "gemm" in md
