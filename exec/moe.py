@@ -42,7 +42,7 @@ from exec.errors import ExecError
 from sim.errors import ConfigError
 from sim.strategies import resolve_params
 from sim.strategies.moe import comm_order
-from sim.workload import MoELayer
+from sim.workload import MoELayer, check_sizes, expert_capacity
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
 _POLL_S = 0.05
@@ -63,18 +63,14 @@ class MoESpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("tokens", "model_dim", "hidden_dim", "experts", "world", "top_k"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"moe.{name}: expected a positive integer, got {v!r}")
-        if self.experts % self.world:
-            raise ConfigError(
-                f"moe.experts: {self.experts} experts cannot be spread over {self.world} ranks"
-            )
-        if self.top_k > self.experts:
-            raise ConfigError(f"moe.top_k: {self.top_k} exceeds the {self.experts} experts")
-        if not self.capacity_factor > 0:
-            raise ConfigError(f"moe.capacity_factor: must be > 0, got {self.capacity_factor}")
+        check_sizes(
+            "moe",
+            {
+                n: getattr(self, n)
+                for n in ("tokens", "model_dim", "hidden_dim", "experts", "world", "top_k")
+            },
+            self.capacity_factor,
+        )
         if self.activation not in ACTIVATIONS:
             raise ConfigError(
                 f"moe.activation: expected one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
@@ -102,7 +98,7 @@ class MoESpec:
     @property
     def capacity(self) -> int:
         """C, as sim.workload.MoELayer.capacity: slots per (rank, expert)."""
-        return max(1, math.ceil(self.top_k * self.capacity_factor * self.tokens / self.experts))
+        return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
 
 
 # -- seeded data ------------------------------------------------------------------------------

@@ -31,6 +31,28 @@ from sim.errors import ConfigError
 ROUTING_KINDS = ("uniform", "zipf", "matrix")
 
 
+def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
+    """C = ceil(k * f * T / E): slots each expert gives each GPU (GShard / Switch)."""
+    return max(1, math.ceil(top_k * capacity_factor * tokens / experts))
+
+
+def check_sizes(prefix: str, ints: dict[str, Any], capacity_factor: float) -> None:
+    """The checks every MoE layer description needs (`ints` holds experts, world, top_k)."""
+    for name, v in ints.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{prefix}.{name}: expected a positive integer, got {v!r}")
+    experts, world, top_k = ints["experts"], ints["world"], ints["top_k"]
+    if experts % world:
+        raise ConfigError(
+            f"{prefix}.experts: {experts} experts cannot be spread evenly over {world} GPUs "
+            f"(need a multiple of {world})"
+        )
+    if top_k > experts:
+        raise ConfigError(f"{prefix}.top_k: {top_k} exceeds the {experts} experts")
+    if not capacity_factor > 0:
+        raise ConfigError(f"{prefix}.capacity_factor: must be > 0, got {capacity_factor}")
+
+
 @dataclass(frozen=True)
 class MoELayer:
     batch: int  # B, sequences per GPU
@@ -45,19 +67,22 @@ class MoELayer:
     routing: dict[str, Any] = field(default_factory=lambda: {"kind": "uniform"})
 
     def __post_init__(self) -> None:
-        for name in ("batch", "seq_len", "model_dim", "hidden_dim", "experts", "world", "top_k"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-                raise ConfigError(f"model.{name}: expected a positive integer, got {v!r}")
-        if self.experts % self.world:
-            raise ConfigError(
-                f"model.experts: {self.experts} experts cannot be spread evenly over "
-                f"{self.world} GPUs (need a multiple of {self.world})"
-            )
-        if self.top_k > self.experts:
-            raise ConfigError(f"model.top_k: {self.top_k} exceeds the {self.experts} experts")
-        if not self.capacity_factor > 0:
-            raise ConfigError(f"model.capacity_factor: must be > 0, got {self.capacity_factor}")
+        check_sizes(
+            "model",
+            {
+                n: getattr(self, n)
+                for n in (
+                    "batch",
+                    "seq_len",
+                    "model_dim",
+                    "hidden_dim",
+                    "experts",
+                    "world",
+                    "top_k",
+                )
+            },
+            self.capacity_factor,
+        )
         if self.dtype not in DTYPE_BYTES:
             raise ConfigError(
                 f"model.dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
@@ -78,7 +103,7 @@ class MoELayer:
 
     @property
     def capacity(self) -> int:
-        return max(1, math.ceil(self.top_k * self.capacity_factor * self.tokens / self.experts))
+        return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
 
     @property
     def elem(self) -> int:
