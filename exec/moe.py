@@ -308,6 +308,17 @@ def sequential(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch
     return moe.comms.all_to_all(moe.experts(received), "comm", "combine")
 
 
+@register("pipemoe")
+def pipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """PipeMoE is the pipelined layer at the degree its selector picked (sim side)."""
+    if not isinstance(params["degree"], int):
+        raise ConfigError(
+            "strategy pipemoe in the real layer needs an integer strategy.degree (the "
+            "selector runs in the simulator: `moesim simulate` reports the degree it chose)"
+        )
+    return pipelined(moe, buf, params)
+
+
 class _Aborted(Exception):
     """Another thread of the layer failed; this one stops quietly."""
 

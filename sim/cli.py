@@ -33,7 +33,7 @@ def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, 
     """Build, simulate and write outputs for one run config; returns the summary."""
     from sim.costs import CostModel
     from sim.engine import simulate
-    from sim.strategies import build
+    from sim.strategies import Cluster, build
     from sim.summary import summarize
     from sim.trace import to_frame, write_chrome_trace, write_table
 
@@ -41,7 +41,7 @@ def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, 
     layer = cfg.layer(topo.world_size)
     costs = CostModel.build(topo, cfg.costs)
     t0 = time.perf_counter()
-    graph = build(cfg.strategy, layer, cfg.strategy_params, cfg.passes)
+    graph = build(cfg.strategy, layer, cfg.strategy_params, cfg.passes, Cluster(topo, costs))
     t1 = time.perf_counter()
     res = simulate(graph, topo, costs)
     t2 = time.perf_counter()
@@ -150,13 +150,42 @@ def _simulate_graph(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(a: argparse.Namespace) -> int:
+    from sim.compare import compare, to_markdown, write
+    from sim.config import RunConfig
+
+    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
+    df = compare(cfg, a.strategies)
+    title = (
+        f"{cfg.topology} x{cfg.load_topology().nodes} nodes, passes {list(cfg.passes)}: "
+        f"{len(df)} strategies"
+    )
+    files = write(df, Path(a.out), title)
+    if a.json:
+        print(df.to_json(orient="records", indent=2))
+    else:
+        print(title)
+        print(to_markdown(df))
+        for name, path in files.items():
+            print(f"  wrote {name:9s} {path}")
+    return 0
+
+
 def cmd_graph(a: argparse.Namespace) -> int:
     from sim.config import RunConfig
-    from sim.strategies import build
+    from sim.costs import CostModel
+    from sim.strategies import Cluster, build
 
     cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
     topo = cfg.load_topology()
-    graph = build(cfg.strategy, cfg.layer(topo.world_size), cfg.strategy_params, cfg.passes)
+    costs = CostModel.build(topo, cfg.costs)
+    graph = build(
+        cfg.strategy,
+        cfg.layer(topo.world_size),
+        cfg.strategy_params,
+        cfg.passes,
+        Cluster(topo, costs),
+    )
     graph.to_json(a.output)
     print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
     return 0
@@ -263,6 +292,20 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_opts(s)
     s.set_defaults(fn=cmd_simulate)
+
+    cp = sub.add_parser("compare", help="simulate several strategies on one config; table+chart")
+    cp.add_argument("config")
+    cp.add_argument(
+        "--strategies",
+        nargs="+",
+        required=True,
+        metavar="NAME[:k=v,...]",
+        help="e.g. sequential pipelined:degree=4 pipemoe",
+    )
+    cp.add_argument("--out", default="reports/compare", help="output directory")
+    cp.add_argument("--json", action="store_true")
+    run_opts(cp)
+    cp.set_defaults(fn=cmd_compare)
 
     g = sub.add_parser("graph", help="build a config's task graph and save it as JSON")
     g.add_argument("config")

@@ -32,9 +32,11 @@ SPEC = MoESpec(
 )
 ORDERS = ("tutel", "alternating", "two_streams")
 DEGREES = (1, 2, 4)
-VARIANTS = [Variant("sequential")] + [
-    Variant("pipelined", {"degree": r, "order": o}) for r in DEGREES for o in ORDERS
-]
+VARIANTS = (
+    [Variant("sequential")]
+    + [Variant("pipelined", {"degree": r, "order": o}) for r in DEGREES for o in ORDERS]
+    + [Variant("pipemoe", {"degree": 3})]  # PipeMoE at a degree its selector could pick
+)
 
 
 @pytest.fixture(scope="module")
@@ -56,6 +58,16 @@ def test_pipelined_equals_sequential(run, degree, order):
             np.testing.assert_allclose(pip["grads"][name], g, rtol=1e-4, atol=1e-5)
     assert max(run.max_abs_diff(label).values()) < 1e-4
     assert max(run.max_rel_diff(label).values()) < 1e-5
+
+
+def test_every_strategy_equals_sequential(run):
+    """Every strategy with a real-layer implementation is in VARIANTS and matches."""
+    from exec.moe import STRATEGIES
+
+    tested = {v.name for v in VARIANTS}
+    assert set(STRATEGIES) <= tested, f"add a variant for {set(STRATEGIES) - tested}"
+    for v in VARIANTS[1:]:
+        assert max(run.max_rel_diff(v.label).values()) < 1e-5, v.label
 
 
 def _reference(spec: MoESpec, xs: list[np.ndarray]) -> tuple[np.ndarray, list[list[list]]]:

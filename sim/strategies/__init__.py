@@ -1,20 +1,29 @@
-"""Strategies: builders from (MoE layer, params) to a TaskGraph. They never touch the engine.
+"""Strategies: builders from (MoE layer, params, cluster) to a TaskGraph. They never touch
+the engine.
 
 Each module exposes `NAME`, `DEFAULTS` (its parameters and their defaults) and
-`build(layer, params, passes) -> TaskGraph`.
+`build(layer, params, passes, cluster=None) -> TaskGraph`; `cluster` (topology and cost
+model) is what a strategy's own selector reads (PipeMoE's Theorem 1), None where unknown.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
 from sim.errors import ConfigError
 from sim.graph import TaskGraph
-from sim.strategies import pipelined, sequential
+from sim.strategies import pipelined, pipemoe, sequential
 from sim.workload import MoELayer
 
-STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined)}
+STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined, pipemoe)}
+
+
+@dataclass(frozen=True)
+class Cluster:
+    topology: Any  # sim.topology.Topology
+    costs: Any  # sim.costs.CostModel
 
 
 def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
@@ -30,6 +39,12 @@ def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
     return {**mod.DEFAULTS, **params}
 
 
-def build(name: str, layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+def build(
+    name: str,
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    cluster: Cluster | None = None,
+) -> TaskGraph:
     full = resolve_params(name, params)
-    return STRATEGIES[name].build(layer, full, passes)
+    return STRATEGIES[name].build(layer, full, passes, cluster)

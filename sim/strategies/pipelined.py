@@ -18,7 +18,9 @@ NAME = "pipelined"
 DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel", "algo": None}
 
 
-def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
     return build_layer(
         layer,
         degree=params["degree"],

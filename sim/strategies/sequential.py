@@ -15,7 +15,9 @@ NAME = "sequential"
 DEFAULTS: dict[str, Any] = {"algo": None}  # all-to-all algorithm (sim.collectives)
 
 
-def build(layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...]) -> TaskGraph:
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
     return build_layer(
         layer, degree=1, order="tutel", passes=passes, strategy=NAME, algo=params["algo"]
     )
