@@ -89,7 +89,7 @@ class Engine:
         self.env = simpy.Environment()
         self.tasks = list(graph)
         n = len(self.tasks)
-        index = {t.id: i for i, t in enumerate(self.tasks)}
+        self.index = index = {t.id: i for i, t in enumerate(self.tasks)}
         self.deps_left = [len(t.deps) for t in self.tasks]
         self.dependents: list[list[int]] = [[] for _ in range(n)]
         for i, t in enumerate(self.tasks):
@@ -249,10 +249,11 @@ class Engine:
         if version != act.version:
             return
         self.acts[act.rank].discard(act)
-        if act.task >= 0:
-            self._finish(act.task)
+        self._finish(act.task)
 
     def _set_busy(self, rank: int, kind: str, delta: int) -> None:
+        # A stream is busy from launch: a communication kernel waiting for its peers already
+        # holds its SMs (NCCL kernels spin), so it interferes while it waits.
         if not self.interfere:
             return
         b = self.busy[rank]
@@ -481,7 +482,7 @@ class Engine:
                     f"to launch {t.kind} {t.coll!r}"
                 )
             elif not self.running[s]:
-                waiting = [d for d in t.deps if math.isnan(self.end[self._index(d)])]
+                waiting = [d for d in t.deps if math.isnan(self.end[self.index[d]])]
                 lines.append(f"{t.id} (rank {t.rank}, {t.stream}): waits for {waiting}")
         left = len(self.tasks) - self.done
         shown = "\n  ".join(lines[:20])
@@ -490,11 +491,6 @@ class Engine:
             f"simulated deadlock: {left} task(s) can never finish; blocked streams:\n"
             f"  {shown}{more}"
         )
-
-    def _index(self, tid: str) -> int:
-        if not hasattr(self, "_idx"):
-            self._idx = {t.id: i for i, t in enumerate(self.tasks)}
-        return self._idx[tid]
 
 
 def simulate(graph: TaskGraph, topo: Topology, costs: CostModel) -> SimResult:
