@@ -73,6 +73,7 @@ def grid():
 def main() -> None:
     clusters = {}
     rows = []
+    excluded = 0
     for P, layer in grid():
         if P not in clusters:
             topo = Topology.load("pipemoe-2080ti", nodes=P // 4)
@@ -106,8 +107,10 @@ def main() -> None:
             row[name] = times
         if fits:
             rows.append(row)
+        else:
+            excluded += 1
     n = len(rows)
-    out = {"cases": n, "settings": {}}
+    out = {"cases": n, "excluded": excluded, "settings": {}}
     lines = [
         "# PipeMoE selector vs the simulated best degree",
         "",
@@ -139,7 +142,11 @@ def main() -> None:
             f"{s['mean_slowdown_when_not_best_pct']:.2f}% | "
             f"{s['worst_slowdown_pct']:.2f}% | {hist} |"
         )
-        print(name, s, flush=True)
+        print(
+            name,
+            {k: (round(float(v), 2) if isinstance(v, float) else v) for k, v in s.items()},
+            flush=True,
+        )
     chosen_hist = {d: int(sum(r["chosen"] == d for r in rows)) for d in DEGREES}
     lines += [
         "",

@@ -7,22 +7,14 @@ from typing import Any
 import numpy as np
 
 from exec.launch import ExecResult
-from sim.summary import exposed, union_length
+from sim.summary import busy_per_stream, exposed_per_rank
 
 
 def summarize(res: ExecResult) -> dict[str, Any]:
     """The fields of sim.summary that a measurement has (no links, no memory model)."""
     df = res.trace
-    busy: dict[str, float] = {}
-    for stream, sub in df.groupby("stream"):
-        per_rank = [union_length(g[["start", "end"]].to_numpy()) for _, g in sub.groupby("rank")]
-        busy[str(stream)] = float(np.mean(per_rank))
-    kinds = df["stream"].str.split(".").str[0]
-    exp = []
-    for _rank, g in df.assign(k=kinds).groupby("rank"):
-        comm = g[g["k"] == "comm"][["start", "end"]].to_numpy()
-        comp = g[g["k"] == "compute"][["start", "end"]].to_numpy()
-        exp.append(exposed(comm, comp))
+    busy = busy_per_stream(df)
+    exp = exposed_per_rank(df)
     return {
         "makespan_s": res.makespan,
         "tasks": int(len(df)),

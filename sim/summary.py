@@ -11,11 +11,6 @@ import pandas as pd
 from sim.engine import SimResult
 
 
-def union_length(intervals: np.ndarray) -> float:
-    """Total length covered by [start, end] rows."""
-    return float(sum(e - s for s, e in merge(intervals)))
-
-
 def merge(intervals: np.ndarray) -> list[tuple[float, float]]:
     if len(intervals) == 0:
         return []
@@ -46,18 +41,32 @@ def exposed(comm: np.ndarray, compute: np.ndarray) -> float:
     return total
 
 
+def exposed_per_rank(df: pd.DataFrame) -> list[float]:
+    """Exposed communication of every rank (plain arrays: a groupby per rank is too slow
+    at thousands of ranks)."""
+    kind = df["stream"].str.split(".").str[0].to_numpy()
+    rank = df["rank"].to_numpy()
+    iv = df[["start", "end"]].to_numpy()
+    order = np.argsort(rank, kind="stable")
+    bounds = np.flatnonzero(np.diff(rank[order])) + 1
+    out = []
+    for idx in np.split(order, bounds) if len(order) else []:
+        k = kind[idx]
+        out.append(exposed(iv[idx[k == "comm"]], iv[idx[k == "compute"]]))
+    return out
+
+
+def busy_per_stream(df: pd.DataFrame) -> dict[str, float]:
+    """Mean busy time of each stream over the ranks that have it. A stream runs one task at a
+    time (program order), so its busy time is the sum of its tasks' durations."""
+    per = df.groupby("stream").agg(total=("duration", "sum"), ranks=("rank", "nunique"))
+    return {str(k): float(r.total) / r.ranks for k, r in per.iterrows()}
+
+
 def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
     makespan = res.makespan
-    kinds = df["stream"].str.split(".").str[0]
-    busy: dict[str, float] = {}
-    for stream, sub in df.groupby("stream"):
-        per_rank = [union_length(g[["start", "end"]].to_numpy()) for _, g in sub.groupby("rank")]
-        busy[stream] = float(np.mean(per_rank))
-    exp = []
-    for _rank, g in df.assign(k=kinds).groupby("rank"):
-        comm = g[g["k"] == "comm"][["start", "end"]].to_numpy()
-        comp = g[g["k"] == "compute"][["start", "end"]].to_numpy()
-        exp.append(exposed(comm, comp))
+    busy = busy_per_stream(df)
+    exp = exposed_per_rank(df)
     topo = res.topology
     links: dict[str, dict[str, float]] = defaultdict(lambda: {"bytes": 0.0, "capacity": 0.0})
     carried = res.link_bytes

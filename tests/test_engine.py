@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
 from sim.costs import CostModel
@@ -159,3 +160,13 @@ def test_copy_interference_applies_to_host_copies():
     assert math.isclose(e["off"], lat + 2.0 + 0.5 * (1.0 - lat), rel_tol=1e-9)
     e = ends(simulate(g, topo, comm_only))
     assert math.isclose(e["off"], lat + 2.0, rel_tol=1e-9)
+
+
+def test_exposed_communication_is_comm_time_not_covered_by_compute():
+    from sim.summary import exposed
+
+    comm = np.array([[0.0, 4.0], [6.0, 10.0]])
+    compute = np.array([[1.0, 2.0], [3.0, 7.0], [9.0, 12.0]])
+    # comm covers [0,4] u [6,10] = 8; compute covers [1,2], [3,4], [6,7], [9,10] of it = 4
+    assert exposed(comm, compute) == pytest.approx(4.0)
+    assert exposed(comm, np.zeros((0, 2))) == pytest.approx(8.0)
