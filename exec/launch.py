@@ -249,6 +249,8 @@ def _child(spec_path: str) -> None:
         import torch.distributed as dist
 
         torch.set_num_threads(threads)
+        if backend == "nccl":  # before the process group, so NCCL binds to this GPU
+            torch.cuda.set_device(rank % torch.cuda.device_count())
         setup = timedelta(seconds=max(timeout_s, SETUP_TIMEOUT_S))
         store = dist.TCPStore(host, port, world + 1, is_master=False, timeout=setup)
         dist.init_process_group(
@@ -258,8 +260,6 @@ def _child(spec_path: str) -> None:
             world_size=world,
             timeout=timedelta(seconds=CONTROL_TIMEOUT_S),
         )
-        if backend == "nccl":
-            torch.cuda.set_device(rank % torch.cuda.device_count())
         value = fn(rank, world, *args)
         tmp = out / f".rank{rank}.pkl"
         tmp.write_bytes(pickle.dumps(value))
