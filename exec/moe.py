@@ -319,6 +319,13 @@ def pipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Te
     return pipelined(moe, buf, params)
 
 
+@register("tutel")
+def tutel(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    """Tutel's pipelining at its chosen degree (the all-to-all algorithm changes how bytes
+    travel, not what arrives: the real layer uses one all_to_all for either)."""
+    return pipelined(moe, buf, {**params, "order": "tutel"})
+
+
 class _Aborted(Exception):
     """Another thread of the layer failed; this one stops quietly."""
 

@@ -36,6 +36,7 @@ VARIANTS = (
     [Variant("sequential")]
     + [Variant("pipelined", {"degree": r, "order": o}) for r in DEGREES for o in ORDERS]
     + [Variant("pipemoe", {"degree": 3})]  # PipeMoE at a degree its selector could pick
+    + [Variant("tutel", {"degree": 4, "algo": "2dh"})]
 )
 
 

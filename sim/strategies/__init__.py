@@ -14,10 +14,10 @@ from typing import Any
 
 from sim.errors import ConfigError
 from sim.graph import TaskGraph
-from sim.strategies import pipelined, pipemoe, sequential
+from sim.strategies import pipelined, pipemoe, sequential, tutel
 from sim.workload import MoELayer
 
-STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined, pipemoe)}
+STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined, pipemoe, tutel)}
 
 
 @dataclass(frozen=True)
