@@ -58,3 +58,26 @@ def tutel_online(
         search.optimize(f, s, t)
         history.append({"iteration": i, "f": f, "degree": s[0], "algo": s[1], "time_s": t})
     return history, search, timer
+
+
+def oracle(
+    name: str,
+    layer: MoELayer,
+    candidates: list[dict[str, Any]],
+    cluster: Cluster,
+    passes: tuple[str, ...] = ("fwd",),
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """The simulator as selector: build and simulate every candidate parameter set of
+    strategy `name`; return the fastest and every candidate's time (keyed by its repr)."""
+    if not candidates:
+        raise ConfigError(f"oracle for {name!r}: no candidates")
+    times: dict[str, float] = {}
+    best: tuple[float, dict[str, Any]] | None = None
+    for params in candidates:
+        g = build(name, layer, params, passes, cluster)
+        t = simulate(g, cluster.topology, cluster.costs).makespan
+        times[repr(params)] = t
+        if best is None or t < best[0]:
+            best = (t, params)
+    assert best is not None
+    return best[1], times

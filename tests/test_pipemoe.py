@@ -95,3 +95,17 @@ def test_auto_degree_needs_fitted_costs():
         build("pipemoe", layer, {}, ("fwd",), roofline)
     g = build("pipemoe", layer, {"degree": 2}, ("fwd",))  # a fixed degree needs nothing
     assert g.meta["degree"] == 2
+
+
+def test_oracle_selector_agrees_with_the_simulated_times():
+    from sim.search import oracle
+
+    cl = _cluster(4)
+    layer = MoELayer(
+        batch=4, seq_len=1024, model_dim=2048, hidden_dim=2048, experts=16, world=16, dtype="fp32"
+    )
+    cands = [{"degree": r} for r in (1, 2, 4, 8)]
+    best, times = oracle("pipelined", layer, cands, cl)
+    assert times[repr(best)] == min(times.values()) and len(times) == 4
+    chosen = build("pipemoe", layer, {"candidates": [1, 2, 4, 8]}, ("fwd",), cl).meta["degree"]
+    assert chosen == best["degree"]  # Theorem 1 and the oracle agree on this layer
