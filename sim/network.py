@@ -225,9 +225,6 @@ def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.
     return nodes, locs
 
 
-PAIRS = ("all", "intra", "rail")
-
-
 def pair_mask(topo: Topology, src: np.ndarray, dst: np.ndarray, pairs: str) -> np.ndarray:
     """Which (src, dst) pairs a uniform exchange covers: all, same node, or same local index."""
     G = topo.gpus_per_node

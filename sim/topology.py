@@ -189,7 +189,6 @@ class Topology:
             w = 1.0 / lc.eff_bw + 1e-15
             if not tg.has_edge(u, v) or tg[u][v]["weight"] > w:
                 tg.add_edge(u, v, weight=w, lid=lid)
-        self._tg = tg
         G = self.gpus_per_node
 
         def path(src: str, dst: str) -> list[int]:
