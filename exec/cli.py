@@ -86,6 +86,11 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             )
     for kind, row in sorted(cal.interference.items()):
         print(f"  {kind:12s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items()))
+    for via, d in sorted(cal.dispatch.items()):
+        print(
+            f"  dispatch {via:6s} mean {d['mean'] * 1e6:8.1f} us  median "
+            f"{d['median'] * 1e6:8.1f} us  ({d['n']} gaps)"
+        )
     print(f"  wrote {path}")
     return 0
 

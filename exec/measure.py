@@ -47,3 +47,33 @@ def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) ->
                 }
             )
     return pd.DataFrame(rows, columns=["op", "ranks", "x", "t", "stream", "others", "rank", "id"])
+
+
+def dispatch_gaps(graph: TaskGraph, trace: pd.DataFrame) -> pd.DataFrame:
+    """How long each task waited between becoming ready and starting (sim.costs.dispatch).
+
+    Ready = the later of its stream predecessor's end and its dependencies' ends; `via` says
+    which one came last: 'stream' (the predecessor) or 'cross' (a task of another stream).
+    Tasks with neither (the first on a stream, without dependencies) have no gap.
+    """
+    start = dict(zip(trace["id"], trace["start"]))
+    end = dict(zip(trace["id"], trace["end"]))
+    rows = []
+    for (rank, _stream), tasks in graph.streams().items():
+        prev_end = None
+        for t in tasks:
+            if t.id not in start:
+                continue
+            dep_end = max((end[d] for d in t.deps if d in end), default=None)
+            if dep_end is not None and (prev_end is None or dep_end > prev_end):
+                via, ready = "cross", dep_end
+            elif prev_end is not None:
+                via, ready = "stream", prev_end
+            else:
+                via, ready = None, None
+            if via is not None:
+                rows.append(
+                    {"via": via, "gap": max(start[t.id] - ready, 0.0), "rank": rank, "id": t.id}
+                )
+            prev_end = end[t.id]
+    return pd.DataFrame(rows, columns=["via", "gap", "rank", "id"])

@@ -12,7 +12,10 @@ a handful of times rather than per size:
 - each stream kind while the others run beside it (compute beside comm, beside copy, beside
   both; and so on), the victim's operations covered end to end by four times as many of the
   others' (MPipeMoE Sec. II-C, Fig. 3). Rows count as concurrent only when covered for 90% of
-  their duration: partly overlapped ones would blur the factor towards 1.
+  their duration: partly overlapped ones would blur the factor towards 1;
+- dispatch latency (sim.costs.dispatch): how long a ready task waits to start, after its
+  stream's previous task (from the runs above) and after a task of another stream (a
+  compute -> communication -> compute chain, the MoE layer's rhythm).
 
 `calibrate()` runs them, turns the traces into measurement rows (exec.measure) and fits a
 sim.calibrate.Calibration.
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 from exec.launch import launch
-from exec.measure import measurements
+from exec.measure import dispatch_gaps, measurements
 from sim.calibrate import Calibration
 from sim.graph import Task, TaskGraph
 
@@ -72,11 +75,14 @@ class _Builder:
         self.group = list(range(world))
         self.n = 0
 
-    def add(self, stream: str, kind: str, **kw) -> None:
+    def add(self, stream: str, kind: str, after_previous: bool = False, **kw) -> None:
+        """One task per rank; `after_previous` makes it depend on the task added before."""
         cid = f"b{self.n}"
         self.n += 1
         for r in range(self.world):
             extra = dict(kw)
+            if after_previous and self.n > 1:
+                extra["deps"] = [f"r{r}/b{self.n - 2}"]
             if kind in ("all_to_all", "all_gather", "reduce_scatter", "all_reduce"):
                 extra.update(group=self.group, coll=cid)
             self.g.add(Task(f"r{r}/{cid}", r, stream, kind, tags={"dtype": "fp32"}, **extra))
@@ -176,6 +182,18 @@ def overlap_graph(world: int, plan: Plan, sizes: dict[str, dict]) -> TaskGraph:
     return b.done()
 
 
+def handoff_graph(world: int, plan: Plan, sizes: dict[str, dict]) -> TaskGraph:
+    """The MoE layer's rhythm: compute, then communication that needs it, then compute that
+    needs that, ... Every task waits on the one before it on the other stream, so each start
+    measures a cross-stream hand-off (sim.costs.dispatch)."""
+    b = _Builder(world, "handoff")
+    for _ in range(plan.overlap_reps * 2):
+        for stream in ("compute", "comm"):
+            s = sizes[stream]
+            b.add(stream, s["kind"], True, **{k: v for k, v in s.items() if k != "kind"})
+    return b.done()
+
+
 def _overlap_sizes(cal: Calibration, target_s: float) -> dict[str, dict]:
     """One operation per stream kind whose alone time is about `target_s`."""
 
@@ -208,7 +226,7 @@ def calibrate(
 ) -> tuple[Calibration, pd.DataFrame]:
     """Measure, fit, and return the calibration with all measurement rows."""
     plan = plan or Plan()
-    rows = []
+    rows, gaps = [], []
     device = ""
     for name, make in (
         ("gemm", gemm_graph),
@@ -221,6 +239,7 @@ def calibrate(
         device = res.device
         m = measurements(g, res.trace).assign(bench=name)
         rows.append(m)
+        gaps.append(dispatch_gaps(g, res.trace).assign(bench=name))
         log(f"  measured {name:7s} {len(m):5d} rows in {res.makespan:7.3f} s")
     alone = pd.concat(rows, ignore_index=True)
     first = Calibration.fit(alone)
@@ -233,6 +252,16 @@ def calibrate(
     # the edges of a combination that happened to run alone (the alone fits come from above)
     over = over[over["op"].isin([v["kind"] for v in sizes.values()]) & (over["others"] != "")]
     log(f"  measured overlap {len(over):5d} rows in {res.makespan:7.3f} s")
+    g = handoff_graph(nprocs, plan, sizes)
+    res = launch(g, nprocs, backend, timeout_s)
+    handoff = dispatch_gaps(g, res.trace).assign(bench="handoff")
+    log(f"  measured handoff {len(handoff):5d} gaps in {res.makespan:7.3f} s")
+    # cross-stream gaps from the hand-off chain; same-stream gaps from the back-to-back runs
+    # of one kind (the overlap graph's gaps mix both with its end-of-combination markers)
+    gap_rows = pd.concat(
+        [*(x[x["via"] == "stream"] for x in gaps), handoff[handoff["via"] == "cross"]],
+        ignore_index=True,
+    )
     allrows = pd.concat([alone, over], ignore_index=True)
     # the memory-bound stand-in is one kernel for every such kind (exec.ops)
     mem = allrows["op"] == "elementwise"
@@ -247,4 +276,4 @@ def calibrate(
         "python": platform.python_version(),
         "rows": len(allrows),
     }
-    return Calibration.fit(fit_rows, meta=meta), allrows
+    return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows

@@ -72,10 +72,17 @@ class Calibration:
     collectives: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     interference: dict[str, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
+    dispatch: dict[str, dict[str, float]] = field(default_factory=dict)
 
     # -- fitting ---------------------------------------------------------------------------
     @classmethod
-    def fit(cls, rows: pd.DataFrame, meta: dict[str, Any] | None = None) -> Calibration:
+    def fit(
+        cls,
+        rows: pd.DataFrame,
+        meta: dict[str, Any] | None = None,
+        gaps: pd.DataFrame | None = None,
+    ) -> Calibration:
+        """`gaps` (exec.measure.dispatch_gaps: via, gap) gives the dispatch latencies."""
         missing = set(COLUMNS) - set(rows.columns)
         if missing:
             raise ConfigError(f"calibration: measurements lack column(s) {sorted(missing)}")
@@ -104,6 +111,14 @@ class Calibration:
             speed = float(np.median(pred / g["t"].to_numpy()))
             key = "+".join(sorted(str(others).split("+")))
             cal.interference.setdefault(str(stream), {})[key] = float(min(max(speed, 1e-3), 1.0))
+        if gaps is not None:
+            for via, g in gaps.groupby("via"):
+                # the mean, not the median: a makespan adds up every gap, the slow ones too
+                cal.dispatch[str(via)] = {
+                    "mean": float(g["gap"].mean()),
+                    "median": float(g["gap"].median()),
+                    "n": len(g),
+                }
         return cal
 
     def predict(self, op: str, ranks: int, x: float) -> float:
@@ -123,6 +138,7 @@ class Calibration:
             "compute": self.compute,
             "collectives": self.collectives,
             "interference": self.interference,
+            "dispatch": self.dispatch,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -145,6 +161,7 @@ class Calibration:
             raw.get("collectives") or {},
             raw.get("interference") or {},
             raw.get("meta") or {},
+            raw.get("dispatch") or {},
         )
 
     def cost_spec(self) -> dict[str, Any]:
@@ -163,4 +180,6 @@ class Calibration:
             }
         if self.interference:
             spec["interference"] = self.interference
+        if self.dispatch:
+            spec["dispatch"] = {k: v["mean"] for k, v in self.dispatch.items()}
         return spec

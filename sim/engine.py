@@ -86,6 +86,7 @@ class Engine:
                 f"{topo.nodes} node(s) has only {topo.world_size} GPUs"
             )
         self.graph, self.topo, self.costs = graph, topo, costs
+        self.dispatch = costs.dispatch
         self.env = simpy.Environment()
         self.tasks = list(graph)
         n = len(self.tasks)
@@ -164,7 +165,10 @@ class Engine:
             },
         )
 
-    def _try_launch(self, s: int) -> None:
+    def _try_launch(self, s: int, after: float = 0.0) -> None:
+        """Launch the head task of stream `s` if it is ready, `after` seconds from now: the
+        dispatch latency of whatever made it ready (the stream's previous task, or a task on
+        another stream it depended on; see CostModel.dispatch)."""
         if self.running[s]:
             return
         seq = self.stream_tasks[s]
@@ -173,8 +177,11 @@ class Engine:
             return
         i = seq[h]
         if self.deps_left[i] == 0:
-            self.running[s] = True
-            self._launch(i)
+            self.running[s] = True  # the stream is taken while the launch is under way
+            if after > 0:
+                self._after(after, self._launch, i)
+            else:
+                self._launch(i)
 
     def _launch(self, i: int) -> None:
         t = self.tasks[i]
@@ -210,8 +217,9 @@ class Engine:
         for j in self.dependents[i]:
             self.deps_left[j] -= 1
             if self.deps_left[j] == 0:
-                self._try_launch(self.stream_of[j])
-        self._try_launch(s)
+                js = self.stream_of[j]
+                self._try_launch(js, self.dispatch.stream if js == s else self.dispatch.cross)
+        self._try_launch(s, self.dispatch.stream)
 
     def _after(self, delay: float, fn, *args) -> None:
         ev = self.env.timeout(max(delay, 0.0))

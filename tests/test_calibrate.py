@@ -76,6 +76,40 @@ def test_calibration_drives_the_cost_model(tmp_path):
     assert CostModel.build(topo, {"calibration": str(path), "network": "flow"}).network == "flow"
 
 
+def test_dispatch_gaps_and_their_fit(tmp_path):
+    """Gaps are start - ready, attributed to whichever of stream predecessor and dependency
+    finished last; the fitted means become the cost model's dispatch latencies."""
+    from exec.measure import dispatch_gaps
+
+    g = TaskGraph(1)
+    g.add(Task("a", 0, "compute", "elementwise"))
+    g.add(Task("b", 0, "compute", "elementwise"))  # after a: a stream gap
+    g.add(Task("c", 0, "copy", "d2h", deps=["a"]))  # woken by a: a cross gap
+    g.add(Task("d", 0, "copy", "d2h", deps=["b"]))  # b ends after c: cross again
+    g.add(Task("e", 0, "copy", "d2h"))  # after d: a stream gap
+    trace = pd.DataFrame(
+        {
+            "id": list("abcde"),
+            "start": [0.0, 1.1, 1.3, 2.4, 3.45],
+            "end": [1.0, 2.1, 2.0, 3.4, 4.0],
+        }
+    )
+    gaps = dispatch_gaps(g, trace).set_index("id")
+    assert list(gaps.index) == ["b", "c", "d", "e"]  # a had nothing to wait for
+    assert list(gaps["via"]) == ["stream", "cross", "cross", "stream"]
+    assert gaps["gap"].to_numpy() == pytest.approx([0.1, 0.3, 0.3, 0.05])
+    cal = Calibration.fit(_rows(), gaps=gaps.reset_index())
+    assert cal.dispatch["cross"]["mean"] == pytest.approx(0.3)
+    assert cal.dispatch["stream"] == {
+        "mean": pytest.approx(0.075),
+        "median": pytest.approx(0.075),
+        "n": 2,
+    }
+    topo = Topology.load("flat-switch", nodes=2)
+    costs = CostModel.build(topo, {"calibration": str(cal.save(tmp_path / "cal.yaml"))})
+    assert (costs.dispatch.stream, costs.dispatch.cross) == pytest.approx((0.075, 0.3))
+
+
 def test_bad_calibration_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         Calibration.load(tmp_path / "nope.yaml")

@@ -44,6 +44,34 @@ def test_stream_program_order_and_cross_stream_deps():
     assert (e["a"], e["b"], e["c"], e["d"]) == (1.0, 2.0, 2.0, 3.0)
 
 
+def test_dispatch_latency_same_stream_and_cross_stream():
+    """Closed form: each start is (what made the task ready) + its dispatch latency."""
+    g = TaskGraph(1)
+    g.add(Task("a", 0, "compute", "elementwise"))
+    g.add(Task("b", 0, "compute", "elementwise"))
+    g.add(Task("c", 0, "copy", "elementwise", deps=["a"]))
+    g.add(Task("d", 0, "copy", "elementwise"))
+    res = simulate(g, TOPO, costs(dispatch={"stream": 0.25, "cross": 0.5}))
+    starts = {t.id: float(s) for t, s in zip(res.graph, res.start)}
+    # a at 0 (ready at the start); b after a on its stream; c woken by a from another
+    # stream; d after c on its stream
+    assert starts == {"a": 0.0, "b": 1.25, "c": 1.5, "d": 2.75}
+    assert ends(res) == {"a": 1.0, "b": 2.25, "c": 2.5, "d": 3.75}
+    # the default is the ideal engine
+    assert ends(simulate(g, TOPO, costs()))["d"] == 3.0
+
+
+@pytest.mark.parametrize(
+    "bad, field",
+    [({"stream": -1.0}, "costs.dispatch.stream"), ({"wake": 0.1}, "unknown"), (3, "mapping")],
+)
+def test_dispatch_latency_bad_input(bad, field):
+    from sim.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=field):
+        costs(dispatch=bad)
+
+
 def test_collective_starts_when_last_member_launches():
     g = TaskGraph(2)
     g.add(Task("late", 1, "compute", "gemm"))  # 10 s

@@ -56,6 +56,10 @@ def test_calibration_is_sane(calibration):
     for row in cal.interference.values():
         assert all(0 < v <= 1 for v in row.values())
     assert {"compute", "comm"} <= set(cal.interference)
+    # waking a thread costs more than moving on to the next task of the same one
+    assert set(cal.dispatch) == {"stream", "cross"}
+    assert 0 <= cal.dispatch["stream"]["mean"] < 0.05 and 0 < cal.dispatch["cross"]["mean"] < 0.05
+    assert cal.dispatch["cross"]["n"] >= 2 * Plan.quick().overlap_reps
     assert Calibration.load(path).to_dict() == cal.to_dict()
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.costs.compute import AlphaBetaCompute, ComputeModel, RooflineCompute
+from sim.costs.dispatch import Dispatch
 from sim.costs.interference import Interference
 from sim.costs.network import CollectiveAlphaBeta
 from sim.errors import ConfigError
@@ -29,6 +30,7 @@ class CostModel:
     alpha: float  # per-message start-up in flow mode, seconds
     fidelity: str = "auto"
     bundle_min_ranks: int = 64  # `auto` bundles collectives of at least this many ranks
+    dispatch: Dispatch = Dispatch()  # launch latency of ready tasks (sim.costs.dispatch)
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
@@ -70,6 +72,10 @@ class CostModel:
             raise ConfigError(
                 f"costs.bundle_min_ranks: expected a positive integer, got {min_ranks!r}"
             )
+        dispatch = Dispatch.from_spec(gpu.get("dispatch"), f"topology {topo.name}: gpu.dispatch")
+        if spec.get("dispatch") is not None:
+            dispatch = dispatch.overlay(spec.pop("dispatch"))
+        spec.pop("dispatch", None)
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
-        return cls(compute, network, collective, inter, alpha, fidelity, min_ranks)
+        return cls(compute, network, collective, inter, alpha, fidelity, min_ranks, dispatch)
