@@ -9,9 +9,9 @@ Measurements are rows (a pandas DataFrame) with columns:
   others   '+'-joined stream kinds that ran concurrently ('' when alone)
 
 Fits:
-- per op kind (and per group size for collectives), t = alpha + beta * x by least squares on
-  the median time per size of the rows measured alone (PipeMoE Eq. 13 / 16), constrained to
-  alpha, beta >= 0;
+- per op kind (and per group size for collectives), t = alpha + beta * x by least squares
+  (relative residuals) on the median time per size of the rows measured alone (PipeMoE Eq. 13
+  / 16), constrained to alpha, beta >= 0;
 - interference (MPipeMoE Sec. II-C, Fig. 3): for each stream kind and set of concurrent
   kinds, the relative speed = median(predicted alone time / measured time), capped at 1.
 
@@ -39,30 +39,36 @@ COLUMNS = ("op", "ranks", "x", "t", "stream", "others")
 
 
 def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
-    """Least-squares t = alpha + beta * x with alpha, beta >= 0; returns (alpha, beta, r2)."""
+    """Least-squares t = alpha + beta * x with alpha, beta >= 0; returns (alpha, beta, r2).
+
+    The residuals are relative ((fit - t) / t): sizes span decades and timing noise scales
+    with the time, so plain least squares would let the largest size set alpha and miss the
+    small operations (a pipeline's chunks) by tens of percent.
+    """
     x, t = np.asarray(x, dtype=float), np.asarray(t, dtype=float)
     if len(x) == 0:
         raise ConfigError("calibration: no measurements to fit")
+    w = 1.0 / t if (t > 0).all() else np.ones_like(t)
+    w2 = w * w
     if len(np.unique(x)) < 2:  # one size says nothing about the slope: a constant cost
-        return max(float(t.mean()), 0.0), 0.0, 1.0
+        return max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0, 1.0
     candidates = []
-    if len(np.unique(x)) >= 2:
-        A = np.stack([np.ones_like(x), x], axis=1)
-        (a, b), *_ = np.linalg.lstsq(A, t, rcond=None)
-        if a >= 0 and b >= 0:
-            candidates.append((a, b))
+    A = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
+    if a >= 0 and b >= 0:
+        candidates.append((float(a), float(b)))
     # boundary solutions of the constrained problem: through the origin, or constant
-    xx = float(x @ x)
+    xx = float((w2 * x * x).sum())
     if xx > 0:
-        candidates.append((0.0, max(float(x @ t) / xx, 0.0)))
-    candidates.append((max(float(t.mean()), 0.0), 0.0))
+        candidates.append((0.0, max(float((w2 * x * t).sum()) / xx, 0.0)))
+    candidates.append((max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0))
 
-    def sse(p: tuple[float, float]) -> float:
-        return float(((p[0] + p[1] * x - t) ** 2).sum())
+    def sse(p: tuple[float, float], weights: np.ndarray = w2) -> float:
+        return float((weights * (p[0] + p[1] * x - t) ** 2).sum())
 
     a, b = min(candidates, key=sse)
     total = float(((t - t.mean()) ** 2).sum())
-    r2 = 1.0 - sse((a, b)) / total if total > 0 else 1.0
+    r2 = 1.0 - sse((a, b), np.ones_like(t)) / total if total > 0 else 1.0
     return float(a), float(b), float(r2)
 
 

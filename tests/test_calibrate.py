@@ -22,12 +22,27 @@ def test_fit_recovers_exact_alpha_beta():
     assert a == pytest.approx(5e-6) and b == pytest.approx(2e-9) and r2 == pytest.approx(1.0)
 
 
+def test_fit_is_relative_so_small_sizes_stay_right():
+    """One large size measured 5% slow must not move the small sizes' prediction by more
+    than that (plain least squares would put alpha off by a factor of 10 here)."""
+    x = np.array([1e3, 1e4, 1e5, 1e6, 1e7])
+    t = 1e-4 + 1e-9 * x
+    t[-1] *= 1.05
+    a, b, _ = fit_alpha_beta(x, t)
+    pred = a + b * x
+    assert np.abs(pred[:-1] / t[:-1] - 1).max() < 0.05
+    ols_alpha = np.linalg.lstsq(np.stack([np.ones_like(x), x], 1), t, rcond=None)[0][0]
+    assert abs(ols_alpha - 1e-4) > 5 * abs(a - 1e-4)
+
+
 def test_fit_keeps_parameters_non_negative():
     x = np.array([1.0, 2.0, 3.0])
     a, b, _ = fit_alpha_beta(x, np.array([0.5, 2.0, 3.5]))  # unconstrained alpha = -1
     assert a == 0.0 and b > 0
-    a, b, _ = fit_alpha_beta(x, np.array([3.0, 2.0, 1.0]))  # unconstrained beta < 0
-    assert b == 0.0 and a == pytest.approx(2.0)
+    t = np.array([3.0, 2.0, 1.0])
+    a, b, _ = fit_alpha_beta(x, t)  # unconstrained beta < 0: the best constant
+    # minimises sum((a - t)^2 / t^2): a = sum(1/t) / sum(1/t^2)
+    assert b == 0.0 and a == pytest.approx((1 / t).sum() / (1 / t**2).sum())
 
 
 def _rows() -> pd.DataFrame:
