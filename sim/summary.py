@@ -96,7 +96,11 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
         "nodes": topo.nodes,
         "world_size": res.graph.world_size,
         "strategy": meta.get("strategy"),
-        "params": {k: meta[k] for k in ("degree", "order", "algo") if meta.get(k) is not None}
+        "params": {
+            k: meta[k]
+            for k in ("degree", "order", "algo", "parallel", "tp")
+            if meta.get(k) is not None
+        }
         | ({"selector": meta["selector"]} if "selector" in meta else {}),
         "passes": meta.get("passes"),
         "makespan_s": makespan,

@@ -42,10 +42,12 @@ def check_sizes(prefix: str, ints: dict[str, Any], capacity_factor: float) -> No
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             raise ConfigError(f"{prefix}.{name}: expected a positive integer, got {v!r}")
     experts, world, top_k = ints["experts"], ints["world"], ints["top_k"]
-    if experts % world:
+    # Fewer experts than GPUs (a divisor of them) slices each expert over world/experts GPUs
+    # (Tutel Sec. 3.2); only strategies that slice experts accept such a layer.
+    if experts % world and world % experts:
         raise ConfigError(
             f"{prefix}.experts: {experts} experts cannot be spread evenly over {world} GPUs "
-            f"(need a multiple of {world})"
+            f"(need a multiple of {world}, or a divisor of it for layouts that slice experts)"
         )
     if top_k > experts:
         raise ConfigError(f"{prefix}.top_k: {top_k} exceeds the {experts} experts")
@@ -100,6 +102,11 @@ class MoELayer:
     @property
     def local_experts(self) -> int:
         return self.experts // self.world
+
+    @property
+    def expert_shards(self) -> int:
+        """GPUs each expert is sliced over: world/experts when experts < world, else 1."""
+        return max(1, self.world // self.experts)
 
     @property
     def capacity(self) -> int:
