@@ -8,11 +8,12 @@ Algorithms (a task's `algo` picks one; ALGORITHMS lists them): all-to-all linear
 grouped send/recv: every peer at once), pairwise (n-1 ordered rounds), 2dh (Tutel) and
 rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first) and rail_relay; ring
 all-gather / reduce-scatter / all-reduce; hierarchical all-reduce; linear broadcast from the
-first member.
+first member, and ring broadcast (pipelined in chunks along the member order, as NCCL's).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -183,6 +184,33 @@ def broadcast_linear(tasks: list[Task], topo: Topology) -> list[Phase]:
     return [ExplicitPhase(np.full(len(others), root), others, np.full(len(others), tasks[0].bytes))]
 
 
+# Ring broadcast chunk: NCCL's default 4 MiB buffer (NCCL_BUFFSIZE) over its 8 pipeline slots
+# (NCCL_STEPS) moves 512 KiB per step (assumed: NCCL's defaults, not measured here); the chunk
+# count is capped so that a huge broadcast stays a bounded number of phases.
+RING_CHUNK_BYTES = 512 * 1024
+RING_MAX_CHUNKS = 128
+
+
+def ring_broadcast_chunks(nbytes: float) -> int:
+    return max(1, min(RING_MAX_CHUNKS, math.ceil(nbytes / RING_CHUNK_BYTES)))
+
+
+def broadcast_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Pipelined chain from the first member along the group's order: k chunks, phase p
+    moves chunk p - i over hop i (member i -> i + 1), so (k + n - 2) phases of bytes / k."""
+    g = _group(tasks[0])
+    n = len(g)
+    if n < 2:
+        return []
+    k = ring_broadcast_chunks(tasks[0].bytes)
+    chunk = tasks[0].bytes / k
+    out: list[Phase] = []
+    for p in range(k + n - 2):
+        hops = np.arange(max(0, p - k + 1), min(n - 2, p) + 1)
+        out.append(ExplicitPhase(g[hops], g[hops + 1], np.full(len(hops), chunk)))
+    return out
+
+
 ALGORITHMS: dict[tuple[str, str], Callable[[list[Task], Topology], list[Phase]]] = {
     ("all_to_all", "linear"): all_to_all_linear,
     ("all_to_all", "pairwise"): all_to_all_pairwise,
@@ -196,6 +224,7 @@ ALGORITHMS: dict[tuple[str, str], Callable[[list[Task], Topology], list[Phase]]]
     ("all_reduce", "ring"): all_reduce_ring,
     ("all_reduce", "hierarchical"): all_reduce_hierarchical,
     ("broadcast", "linear"): broadcast_linear,
+    ("broadcast", "ring"): broadcast_ring,
 }
 DEFAULT_ALGO = {
     "all_to_all": "linear",
