@@ -242,6 +242,11 @@ class DistMoE(torch.nn.Module):
 
     def __init__(self, spec: MoESpec, rank: int, comms: Comms, device: torch.device):
         super().__init__()
+        if spec.experts < spec.world:  # sliced experts: exec.moe_layouts.SlicedMoE
+            raise ConfigError(
+                f"moe.experts: {spec.experts} experts on {spec.world} ranks slice each expert; "
+                f"this layer holds whole experts (exec.moe_layouts runs sliced layouts)"
+            )
         self.spec, self.rank, self.comms = spec, rank, comms
         self.act = ACTIVATIONS[spec.activation]
         El = spec.local_experts
@@ -515,3 +520,10 @@ def run_moe(
         moe_job, (spec, variants, timeout_s, backward, backend), nprocs, backend, timeout_s
     )
     return MoERun(spec, ranks)
+
+
+from exec import (  # noqa: E402, F401 - strategies registered in modules of their own
+    moe_fastermoe,  # "fastermoe"
+    moe_layouts,  # "ted", and "tutel" wrapped for sliced experts (P1 / P2)
+    moe_mpipemoe,  # "mpipemoe"
+)

@@ -37,6 +37,10 @@ VARIANTS = (
     + [Variant("pipelined", {"degree": r, "order": o}) for r in DEGREES for o in ORDERS]
     + [Variant("pipemoe", {"degree": 3})]  # PipeMoE at a degree its selector could pick
     + [Variant("tutel", {"degree": 4, "algo": "2dh"})]
+    + [Variant("tutel", {"degree": 2, "parallel": "p2"})]  # E >= W: P2 is plain EP here
+    + [Variant("ted", {"tp": 1})]  # no TP group here; tp > 1: tests/test_exec_layouts.py
+    + [Variant("mpipemoe", {"degree": 3, "reuse": "S4"})]  # re-dispatch + recompute in backward
+    + [Variant("fastermoe", {"group_size": 1, "shadow": [1]})]  # 2 steps, expert 1 shadowed
 )
 
 

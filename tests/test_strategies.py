@@ -11,7 +11,7 @@ from sim.config import RunConfig
 from sim.costs import CostModel
 from sim.engine import simulate
 from sim.errors import ConfigError
-from sim.strategies import build
+from sim.strategies import STRATEGIES, build
 from sim.summary import summarize
 from sim.topology import Topology
 from sim.trace import to_frame
@@ -219,3 +219,19 @@ def test_routing_matrix_from_a_file(tmp_path):
         layer(routing={"kind": "matrix", "file": str(tmp_path / "absent.csv")})
     with pytest.raises(ConfigError, match="exactly one"):
         layer(routing={"kind": "matrix"})
+
+
+@pytest.mark.parametrize("name", sorted(STRATEGIES))
+def test_sliced_experts_are_built_or_refused_clearly(name):
+    """E < W (each expert sliced over W/E GPUs) is a valid layer; a strategy that places
+    whole experts must refuse it with a ConfigError naming the field, never crash."""
+    layer = MoELayer(batch=2, seq_len=64, model_dim=32, hidden_dim=64, experts=2, world=8)
+    params = {"shadow": "none"} if name == "fastermoe" else {}
+    if name in ("pipemoe", "mpipemoe"):
+        params = {"degree": 2} | ({"reuse": "S1"} if name == "mpipemoe" else {})
+    try:
+        g = build(name, layer, params, ("fwd", "bwd"))
+    except ConfigError as e:
+        assert str(e).startswith(("model.experts", "strategy.")), e  # names the field
+    else:
+        assert g.world_size == 8 and len(g) > 0

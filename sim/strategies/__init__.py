@@ -14,10 +14,12 @@ from typing import Any
 
 from sim.errors import ConfigError
 from sim.graph import TaskGraph
-from sim.strategies import pipelined, pipemoe, sequential, tutel
+from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
 from sim.workload import MoELayer
 
-STRATEGIES: dict[str, ModuleType] = {m.NAME: m for m in (sequential, pipelined, pipemoe, tutel)}
+STRATEGIES: dict[str, ModuleType] = {
+    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
+}
 
 
 @dataclass(frozen=True)

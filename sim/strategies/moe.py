@@ -69,6 +69,17 @@ def _sizes(layer: MoELayer, r: int) -> _Sizes:
     return _Sizes(False, a2a, split, rows)
 
 
+def require_whole_experts(layer: MoELayer, strategy: str) -> None:
+    """Builders that place whole experts on GPUs refuse a layer that slices them (E < W;
+    sim.strategies.layouts builds those)."""
+    if layer.experts < layer.world:
+        raise ConfigError(
+            f"model.experts: {layer.experts} experts on {layer.world} GPUs slice each expert; "
+            f"{strategy!r} needs at least one expert per GPU (tutel with parallel p1, p2 or "
+            f"auto slices experts)"
+        )
+
+
 def build_layer(
     layer: MoELayer,
     degree: int = 1,
@@ -86,6 +97,7 @@ def build_layer(
         raise ConfigError(
             f"strategy.degree: {degree} chunks exceed the expert capacity C={layer.capacity}"
         )
+    require_whole_experts(layer, strategy)
     for p in passes:
         if p not in PASSES:
             raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
