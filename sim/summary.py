@@ -98,7 +98,7 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
         "strategy": meta.get("strategy"),
         "params": {
             k: meta[k]
-            for k in ("degree", "order", "algo", "parallel", "tp")
+            for k in ("degree", "order", "algo", "parallel", "tp", "group_size", "shadow", "reuse")
             if meta.get(k) is not None
         }
         | ({"selector": meta["selector"]} if "selector" in meta else {}),

@@ -48,6 +48,20 @@ def test_compare_table_runs_each_selector():
     assert (df["exposed_comm_ms"] <= df["makespan_ms"]).all()
 
 
+def test_compare_every_strategy_and_tp_shares_tokens():
+    """All strategies in one table; TED's replicas share tokens, so its row processes 1/tp
+    of the tokens and is ranked by time per token, not by raw makespan."""
+    names = ["sequential", "tutel", "ted:tp=2", "fastermoe:shadow=none", "mpipemoe:degree=2"]
+    cfg = RunConfig.from_dict({**CFG, "costs": {"compute": "roofline"}})
+    df = compare(cfg, names).set_index("strategy")
+    assert df.loc["ted:tp=2", "tokens"] * 2 == df.loc["sequential", "tokens"]
+    assert "tp=2" in df.loc["ted:tp=2", "params"]
+    assert "reuse=" in df.loc["mpipemoe:degree=2", "params"]  # its selector's pick shows
+    assert "group_size=" in df.loc["fastermoe:shadow=none", "params"]
+    per_token = df["makespan_ms"] / df["tokens"]
+    assert df["vs_best"].to_numpy() == pytest.approx((per_token / per_token.min()).to_numpy())
+
+
 def test_compare_cli(tmp_path, capsys):
     cfg = tmp_path / "c.yaml"
     cfg.write_text(json.dumps(CFG))  # JSON is YAML
