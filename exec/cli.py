@@ -30,6 +30,11 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     c.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
     c.add_argument("--out", default="calibration.yaml", help="calibration file to write")
     c.add_argument("--quick", action="store_true", help="a small plan (for smoke tests)")
+    c.add_argument(
+        "--shapes-from",
+        metavar="CONFIG",
+        help="also profile the exact GEMM shapes of this run config's validation graphs",
+    )
     c.add_argument("--timeout", type=float, default=120.0)
     c.set_defaults(fn=cmd_calibrate)
     return c
@@ -70,8 +75,14 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
     require_torch()
     _check_procs(a.nprocs, a.timeout)
+    plan = Plan.quick() if a.quick else Plan()
+    if a.shapes_from:
+        from exec.validation import case_graphs
+        from sim.config import RunConfig
+
+        plan = plan.with_shapes_of(case_graphs(RunConfig.load(a.shapes_from), a.nprocs))
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
-    cal, rows = calibrate(a.nprocs, a.backend, Plan.quick() if a.quick else None, a.timeout)
+    cal, rows = calibrate(a.nprocs, a.backend, plan, a.timeout)
     path = cal.save(a.out)
     write_table(rows, Path(path).with_suffix(".measurements.csv"))
     for op, p in sorted(cal.compute.items()):
@@ -86,6 +97,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             )
     for kind, row in sorted(cal.interference.items()):
         print(f"  {kind:12s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items()))
+    if cal.gemm_shapes:
+        print(f"  gemm shapes  {len(cal.gemm_shapes)} profiled exactly")
     for via, d in sorted(cal.dispatch.items()):
         print(
             f"  dispatch {via:6s} mean {d['mean'] * 1e6:8.1f} us  median "
@@ -98,7 +111,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 def cmd_validate(a: argparse.Namespace) -> int:
     from exec.errors import require_torch
     from exec.microbench import Plan, calibrate
-    from exec.validation import validate
+    from exec.validation import case_graphs, validate
     from sim.config import RunConfig
 
     require_torch()
@@ -108,7 +121,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     calibration = a.calibration
     if calibration is None:
         print(f"no --calibration: calibrating {a.nprocs} ranks first")
-        cal, _ = calibrate(a.nprocs, a.backend, Plan.quick() if a.quick else None, a.timeout)
+        plan = (Plan.quick() if a.quick else Plan()).with_shapes_of(case_graphs(cfg, a.nprocs))
+        cal, _ = calibrate(a.nprocs, a.backend, plan, a.timeout)
         calibration = str(cal.save(out / "calibration.yaml"))
     print(f"validating on {a.nprocs} ranks ({a.backend})")
     res = validate(cfg, a.nprocs, calibration, out, a.backend, a.topology, a.repeats, a.timeout)

@@ -5,7 +5,8 @@
 - t: the duration, less sync_wait for communication (the time before the last member
   launched is waiting, not transfer);
 - others: '+'-joined stream kinds of this rank's tasks on *other* streams that overlap the
-  task for more than `overlap` of its duration ('' = it ran alone).
+  task for more than `overlap` of its duration ('' = it ran alone);
+- shape: 'batch,m,n,k' of a GEMM ('' otherwise), for the exact-shape table.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import numpy as np
 import pandas as pd
 
 from sim.collectives import payload
+from sim.costs.compute import shape_key
 from sim.graph import COMM_KINDS, TaskGraph, stream_kind
 
 
@@ -29,6 +31,9 @@ def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) ->
             busy = (shared > overlap * max(dur, 1e-12)) & (streams != r.stream)
             busy[i] = False
             others = "+".join(sorted({stream_kind(s) for s in streams[busy]}))
+            shape = ""
+            if t.kind == "gemm" and t.shape:
+                shape = ",".join(str(v) for v in shape_key(t.shape))
             if t.kind in COMM_KINDS:
                 ranks = len(t.group) if t.group else 2
                 x, time_s = payload(t), max(dur - float(r.sync_wait), 0.0)
@@ -44,9 +49,11 @@ def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) ->
                     "others": others,
                     "rank": int(rank),
                     "id": r.id,
+                    "shape": shape,
                 }
             )
-    return pd.DataFrame(rows, columns=["op", "ranks", "x", "t", "stream", "others", "rank", "id"])
+    columns = ["op", "ranks", "x", "t", "stream", "others", "rank", "id", "shape"]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def dispatch_gaps(graph: TaskGraph, trace: pd.DataFrame) -> pd.DataFrame:

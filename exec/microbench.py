@@ -5,7 +5,8 @@ exactly the overheads a replayed graph pays (thread hand-off, async-op wait, buf
 Each benchmark is one graph per category, so that process start-up (about a second) is paid
 a handful of times rather than per size:
 
-- GEMMs over a grid of (m, n, k) on the compute stream;
+- GEMMs over a grid of (m, n, k) on the compute stream, and at the exact (batch, m, n, k)
+  shapes of the graphs to be simulated when the plan lists them (Plan.with_shapes_of);
 - the memory-bound kernel (what gate / encode / decode / elementwise run as) over sizes;
 - host copies (d2h, h2d) over sizes on the copy stream;
 - each collective over message sizes on the comm stream (all ranks);
@@ -25,13 +26,14 @@ from __future__ import annotations
 
 import platform
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pandas as pd
 
 from exec.launch import launch
 from exec.measure import dispatch_gaps, measurements
 from sim.calibrate import Calibration
+from sim.costs.compute import shape_key
 from sim.graph import Task, TaskGraph
 
 MEMORY_KINDS = ("elementwise", "gate", "encode", "decode", "softmax", "layernorm", "attention")
@@ -52,6 +54,13 @@ class Plan:
     collectives: tuple[str, ...] = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
     reps: int = 5
     overlap_reps: int = 12
+    # (batch, m, n, k) GEMMs to profile exactly: those of the graphs to be simulated
+    gemm_shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
+
+    def with_shapes_of(self, graphs: list[TaskGraph]) -> Plan:
+        """This plan, also profiling every GEMM shape the graphs run."""
+        shapes = {shape_key(t.shape) for g in graphs for t in g if t.kind == "gemm" and t.shape}
+        return replace(self, gemm_shapes=sorted(set(self.gemm_shapes) | shapes))
 
     @classmethod
     def quick(cls) -> Plan:
@@ -92,20 +101,20 @@ class _Builder:
         return self.g
 
 
-def gemm_shape(m: int, n: int, k: int) -> dict:
-    return {"batch": 1, "m": m, "n": n, "k": k}
+def gemm_shape(m: int, n: int, k: int, batch: int = 1) -> dict:
+    return {"batch": batch, "m": m, "n": n, "k": k}
 
 
 def gemm_graph(world: int, plan: Plan) -> TaskGraph:
     b = _Builder(world, "gemm")
     for _ in range(plan.reps):
-        for m, n, k in plan.gemms:
+        for bt, m, n, k in [(1, *s) for s in plan.gemms] + list(plan.gemm_shapes):
             b.add(
                 "compute",
                 "gemm",
-                shape=gemm_shape(m, n, k),
-                flops=2.0 * m * n * k,
-                bytes=4.0 * (m * k + k * n + m * n),
+                shape=gemm_shape(m, n, k, bt),
+                flops=2.0 * bt * m * n * k,
+                bytes=4.0 * bt * (m * k + k * n + m * n),
             )
     return b.done()
 

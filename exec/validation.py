@@ -27,6 +27,7 @@ from sim.strategies import build
 from sim.topology import Topology
 from sim.trace import to_frame, write_table
 from sim.validate import compare, summarize, write_report
+from sim.workload import MoELayer
 
 
 @dataclass
@@ -48,6 +49,19 @@ def cases(capacity: int) -> list[Case]:
     return out
 
 
+def case_graph(cfg: RunConfig, layer: MoELayer, case: Case) -> TaskGraph:
+    params = {**case.params}
+    if case.strategy == "pipelined":
+        params.setdefault("order", cfg.strategy_params.get("order", "tutel"))
+    return build(case.strategy, layer, params, case.passes)
+
+
+def case_graphs(cfg: RunConfig, nprocs: int) -> list[TaskGraph]:
+    """The graphs `validate` runs, e.g. to profile their GEMM shapes before it does."""
+    layer = cfg.layer(nprocs)
+    return [case_graph(cfg, layer, c) for c in cases(layer.capacity)]
+
+
 def validate(
     cfg: RunConfig,
     nprocs: int,
@@ -65,10 +79,7 @@ def validate(
     costs = CostModel.build(topo, {"calibration": calibration})
     results = []
     for case in cases(layer.capacity):
-        params = {**case.params}
-        if case.strategy == "pipelined":
-            params.setdefault("order", cfg.strategy_params.get("order", "tutel"))
-        graph = build(case.strategy, layer, params, case.passes)
+        graph = case_graph(cfg, layer, case)
         measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
         simulated = to_frame(simulate(graph, topo, costs))
         r = compare(case.name, measured, simulated)

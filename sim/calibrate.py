@@ -79,6 +79,7 @@ class Calibration:
     interference: dict[str, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     dispatch: dict[str, dict[str, float]] = field(default_factory=dict)
+    gemm_shapes: list[dict[str, Any]] = field(default_factory=list)
 
     # -- fitting ---------------------------------------------------------------------------
     @classmethod
@@ -117,6 +118,14 @@ class Calibration:
             speed = float(np.median(pred / g["t"].to_numpy()))
             key = "+".join(sorted(str(others).split("+")))
             cal.interference.setdefault(str(stream), {})[key] = float(min(max(speed, 1e-3), 1.0))
+        if "shape" in rows.columns:  # GEMMs profiled at exact shapes: their median, alone
+            gemms = rows[(rows["op"] == "gemm") & (rows["others"] == "")]
+            gemms = gemms[gemms["shape"].fillna("").astype(str) != ""]
+            for shape, g in gemms.groupby("shape"):
+                b, m, n, k = (int(v) for v in str(shape).split(","))
+                cal.gemm_shapes.append(
+                    {"batch": b, "m": m, "n": n, "k": k, "seconds": float(g["t"].median())}
+                )
         if gaps is not None:
             for via, g in gaps.groupby("via"):
                 # the mean, not the median: a makespan adds up every gap, the slow ones too
@@ -145,6 +154,7 @@ class Calibration:
             "collectives": self.collectives,
             "interference": self.interference,
             "dispatch": self.dispatch,
+            "gemm_shapes": self.gemm_shapes,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -168,6 +178,7 @@ class Calibration:
             raw.get("interference") or {},
             raw.get("meta") or {},
             raw.get("dispatch") or {},
+            raw.get("gemm_shapes") or [],
         )
 
     def cost_spec(self) -> dict[str, Any]:
@@ -186,6 +197,8 @@ class Calibration:
             }
         if self.interference:
             spec["interference"] = self.interference
+        if self.gemm_shapes:
+            spec["gemm_shapes"] = self.gemm_shapes
         if self.dispatch:
             spec["dispatch"] = {k: v["mean"] for k, v in self.dispatch.items()}
         return spec

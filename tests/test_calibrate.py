@@ -125,6 +125,47 @@ def test_dispatch_gaps_and_their_fit(tmp_path):
     assert (costs.dispatch.stream, costs.dispatch.cross) == pytest.approx((0.075, 0.3))
 
 
+def test_exact_gemm_shapes_override_alpha_beta(tmp_path):
+    """A GEMM whose (batch, m, n, k) was profiled takes its measured median; any other shape,
+    even of the same m*n*k, stays on the alpha-beta fit."""
+    rows = _rows().assign(shape="")
+    prof = [
+        ("gemm", 1, 2 * 64 * 32 * 16, t, "compute", "", "2,64,32,16") for t in (3e-3, 5e-3, 4e-3)
+    ]
+    rows = pd.concat([rows, pd.DataFrame(prof, columns=rows.columns)], ignore_index=True)
+    cal = Calibration.fit(rows)
+    assert cal.gemm_shapes == [{"batch": 2, "m": 64, "n": 32, "k": 16, "seconds": 4e-3}]
+    topo = Topology.load("flat-switch", nodes=1)
+    costs = CostModel.build(topo, {"calibration": str(cal.save(tmp_path / "c.yaml"))})
+    a, b = cal.compute["gemm"]["alpha"], cal.compute["gemm"]["beta"]
+    same = Task("x", 0, "compute", "gemm", shape={"batch": 2, "m": 64, "n": 32, "k": 16})
+    other = Task("y", 0, "compute", "gemm", shape={"batch": 1, "m": 128, "n": 32, "k": 16})
+    assert costs.compute.duration(same) == 4e-3
+    assert costs.compute.duration(other) == pytest.approx(a + b * 128 * 32 * 16)
+    with pytest.raises(ConfigError, match=r"gemm_shapes\[0\]"):
+        CostModel.build(topo, {"compute": "alpha_beta", "gemm_shapes": [{"m": 1}]})
+
+
+def test_plan_profiles_the_shapes_of_given_graphs():
+    from exec.microbench import Plan, gemm_graph
+    from sim.strategies import build
+    from sim.workload import MoELayer
+
+    layer = MoELayer(batch=1, seq_len=64, model_dim=32, hidden_dim=64, experts=4, world=2)
+    g = build("pipelined", layer, {"degree": 2}, ("fwd", "bwd"))
+    plan = Plan.quick().with_shapes_of([g])
+    want = {
+        (t.shape["batch"], t.shape["m"], t.shape["n"], t.shape["k"]) for t in g if t.kind == "gemm"
+    }
+    assert set(plan.gemm_shapes) == want and len(want) >= 2  # fc1, fc2 and their grads
+    measured = {
+        (t.shape["batch"], t.shape["m"], t.shape["n"], t.shape["k"])
+        for t in gemm_graph(2, plan)
+        if t.rank == 0
+    }
+    assert want <= measured
+
+
 def test_bad_calibration_files(tmp_path):
     with pytest.raises(ConfigError, match="not found"):
         Calibration.load(tmp_path / "nope.yaml")

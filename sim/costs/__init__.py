@@ -50,11 +50,14 @@ class CostModel:
         if compute_kind == "roofline":
             compute: ComputeModel = roof
         elif compute_kind == "alpha_beta":
-            compute = AlphaBetaCompute.from_params(ab, fallback=roof)
+            compute = AlphaBetaCompute.from_params(
+                ab, fallback=roof, shapes=spec.pop("gemm_shapes", None)
+            )
         else:
             raise ConfigError(
                 f"costs.compute: expected 'roofline' or 'alpha_beta', got {compute_kind!r}"
             )
+        spec.pop("gemm_shapes", None)  # measured shapes refine alpha-beta; a roofline has none
         network = spec.pop("network", "flow")
         if network not in NETWORK_MODES:
             raise ConfigError(f"costs.network: expected one of {NETWORK_MODES}, got {network!r}")

@@ -60,14 +60,23 @@ class AlphaBetaCompute:
     """Per op kind, t = alpha + beta * work (work = m*n*k for GEMMs, bytes otherwise).
 
     Kinds without fitted parameters fall back to the roofline: PipeMoE fitted GEMMs only.
+    GEMM shapes measured exactly (`shapes`, (batch, m, n, k) -> seconds, from a calibration
+    that profiled the graph's own GEMMs) take their measured time: on CPUs in particular, two
+    GEMMs of equal m*n*k but different shapes differ by tens of percent.
     """
 
     params: dict[str, tuple[float, float]]
     fallback: ComputeModel | None = None
     used_fallback: set[str] = field(default_factory=set)
+    shapes: dict[tuple[int, int, int, int], float] = field(default_factory=dict)
 
     @classmethod
-    def from_params(cls, raw: dict[str, Any], fallback: ComputeModel | None) -> AlphaBetaCompute:
+    def from_params(
+        cls,
+        raw: dict[str, Any],
+        fallback: ComputeModel | None,
+        shapes: list[dict[str, Any]] | None = None,
+    ) -> AlphaBetaCompute:
         params = {}
         for kind, p in raw.items():
             try:
@@ -76,9 +85,13 @@ class AlphaBetaCompute:
                 raise ConfigError(f"alpha_beta.{kind}: needs numeric 'alpha' and 'beta'") from None
             if params[kind][0] < 0 or params[kind][1] < 0:
                 raise ConfigError(f"alpha_beta.{kind}: alpha and beta must be >= 0")
-        return cls(params, fallback)
+        return cls(params, fallback, shapes=gemm_shape_table(shapes or []))
 
     def duration(self, task: Task) -> float:
+        if self.shapes and task.kind == "gemm" and task.shape:
+            t = self.shapes.get(shape_key(task.shape))
+            if t is not None:
+                return t
         p = self.params.get(task.kind)
         if p is None:
             if self.fallback is None:
@@ -86,3 +99,27 @@ class AlphaBetaCompute:
             self.used_fallback.add(task.kind)
             return self.fallback.duration(task)
         return p[0] + p[1] * task.work()
+
+
+SHAPE_FIELDS = ("batch", "m", "n", "k")
+
+
+def shape_key(shape: dict[str, Any]) -> tuple[int, int, int, int]:
+    return (int(shape.get("batch", 1)), int(shape["m"]), int(shape["n"]), int(shape["k"]))
+
+
+def gemm_shape_table(rows: list[dict[str, Any]]) -> dict[tuple[int, int, int, int], float]:
+    """`gemm_shapes` entries ({batch, m, n, k, seconds}) as a lookup table."""
+    out = {}
+    for i, r in enumerate(rows):
+        try:
+            key = shape_key(r)
+            t = float(r["seconds"])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            raise ConfigError(
+                f"gemm_shapes[{i}]: expected batch, m, n, k and seconds, got {r!r}"
+            ) from None
+        if min(key) < 1 or not t > 0:
+            raise ConfigError(f"gemm_shapes[{i}]: sizes must be >= 1 and seconds > 0, got {r!r}")
+        out[key] = t
+    return out
