@@ -128,7 +128,8 @@ def cmd_validate(a: argparse.Namespace) -> int:
     res = validate(cfg, a.nprocs, calibration, out, a.backend, a.topology, a.repeats, a.timeout)
     s = res["summary"]
     print(
-        f"  MAPE {s['mape_pct']:.1f}% (worst {s['max_abs_error_pct']:.1f}%); best measured "
+        f"  MAPE {s['mape_pct']:.1f}% (worst {s['max_abs_error_pct']:.1f}%; against the "
+        f"fastest runs {s['mape_fastest_run_pct']:.1f}%); best measured "
         f"{s['best_measured']!r}, simulated {' = '.join(s['best_simulated'])!r}"
     )
     for name, path in res["files"].items():

@@ -44,3 +44,13 @@ def test_compare_and_report(tmp_path):
     md = files["markdown"].read_text()
     assert "MAPE" in md and "pipelined r=2" in md and "gemm" in md
     assert "plotly" in files["html"].read_text()
+
+
+def test_error_against_the_fastest_run():
+    """The second MAPE compares with each graph's fastest run (noise only adds time)."""
+    r = {"graph": "g", "simulated_s": 1.0, "per_kind": {}}
+    a = {**r, "measured_s": 1.25, "error_pct": -20.0, "measured_runs_s": [1.1, 1.25, 1.6]}
+    b = {**r, "measured_s": 2.0, "error_pct": -50.0}  # no runs recorded: the median stands
+    s = summarize([a, b])
+    assert s["mape_pct"] == pytest.approx(35.0)
+    assert s["mape_fastest_run_pct"] == pytest.approx((100 * 0.1 / 1.1 + 50.0) / 2)
