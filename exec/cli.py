@@ -97,6 +97,15 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
             )
     for kind, row in sorted(cal.interference.items()):
         print(f"  {kind:12s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items()))
+    if cal.jitter:
+        print(
+            "  jitter       p50 / p90 / max of time over its size's median: "
+            + ", ".join(
+                f"{op} {q[len(q) // 2]:.2f}/{q[int(0.9 * (len(q) - 1))]:.2f}/{q[-1]:.1f}"
+                for op, q in sorted(cal.jitter.items())
+                if op in ("gemm", "elementwise", "all_to_all", "d2h")
+            )
+        )
     if cal.gemm_shapes:
         print(f"  gemm shapes  {len(cal.gemm_shapes)} profiled exactly")
     for via, d in sorted(cal.dispatch.items()):

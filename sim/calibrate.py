@@ -31,6 +31,7 @@ import numpy as np
 import pandas as pd
 import yaml
 
+from sim.costs.jitter import ratio_quantiles
 from sim.errors import ConfigError, yaml_problem
 from sim.graph import COMM_KINDS
 from sim.io import atomic_write_text
@@ -80,6 +81,7 @@ class Calibration:
     meta: dict[str, Any] = field(default_factory=dict)
     dispatch: dict[str, dict[str, float]] = field(default_factory=dict)
     gemm_shapes: list[dict[str, Any]] = field(default_factory=list)
+    jitter: dict[str, list[float]] = field(default_factory=dict)
 
     # -- fitting ---------------------------------------------------------------------------
     @classmethod
@@ -118,6 +120,13 @@ class Calibration:
             speed = float(np.median(pred / g["t"].to_numpy()))
             key = "+".join(sorted(str(others).split("+")))
             cal.interference.setdefault(str(stream), {})[key] = float(min(max(speed, 1e-3), 1.0))
+        # run-to-run noise per op kind: the spread of repetitions of one size (sim.costs.jitter)
+        solo = rows[rows["others"] == ""]
+        for op, g in solo.groupby("op"):
+            key = g["ranks"].astype(str) + "/" + g["x"].astype(str)
+            q = ratio_quantiles(g["t"].to_numpy(dtype=float), key.to_numpy())
+            if q is not None:
+                cal.jitter[str(op)] = q
         if "shape" in rows.columns:  # GEMMs profiled at exact shapes: their median, alone
             gemms = rows[(rows["op"] == "gemm") & (rows["others"] == "")]
             gemms = gemms[gemms["shape"].fillna("").astype(str) != ""]
@@ -155,6 +164,7 @@ class Calibration:
             "interference": self.interference,
             "dispatch": self.dispatch,
             "gemm_shapes": self.gemm_shapes,
+            "jitter": self.jitter,
         }
 
     def save(self, path: str | Path) -> Path:
@@ -179,6 +189,7 @@ class Calibration:
             raw.get("meta") or {},
             raw.get("dispatch") or {},
             raw.get("gemm_shapes") or [],
+            raw.get("jitter") or {},
         )
 
     def cost_spec(self) -> dict[str, Any]:
@@ -199,6 +210,8 @@ class Calibration:
             spec["interference"] = self.interference
         if self.gemm_shapes:
             spec["gemm_shapes"] = self.gemm_shapes
+        if self.jitter:
+            spec["jitter"] = {"quantiles": self.jitter}
         if self.dispatch:
             spec["dispatch"] = {k: v["mean"] for k, v in self.dispatch.items()}
         return spec

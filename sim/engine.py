@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -87,6 +87,7 @@ class Engine:
             )
         self.graph, self.topo, self.costs = graph, topo, costs
         self.dispatch = costs.dispatch
+        self.jitter = costs.jitter.sampler() if costs.jitter else None
         self.env = simpy.Environment()
         self.tasks = list(graph)
         n = len(self.tasks)
@@ -199,7 +200,10 @@ class Engine:
         elif t.kind in ("d2h", "h2d"):
             self._copy(i)
         else:  # compute kinds and d2d run locally
-            self._local(i, t.stream_kind, self.costs.compute.duration(t))
+            dur = self.costs.compute.duration(t)
+            if self.jitter is not None:
+                dur *= self.jitter.factor(t.kind, "compute")
+            self._local(i, t.stream_kind, dur)
 
     def _finish(self, i: int) -> None:
         t = self.tasks[i]
@@ -316,9 +320,11 @@ class Engine:
         if not self.flow_mode:
             self.fidelity_used["collective"] += 1
             n = len(members) if t.kind in COLLECTIVE_KINDS else 2
+            # one draw per collective: it is one operation, as slow as it is for everyone
+            noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
             for m in members:
                 dur = self.costs.collective.duration(kind, n, coll_algos.payload(self.tasks[m]))
-                self._local(m, "comm", dur)
+                self._local(m, "comm", dur * noise)
             return
         self._start_phase(run)
 
@@ -502,4 +508,16 @@ class Engine:
 
 
 def simulate(graph: TaskGraph, topo: Topology, costs: CostModel) -> SimResult:
-    return Engine(graph, topo, costs).run()
+    """One run; with a jitter model, `costs.jitter.replicas` runs (seeds seed, seed+1, ...)
+    and the one with the median makespan, every replica's makespan in its stats."""
+    jit = costs.jitter
+    if jit is None or jit.replicas == 1:
+        return Engine(graph, topo, costs).run()
+    runs = [
+        Engine(graph, topo, replace(costs, jitter=jit.with_seed(jit.seed + k))).run()
+        for k in range(jit.replicas)
+    ]
+    spans = [r.makespan for r in runs]
+    median = runs[int(np.argsort(spans)[len(spans) // 2])]
+    median.stats["replica_makespans"] = spans
+    return median

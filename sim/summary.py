@@ -121,7 +121,7 @@ def format_summary(s: dict[str, Any]) -> str:
     lines = [
         f"{s['strategy']} {s['params']} on {s['topology']} x{s['nodes']} nodes "
         f"({s['world_size']} GPUs), passes {s['passes']}",
-        f"  makespan           {s['makespan_s'] * 1e3:10.3f} ms",
+        f"  makespan           {s['makespan_s'] * 1e3:10.3f} ms" + _spread(s),
         f"  exposed comm       {s['exposed_comm_s'] * 1e3:10.3f} ms (mean over ranks; "
         f"max {s['exposed_comm_max_s'] * 1e3:.3f} ms)",
     ]
@@ -142,3 +142,12 @@ def format_summary(s: dict[str, Any]) -> str:
     fid = ", ".join(f"{k}: {v}" for k, v in s["fidelity"].items())
     lines.append(f"  network model      {s['network']} ({fid} collectives)")
     return "\n".join(lines)
+
+
+def _spread(s: dict[str, Any]) -> str:
+    """With a jitter model: the median run is reported; say over how many and their range."""
+    spans = s.get("stats", {}).get("replica_makespans")
+    if not spans:
+        return ""
+    lo, hi = np.percentile(spans, [10, 90]) * 1e3
+    return f" (median of {len(spans)} noisy runs; p10-p90 {lo:.3f}-{hi:.3f} ms)"

@@ -13,6 +13,7 @@ from typing import Any
 from sim.costs.compute import AlphaBetaCompute, ComputeModel, RooflineCompute
 from sim.costs.dispatch import Dispatch
 from sim.costs.interference import Interference
+from sim.costs.jitter import Jitter
 from sim.costs.network import CollectiveAlphaBeta
 from sim.errors import ConfigError
 from sim.topology import Topology
@@ -31,6 +32,7 @@ class CostModel:
     fidelity: str = "auto"
     bundle_min_ranks: int = 64  # `auto` bundles collectives of at least this many ranks
     dispatch: Dispatch = Dispatch()  # launch latency of ready tasks (sim.costs.dispatch)
+    jitter: Jitter | None = None  # run-to-run noise (sim.costs.jitter); None: the ideal run
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
@@ -79,6 +81,9 @@ class CostModel:
         if spec.get("dispatch") is not None:
             dispatch = dispatch.overlay(spec.pop("dispatch"))
         spec.pop("dispatch", None)
+        jitter = Jitter.from_spec(spec.pop("jitter", None))
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
-        return cls(compute, network, collective, inter, alpha, fidelity, min_ranks, dispatch)
+        return cls(
+            compute, network, collective, inter, alpha, fidelity, min_ranks, dispatch, jitter
+        )
