@@ -292,3 +292,18 @@ def test_two_gpu_node_connected_is_fine():
     topo = Topology(s)
     assert len(topo.route(0, 1)) == 2
     assert math.isclose(_route_cost(topo, topo.route(0, 1)), 2 / (300e9 * 0.8))
+
+
+def test_a_dtype_the_gpu_lacks_is_refused_by_name():
+    """No silent fallback to the fp32 rate (tf32 on an A100 is 8x the fp32 rate)."""
+    from sim.costs import CostModel
+    from sim.errors import ConfigError
+    from sim.graph import Task
+
+    topo = Topology.load("dgx-a100", nodes=1)
+    roof = CostModel.build(topo, {}).compute
+    gemm = Task("g", 0, "compute", "gemm", flops=2e12, tags={"dtype": "tf32"})
+    fp32 = Task("h", 0, "compute", "gemm", flops=2e12, tags={"dtype": "fp32"})
+    assert roof.duration(fp32) / roof.duration(gemm) == pytest.approx(156.0 / 19.5, rel=1e-3)
+    with pytest.raises(ConfigError, match=r"no 'fp8' entry.*model.dtype"):
+        roof.duration(Task("f", 0, "compute", "gemm", flops=1.0, tags={"dtype": "fp8"}))

@@ -47,9 +47,13 @@ class RooflineCompute:
 
     def duration(self, task: Task) -> float:
         dtype = task.tags.get("dtype", "bf16")
-        peak = self.peak_flops.get(dtype) or self.peak_flops.get("fp32")
-        if peak is None:
-            raise ConfigError(f"task {task.id!r}: GPU has no peak_flops for dtype {dtype!r}")
+        peak = self.peak_flops.get(dtype)
+        if peak is None:  # no silent fallback: tf32 at the fp32 rate would be 8x off
+            raise ConfigError(
+                f"task {task.id!r}: the GPU's peak_flops has no {dtype!r} entry "
+                f"(it has {sorted(self.peak_flops)}); add one to the topology or change "
+                f"model.dtype"
+            )
         t_flops = task.flops / (peak * self.flops_efficiency)
         t_mem = task.bytes / (self.mem_bw * self.mem_efficiency)
         return self.launch_s + max(t_flops, t_mem)
