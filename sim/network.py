@@ -320,9 +320,10 @@ def max_min_rates(
     frozen = np.zeros(n, dtype=bool)
     used = np.zeros(len(cap))
     nl = len(cap)
+    # incidences of unfrozen bundles only, shrinking as bundles freeze
+    ib, il, im = inc_b, inc_l, inc_m
     while not frozen.all():
-        act = ~frozen[inc_b]
-        load = np.bincount(inc_l[act], weights=inc_m[act], minlength=nl)
+        load = np.bincount(il, weights=im, minlength=nl)
         busy = load > 0
         if not busy.any():  # bundles that cross no link (cannot happen for real flows)
             rate[~frozen] = np.inf
@@ -331,13 +332,16 @@ def max_min_rates(
         level[busy] = (cap[busy] - used[busy]) / load[busy]
         lev = max(float(level.min()), 0.0)
         sat = busy & (level <= lev * (1 + 1e-12) + 1e-300)
-        hit = act & sat[inc_l]
-        newly = np.unique(inc_b[hit])
+        # masks, not np.unique / np.isin: those sort, and this loop runs once per
+        # saturation level at every flow start and finish
+        newly = np.zeros(n, dtype=bool)
+        newly[ib[sat[il]]] = True
         rate[newly] = lev
-        frozen[newly] = True
-        sel = np.isin(inc_b, newly) if len(newly) < n else np.ones(len(inc_b), dtype=bool)
-        sel &= act
-        used += np.bincount(inc_l[sel], weights=inc_m[sel] * lev, minlength=nl)
+        frozen |= newly
+        sel = newly[ib]
+        used += np.bincount(il[sel], weights=im[sel] * lev, minlength=nl)
+        keep = ~sel
+        ib, il, im = ib[keep], il[keep], im[keep]
     return rate
 
 
