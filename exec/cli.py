@@ -259,6 +259,38 @@ def _format(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def _run_layout(a: argparse.Namespace, spec, name: str, params: dict, nprocs: int, torchrun) -> int:
+    """TED with a TP group, or Tutel on sliced experts: checked against the single-process
+    reference of the unsliced layer (there is no `sequential` run of such a layout)."""
+    from exec.launch import call_under_torchrun
+    from exec.moe_layouts import Case, diff_from_reference, layout_job, run_layouts
+
+    case = Case(spec, name, dict(params))
+    if torchrun:
+        ranks = call_under_torchrun(layout_job, ([case], a.timeout, a.backend), a.backend)
+        if ranks is None:
+            return 0
+    else:
+        ranks = run_layouts([case], nprocs, a.backend, a.timeout)
+    rel = diff_from_reference(case, ranks)
+    equal = all(r <= (1e-5 if what == "y" else 1e-4) for what, r in rel.items())
+    report = {"strategy": case.label, "capacity": spec.capacity, "max_rel_diff": rel}
+    report["equal"] = equal
+    if a.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"real MoE layer on {nprocs} ranks ({a.backend}): {case.label}, "
+            f"T={spec.tokens} M={spec.model_dim} H={spec.hidden_dim} E={spec.experts} "
+            f"k={spec.top_k} C={spec.capacity}"
+        )
+        print("  max |layout - unsliced reference| / max |reference|")
+        for what, d in rel.items():
+            print(f"    {what:10s} {d:10.3g}")
+        print(f"  {'equal' if equal else 'DIFFERENT'} within float32 tolerance")
+    return 0 if equal else 1
+
+
 def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> int:
     from exec.errors import ExecError
     from exec.launch import call_under_torchrun
@@ -277,6 +309,10 @@ def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> 
         name = meta["strategy"]
         params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
     spec = MoESpec.from_layer(layer, seed=a.seed)
+    from exec.moe_layouts import needs_layouts
+
+    if needs_layouts(name, params, spec):
+        return _run_layout(a, spec, name, params, nprocs, torchrun)
     variants = [Variant("sequential")]
     if name != "sequential":
         variants.append(Variant(name, params))

@@ -497,3 +497,47 @@ def expected_expert_grads(spec: MoESpec, ref: dict[str, Any], rank: int) -> dict
     hs, ms = _slices(spec, n, rank % n)
     g = ref["experts"][rank // n]
     return {"w1": g["w1"][:, hs], "b1": g["b1"][hs], "w2": g["w2"][hs, :], "b2": g["b2"][ms]}
+
+
+def needs_layouts(name: str, params: dict[str, Any], spec: MoESpec) -> bool:
+    """Whether the real layer for (strategy, params) is one of this module's: TED with a TP
+    group, or Tutel on sliced experts."""
+    return (name == "ted" and int(params.get("tp", 2)) > 1) or (
+        name == "tutel" and spec.experts < spec.world
+    )
+
+
+def diff_from_reference(case: Case, ranks: list[dict[str, Any]]) -> dict[str, float]:
+    """max |got - reference| / max |reference| over all ranks, per quantity: the output y,
+    the x and gate gradients, and the expert gradients (a sliced rank: its slices; TED: the
+    sum over each TP group, whose ranks hold the same experts with a capacity slice each)."""
+    tp = case.tp
+    ref = reference(case.spec, sets=case.spec.world // tp)
+    worst: dict[str, tuple[float, float]] = {}
+
+    def add(what: str, got: np.ndarray, want: np.ndarray) -> None:
+        d, scale = worst.get(what, (0.0, 0.0))
+        worst[what] = (
+            max(d, float(np.abs(got - want).max())),
+            max(scale, float(np.abs(want).max())),
+        )
+
+    for r in ranks:
+        got = r["cases"][case.label]
+        s = got["set"]
+        add("y", got["y"], ref["y"][s])
+        add("grad_x", got["grads"]["x"], ref["x"][s])
+        add("grad_gate", got["grads"]["gate"], ref["gate"][s])
+        if case.name == "tutel":
+            for name, g in expected_expert_grads(case.spec, ref, r["rank"]).items():
+                add(f"grad_{name}", got["grads"][name], g)
+    if case.name == "ted":
+        ep = case.spec.world // tp
+        El = case.spec.experts // ep
+        for j in range(ep):
+            group = [ranks[j * tp + i]["cases"][case.label]["grads"] for i in range(tp)]
+            for name in ("w1", "b1", "w2", "b2"):
+                total = sum(g[name] for g in group)
+                whole = np.stack([ref["experts"][j * El + q][name] for q in range(El)])
+                add(f"grad_{name}", total, whole.reshape(total.shape))
+    return {k: d / max(scale, 1e-30) for k, (d, scale) in worst.items()}

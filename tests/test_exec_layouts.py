@@ -16,6 +16,7 @@ if not torch.distributed.is_available():  # pragma: no cover - exotic torch buil
 from exec.moe import DistMoE, MoESpec  # noqa: E402
 from exec.moe_layouts import (  # noqa: E402
     Case,
+    diff_from_reference,
     expected_expert_grads,
     reference,
     run_layouts,
@@ -65,6 +66,8 @@ def test_outputs_and_gradients_equal_the_unsliced_layer(ranks, case):
                 np.testing.assert_allclose(got["grads"][name], g, rtol=RTOL, atol=ATOL)
     if case.name == "ted":
         _check_ted_expert_grads(ranks, case, ref)
+    rel = diff_from_reference(case, ranks)  # what `moesim exec --moe` reports
+    assert max(rel.values()) < 1e-4 and "grad_w1" in rel
 
 
 def _check_ted_expert_grads(ranks: list[dict], case: Case, ref: dict) -> None:
@@ -105,3 +108,27 @@ def test_layouts_refuse_layers_they_cannot_run():
         ted(object(), torch.zeros(4, 2, 3), {"tp": 2})  # not a layer built for TP groups
     with pytest.raises(ConfigError, match="moe.experts"):
         DistMoE(E2, 0, None, torch.device("cpu"))  # whole experts only
+
+
+@pytest.mark.parametrize(
+    "strategy, experts",
+    [({"name": "ted", "tp": 2}, 4), ({"name": "tutel", "parallel": "p2", "degree": 2}, 2)],
+)
+def test_cli_exec_moe_runs_layouts_against_the_reference(tmp_path, capsys, strategy, experts):
+    """`moesim exec CONFIG --moe` on a TP or sliced layout compares with the unsliced
+    single-process reference (exit 0 when equal)."""
+    import json
+
+    import yaml
+
+    from sim.cli import main
+
+    cfg = tmp_path / "c.yaml"
+    model = {"batch": 1, "seq_len": 16, "model_dim": 8, "hidden_dim": 12, "experts": experts}
+    model |= {"top_k": 2, "capacity_factor": 0.65, "dtype": "fp32"}
+    spec = {"topology": "localhost-cpu", "model": model, "strategy": strategy}
+    cfg.write_text(yaml.safe_dump(spec | {"passes": ["fwd", "bwd"]}))
+    assert main(["exec", str(cfg), "--nprocs", "4", "--moe", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["equal"] and out["strategy"].startswith(f"E{experts}:{strategy['name']}")
+    assert {"y", "grad_x", "grad_gate", "grad_w1", "grad_b2"} <= set(out["max_rel_diff"])
