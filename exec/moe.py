@@ -183,6 +183,22 @@ def decode(out: torch.Tensor, routing: Routing) -> torch.Tensor:
 # -- communication -----------------------------------------------------------------------------
 
 
+def wait_work(work: Any, rank: int, what: str, peers: list[int], timeout_s: float) -> None:
+    """Wait for an async collective within the timeout; fail naming the rank, the operation
+    and its peers, never hang."""
+    try:
+        ok = work.wait(timeout=timedelta(seconds=timeout_s))
+    except RuntimeError as e:
+        ok, err = False, e
+    else:
+        err = None
+    if not ok:
+        why = f"failed: {str(err).strip().splitlines()[0]}" if err else ""
+        if err is None or "timed out" in str(err).lower():
+            why = f"did not complete within {timeout_s:g} s"
+        raise ExecError(f"rank {rank}: {what} (peers {peers}) {why}")
+
+
 class Comms:
     """One process group per communication stream ('comm', 'comm.1'), created on every rank
     in the same order, so two streams never share a communicator."""
@@ -202,20 +218,13 @@ class Comms:
         x = x.contiguous()
         out = torch.empty_like(x)
         work = dist.all_to_all_single(out, x, group=self.groups[stream], async_op=True)
-        try:
-            ok = work.wait(timeout=timedelta(seconds=self.timeout_s))
-        except RuntimeError as e:
-            ok, err = False, e
-        else:
-            err = None
-        if not ok:
-            why = f"failed: {str(err).strip().splitlines()[0]}" if err else ""
-            if err is None or "timed out" in str(err).lower():
-                why = f"did not complete within {self.timeout_s:g} s"
-            raise ExecError(
-                f"rank {self.rank}: all_to_all for {what} (stream {stream}, peers "
-                f"{list(range(self.world))}) {why}"
-            )
+        wait_work(
+            work,
+            self.rank,
+            f"all_to_all for {what} (stream {stream})",
+            list(range(self.world)),
+            self.timeout_s,
+        )
         return out
 
     def all_to_all(self, x: torch.Tensor, stream: str, what: str) -> torch.Tensor:

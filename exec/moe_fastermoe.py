@@ -24,14 +24,12 @@ simulator has: the real layer takes an explicit list (any choice gives the same 
 from __future__ import annotations
 
 import threading
-from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from exec.errors import ExecError
-from exec.moe import Comms, DistMoE, _Aborted, _wait, register
+from exec.moe import Comms, DistMoE, _Aborted, _wait, register, wait_work
 from sim.errors import ConfigError
 from sim.strategies.fastermoe import group_layout, parse_shadow
 from sim.strategies.moe import comm_order
@@ -40,18 +38,8 @@ SHADOW_STREAM = "comm.1"  # as the simulator's graph: shadow broadcasts and redu
 
 
 def _complete(work: Any, comms: Comms, what: str) -> None:
-    """Wait for an async collective within the layer's timeout; name it if it fails."""
-    try:
-        ok = work.wait(timeout=timedelta(seconds=comms.timeout_s))
-    except RuntimeError as e:
-        ok, err = False, e
-    else:
-        err = None
-    if not ok:
-        why = f"failed: {str(err).strip().splitlines()[0]}" if err else ""
-        if err is None or "timed out" in str(err).lower():
-            why = f"did not complete within {comms.timeout_s:g} s"
-        raise ExecError(f"rank {comms.rank}: {what} (peers {list(range(comms.world))}) {why}")
+    """Wait for an async collective of the whole world within the layer's timeout."""
+    wait_work(work, comms.rank, what, list(range(comms.world)), comms.timeout_s)
 
 
 def _exchange_v(

@@ -54,6 +54,7 @@ from exec.moe import (
     register,
     resolve_strategy,
     route,
+    wait_work,
 )
 from sim.errors import ConfigError
 from sim.strategies.layouts import aligned
@@ -62,20 +63,6 @@ from sim.strategies.tutel import route_parallel
 from sim.workload import MoELayer
 
 # -- communication over sub-groups --------------------------------------------------------------
-
-
-def _wait(work: Any, rank: int, what: str, peers: list[int], timeout_s: float) -> None:
-    try:
-        ok = work.wait(timeout=timedelta(seconds=timeout_s))
-    except RuntimeError as e:
-        ok, err = False, e
-    else:
-        err = None
-    if not ok:
-        why = f"failed: {str(err).strip().splitlines()[0]}" if err else ""
-        if err is None or "timed out" in str(err).lower():
-            why = f"did not complete within {timeout_s:g} s"
-        raise ExecError(f"rank {rank}: {what} (peers {peers}) {why}")
 
 
 class GroupComms(Comms):
@@ -107,7 +94,7 @@ class GroupComms(Comms):
         x = x.contiguous()
         out = torch.empty_like(x)
         work = dist.all_to_all_single(out, x, group=self.groups[stream], async_op=True)
-        _wait(work, self.rank, f"all_to_all for {what} (stream {stream})", self.members,
+        wait_work(work, self.rank, f"all_to_all for {what} (stream {stream})", self.members,
               self.timeout_s)  # fmt: skip
         return out
 
@@ -116,7 +103,7 @@ class GroupComms(Comms):
         x = x.contiguous()
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))  # members along dim 0
         work = dist.all_gather_single(out, x, group=self.groups[stream], async_op=True)
-        _wait(work, self.rank, f"all_gather for {what}", self.members, self.timeout_s)
+        wait_work(work, self.rank, f"all_gather for {what}", self.members, self.timeout_s)
         return out.view(self.world, *x.shape)
 
     def reduce_scatter(self, x: torch.Tensor, what: str, stream: str = "comm") -> torch.Tensor:
@@ -124,7 +111,7 @@ class GroupComms(Comms):
         out = x.new_empty(x.shape[1:])
         x = x.reshape(self.world * x.shape[1], *x.shape[2:]).contiguous()  # members along dim 0
         work = dist.reduce_scatter_single(out, x, group=self.groups[stream], async_op=True)
-        _wait(work, self.rank, f"reduce_scatter for {what}", self.members, self.timeout_s)
+        wait_work(work, self.rank, f"reduce_scatter for {what}", self.members, self.timeout_s)
         return out
 
 
