@@ -172,6 +172,13 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run the real MoE layer with the config's strategy and compare it to sequential",
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the real layer's data (--moe)")
+    e.add_argument("--strategy", help="override strategy.name (a run config only)")
+    e.add_argument(
+        "--param",
+        action="append",
+        metavar="KEY=VALUE",
+        help="override a strategy parameter (repeatable; a run config only), e.g. degree=4",
+    )
     e.add_argument("--json", action="store_true", help="print the summary as JSON")
     e.set_defaults(fn=cmd_exec)
     return e
@@ -198,22 +205,27 @@ def cmd_exec(a: argparse.Namespace) -> int:
         raise ExecError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
-    graph, cfg = _load(a.graph, nprocs)
+    graph, cfg = _load(a.graph, nprocs, a.strategy, a.param)
     out = Path(a.out or (cfg.output.get("dir") if cfg is not None else None) or "out/exec")
     if a.moe:
         return _run_moe(a, graph, cfg, nprocs, torchrun)
     return _run_graph(a, graph, nprocs, torchrun, out)
 
 
-def _load(path: str, nprocs: int):
-    """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks."""
+def _load(path: str, nprocs: int, strategy: str | None = None, params: list[str] | None = None):
+    """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks
+    (with --strategy / --param applied, as `moesim simulate` does)."""
+    from sim.cli import parse_params
     from sim.config import RunConfig
+    from sim.errors import ConfigError
     from sim.graph import TaskGraph
     from sim.strategies import build
 
     if str(path).endswith(".json"):
+        if strategy or params:
+            raise ConfigError("--strategy / --param apply to a run config, not to a graph JSON")
         return TaskGraph.from_json(path), None
-    cfg = RunConfig.load(path)
+    cfg = RunConfig.load(path).with_overrides(strategy=strategy, params=parse_params(params))
     # the topology only sizes simulations; here the world is the processes we start
     layer = cfg.layer(nprocs)
     return build(cfg.strategy, layer, cfg.strategy_params, cfg.passes), cfg

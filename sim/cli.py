@@ -19,7 +19,7 @@ import yaml
 from sim.errors import ConfigError, MoesimError
 
 
-def _parse_params(items: list[str]) -> dict[str, Any]:
+def parse_params(items: list[str]) -> dict[str, Any]:
     out = {}
     for item in items or []:
         if "=" not in item:
@@ -102,7 +102,7 @@ def _overrides(a: argparse.Namespace) -> dict[str, Any]:
     costs = _cost_overrides(a)
     return dict(
         strategy=a.strategy,
-        params=_parse_params(a.param),
+        params=parse_params(a.param),
         topology=a.topology,
         nodes=a.nodes,
         costs=costs,

@@ -273,6 +273,14 @@ def test_cli_exec_config_writes_trace_and_summary(tmp_path, capsys):
     assert list(df.columns) == COLUMNS and len(df) == summary["tasks"]
     chrome = json.loads((out / "trace.chrome.json").read_text())
     assert sum(e["ph"] == "X" for e in chrome["traceEvents"]) == len(df)
+    # --strategy / --param as for `moesim simulate`: one stream where two_streams had two
+    args = ["exec", str(path), "--nprocs", "2", "--out", str(out), "--json", "--warmup", "0"]
+    assert main(args + ["--param", "order=tutel"]) == 0
+    assert set(json.loads(capsys.readouterr()[0])["busy_s"]) == {"compute", "comm"}
+    graph_json = tmp_path / "g.json"
+    _tiny_graph().to_json(graph_json)
+    assert main(["exec", str(graph_json), "--nprocs", "2", "--strategy", "ted"]) == 2
+    assert "--strategy / --param apply to a run config" in capsys.readouterr()[1]
 
 
 def test_cli_world_mismatch_exits_2_with_one_line(tmp_path, capsys):
