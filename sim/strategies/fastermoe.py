@@ -41,7 +41,15 @@ import numpy as np
 from sim.errors import ConfigError
 from sim.graph import Task, TaskGraph
 from sim.strategies.fastermoe_rule import greedy_shadow, param_bytes, rule_costs
-from sim.strategies.moe import PASSES, _t, _w, comm_order, require_whole_experts
+from sim.strategies.moe import (
+    PASSES,
+    _t,
+    _w,
+    comm_order,
+    require_whole_experts,
+    step_tags,
+    task_id,
+)
 from sim.workload import MoELayer
 
 NAME = "fastermoe"
@@ -211,7 +219,7 @@ class _RankBuilder:
 
     # -- helpers -----------------------------------------------------------------------------
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
-        return f"r{self.rank}/L0/{phase}/{step}" + ("" if j is None else f".{j}")
+        return task_id(self.rank, 0, phase, step, j)
 
     def _add(self, stream: str, t: Task) -> str:
         t.tags.setdefault("dtype", self.l.dtype)
@@ -232,7 +240,7 @@ class _RankBuilder:
         allocs: dict | None = None,
         frees: list[str] | None = None,
     ) -> str:
-        tags = {"phase": phase, "step": step} | ({} if j is None else {"chunk": j})
+        tags = step_tags(0, phase, step, j)
         return self._add(
             "compute",
             Task(
@@ -293,7 +301,7 @@ class _RankBuilder:
             recv_split=recv,
             allocs=allocs or {},
             frees=frees or [],
-            tags={"layer": 0, "phase": phase, "step": step, "chunk": s},
+            tags=step_tags(0, phase, step, s),
         )
 
     def _shapes(self, s: int) -> tuple[dict, dict] | None:
@@ -357,7 +365,7 @@ class _RankBuilder:
                         bytes=float(E * COUNT_BYTES),
                         group=self.world,
                         coll="L0/fwd/counts",
-                        tags={"layer": 0, "phase": phase, "step": "counts"},
+                        tags=step_tags(0, phase, "counts"),
                     ),
                 )
             bcast = {}
@@ -376,7 +384,7 @@ class _RankBuilder:
                         algo="ring",
                         coll=f"L0/fwd/shadow_bcast.{x}",
                         allocs={f"shadow.{x}": param_bytes(l)},
-                        tags={"layer": 0, "phase": phase, "step": "shadow_bcast", "expert": x},
+                        tags=step_tags(0, phase, "shadow_bcast") | {"expert": x},
                     ),
                 )
         else:
@@ -441,7 +449,7 @@ class _RankBuilder:
                         group=self.world,
                         coll=f"L0/bwd/shadow_reduce.{x}",
                         frees=[f"shadow.{x}"] if self.has_fwd else [],
-                        tags={"layer": 0, "phase": phase, "step": "shadow_reduce", "expert": x},
+                        tags=step_tags(0, phase, "shadow_reduce") | {"expert": x},
                     ),
                 )
         # Exchanges are created first and queued in issue order at the end: the second

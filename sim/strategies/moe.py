@@ -69,6 +69,17 @@ def _sizes(layer: MoELayer, r: int) -> _Sizes:
     return _Sizes(False, a2a, split, rows)
 
 
+def task_id(rank: int, lid: int, phase: str, step: str, j: int | None = None) -> str:
+    """The id scheme every MoE builder uses (traces and the executor's results key on it):
+    r{rank}/L{layer}/{phase}/{step}[.{chunk}]."""
+    return f"r{rank}/L{lid}/{phase}/{step}" + ("" if j is None else f".{j}")
+
+
+def step_tags(lid: int, phase: str, step: str, j: int | None = None) -> dict:
+    """The trace tags of a layer step (sim.trace.TAGS): layer, phase, step, chunk."""
+    return {"layer": lid, "phase": phase, "step": step} | ({} if j is None else {"chunk": j})
+
+
 def require_whole_experts(layer: MoELayer, strategy: str) -> None:
     """Builders that place whole experts on GPUs refuse a layer that slices them (E < W;
     sim.strategies.layouts builds those)."""
@@ -148,8 +159,7 @@ class _RankBuilder:
         self.group, self.algo = group, algo
 
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
-        c = "" if j is None else f".{j}"
-        return f"r{self.rank}/L{self.lid}/{phase}/{step}{c}"
+        return task_id(self.rank, self.lid, phase, step, j)
 
     def _add(self, stream: str, t: Task) -> str:
         t.tags.setdefault("dtype", self.l.dtype)
@@ -157,10 +167,7 @@ class _RankBuilder:
         return t.id
 
     def _tags(self, phase: str, step: str, j: int | None = None) -> dict:
-        d = {"layer": self.lid, "phase": phase, "step": step}
-        if j is not None:
-            d["chunk"] = j
-        return d
+        return step_tags(self.lid, phase, step, j)
 
     # -- pieces --------------------------------------------------------------------------
     def _compute(

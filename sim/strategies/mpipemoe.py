@@ -38,7 +38,14 @@ import numpy as np
 from sim.errors import ConfigError
 from sim.graph import Task, TaskGraph
 from sim.memory_model import footprint, model_states
-from sim.strategies.moe import PASSES, _sizes, comm_order, require_whole_experts
+from sim.strategies.moe import (
+    PASSES,
+    _sizes,
+    comm_order,
+    require_whole_experts,
+    step_tags,
+    task_id,
+)
 from sim.strategies.mpipemoe_perf import RESTORE, factors_from_cluster, select
 from sim.workload import MoELayer
 
@@ -271,13 +278,10 @@ class _Rank:
 
     # -- helpers ---------------------------------------------------------------------------
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
-        c = "" if j is None else f".{j}"
-        return f"r{self.rank}/L{self.lid}/{phase}/{step}{c}"
+        return task_id(self.rank, self.lid, phase, step, j)
 
     def _add(self, t: Task, phase: str, step: str, j: int | None) -> Task:
-        t.tags = {"layer": self.lid, "phase": phase, "step": step, "dtype": self.l.dtype}
-        if j is not None:
-            t.tags["chunk"] = j
+        t.tags = step_tags(self.lid, phase, step, j) | {"dtype": self.l.dtype}
         if self.reuse != "none":
             t.tags["reuse"] = self.reuse
         self.streams[t.stream].append(t)

@@ -26,7 +26,7 @@ from typing import Any
 from sim.errors import ConfigError
 from sim.graph import Task, TaskGraph
 from sim.strategies.layouts import aligned, ep_view, layer_meta
-from sim.strategies.moe import build_layer
+from sim.strategies.moe import build_layer, step_tags, task_id
 from sim.workload import MoELayer
 
 NAME = "ted"
@@ -154,7 +154,6 @@ class _Weaver:
         if not self.drop:
             return [new]
         step, phase = t.tags.get("step"), t.tags.get("phase")
-        base = f"r{rank}/L0/{phase}"
         if step in ("encode", "decode", "decode_grad", "encode_grad"):
             new.bytes += self.extra  # these touch the full (aligned) [E, C, M] buffer
         if step in ("encode", "decode_grad"):
@@ -163,24 +162,25 @@ class _Weaver:
             cut = self._local(rank, phase, what, [new.id])
             return [new, cut]
         if step in ("dispatch", "combine_grad"):
-            new.deps = [f"{base}/{'drop_tokens' if phase == 'fwd' else 'gather_tokens_grad'}"]
+            cut = "drop_tokens" if phase == "fwd" else "gather_tokens_grad"
+            new.deps = [task_id(rank, 0, phase, cut)]
         if step in ("combine", "dispatch_grad"):
             # forward: gather_tokens; backward: the gradient of drop_tokens (an all-gather)
             what = "gather_tokens" if step == "combine" else "drop_tokens_grad"
             return [new, self._gather(rank, phase, what, new.id)]
         if step in ("decode", "encode_grad"):
             what = "gather_tokens" if phase == "fwd" else "drop_tokens_grad"
-            new.deps = [f"{base}/{what}"]
+            new.deps = [task_id(rank, 0, phase, what)]
             new.frees.append(f"tp.{what}")
         return [new]
 
     def _tags(self, phase: str, what: str) -> dict[str, Any]:
-        return {"layer": 0, "phase": phase, "step": what, "dtype": self.l.dtype}
+        return step_tags(0, phase, what) | {"dtype": self.l.dtype}
 
     def _local(self, rank: int, phase: str, what: str, deps: list[str]) -> Task:
         """Keep this rank's capacity slice: a strided copy (read + write) of the shard."""
         return Task(
-            f"r{rank}/L0/{phase}/{what}",
+            task_id(rank, 0, phase, what),
             rank,
             "compute",
             "elementwise",
@@ -192,7 +192,7 @@ class _Weaver:
     def _gather(self, rank: int, phase: str, what: str, dep: str) -> Task:
         k = rank // self.tp
         return Task(
-            f"r{rank}/L0/{phase}/{what}",
+            task_id(rank, 0, phase, what),
             rank,
             "comm",
             "all_gather",

@@ -44,7 +44,7 @@ from sim.strategies.layouts import (
     fix_gates,
     layer_meta,
 )
-from sim.strategies.moe import build_layer
+from sim.strategies.moe import build_layer, task_id
 from sim.workload import MoELayer
 
 NAME = "tutel"
@@ -151,7 +151,7 @@ def _add_param_exchange(g: TaskGraph, layer: MoELayer, passes: tuple[str, ...]) 
         if "fwd" in passes:
             gather = g.add(
                 Task(
-                    f"r{rank}/L0/fwd/expert_gather",
+                    task_id(rank, 0, "fwd", "expert_gather"),
                     rank,
                     "comm.1",
                     "all_gather",
@@ -169,7 +169,7 @@ def _add_param_exchange(g: TaskGraph, layer: MoELayer, passes: tuple[str, ...]) 
         if "bwd" in passes:
             g.add(
                 Task(
-                    f"r{rank}/L0/bwd/expert_grad_scatter",
+                    task_id(rank, 0, "bwd", "expert_grad_scatter"),
                     rank,
                     "comm.1",
                     "reduce_scatter",
