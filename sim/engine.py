@@ -134,6 +134,7 @@ class Engine:
             topo,
             lambda: self.env.now,
             self._flow_scale if inter.affects("comm") or inter.affects("copy") else None,
+            costs.finish_rtol,
         )
         self.owners: list[Any] = []
         self._net_version = 0

@@ -9,6 +9,7 @@ import pytest
 
 from sim.costs import CostModel
 from sim.engine import simulate
+from sim.errors import ConfigError
 from sim.graph import Task, TaskGraph
 from sim.network import max_min_rates
 from sim.strategies import build
@@ -198,3 +199,24 @@ def test_skewed_all_to_allv_is_bounded_by_the_hot_ingress():
     nv = topo.link_classes["nvlink3"]
     expect = 2 * nv.latency + (n - 1) * (nv.msg_cost + S / nv.eff_bw)
     assert math.isclose(res.makespan, expect, rel_tol=1e-9)
+
+
+def test_finish_rtol_trades_a_bounded_error_for_fewer_events():
+    """Flows on separate links, 1 GB and 1.02 GB at 10 GB/s: by default they end at 0.1 s and
+    0.102 s; with a window of 5% of the time they end together at the first finish (the
+    second up to finish_rtol * now early), one rate solve fewer."""
+    topo = star()
+    g = p2p_graph([(1, 2, 1 * GB), (3, 0, 1.02 * GB)])
+    exact = run(topo, g)
+    ends = {t.id: float(e) for t, e in zip(exact.graph, exact.end)}
+    assert ends["r0"] == pytest.approx(0.1) and ends["r1"] == pytest.approx(0.102)
+    loose = run(topo, g, finish_rtol=0.05)
+    assert set(np.round(loose.end, 12)) == {0.1}
+    assert loose.stats["rate_recomputes"] < exact.stats["rate_recomputes"]
+    assert run(topo, g, finish_rtol=0.01).makespan == pytest.approx(0.102)  # 2 ms > 1 ms
+
+
+@pytest.mark.parametrize("bad", [-0.1, 0.5, "1e-3", True])
+def test_finish_rtol_bad_values(bad):
+    with pytest.raises(ConfigError, match="costs.finish_rtol"):
+        CostModel.build(star(), {"finish_rtol": bad})

@@ -16,6 +16,7 @@ from sim.costs.interference import Interference
 from sim.costs.jitter import Jitter
 from sim.costs.network import CollectiveAlphaBeta
 from sim.errors import ConfigError
+from sim.network import FINISH_RTOL
 from sim.topology import Topology
 
 NETWORK_MODES = ("flow", "collective")
@@ -33,6 +34,7 @@ class CostModel:
     bundle_min_ranks: int = 64  # `auto` bundles collectives of at least this many ranks
     dispatch: Dispatch = Dispatch()  # launch latency of ready tasks (sim.costs.dispatch)
     jitter: Jitter | None = None  # run-to-run noise (sim.costs.jitter); None: the ideal run
+    finish_rtol: float = FINISH_RTOL  # flows ending this close (x now) end together
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
@@ -82,8 +84,22 @@ class CostModel:
             dispatch = dispatch.overlay(spec.pop("dispatch"))
         spec.pop("dispatch", None)
         jitter = Jitter.from_spec(spec.pop("jitter", None))
+        rtol = spec.pop("finish_rtol", FINISH_RTOL)
+        if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol <= 0.05:
+            raise ConfigError(
+                f"costs.finish_rtol: expected a relative time window in [0, 0.05], got {rtol!r}"
+            )
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
         return cls(
-            compute, network, collective, inter, alpha, fidelity, min_ranks, dispatch, jitter
+            compute,
+            network,
+            collective,
+            inter,
+            alpha,
+            fidelity,
+            min_ranks,
+            dispatch,
+            jitter,
+            float(rtol),
         )
