@@ -46,6 +46,7 @@ from sim.strategies.moe import (
     _t,
     _w,
     comm_order,
+    compute_task,
     require_whole_experts,
     step_tags,
     task_id,
@@ -240,23 +241,9 @@ class _RankBuilder:
         allocs: dict | None = None,
         frees: list[str] | None = None,
     ) -> str:
-        tags = step_tags(0, phase, step, j)
-        return self._add(
-            "compute",
-            Task(
-                self._id(phase, step, j),
-                self.rank,
-                "compute",
-                kind,
-                deps=deps,
-                flops=flops,
-                bytes=nbytes,
-                shape=shape,
-                allocs=allocs or {},
-                frees=frees or [],
-                tags=tags,
-            ),
-        )
+        t = compute_task(self.rank, 0, phase, step, kind, flops, nbytes, deps, j, shape)
+        t.allocs, t.frees = allocs or {}, frees or []
+        return self._add("compute", t)
 
     def _step_rows(self, s: int) -> float:
         """Token rows my experts get at step s (from group G - s)."""

@@ -80,6 +80,32 @@ def step_tags(lid: int, phase: str, step: str, j: int | None = None) -> dict:
     return {"layer": lid, "phase": phase, "step": step} | ({} if j is None else {"chunk": j})
 
 
+def compute_task(
+    rank: int,
+    lid: int,
+    phase: str,
+    step: str,
+    kind: str,
+    flops: float,
+    nbytes: float,
+    deps: list[str],
+    j: int | None = None,
+    shape: dict | None = None,
+) -> Task:
+    """A layer step's task on the compute stream, named and tagged by the shared scheme."""
+    return Task(
+        task_id(rank, lid, phase, step, j),
+        rank,
+        "compute",
+        kind,
+        deps=deps,
+        flops=flops,
+        bytes=nbytes,
+        shape=shape,
+        tags=step_tags(lid, phase, step, j),
+    )
+
+
 def require_whole_experts(layer: MoELayer, strategy: str) -> None:
     """Builders that place whole experts on GPUs refuse a layer that slices them (E < W;
     sim.strategies.layouts builds those)."""
@@ -183,22 +209,9 @@ class _RankBuilder:
         allocs: dict | None = None,
         frees: list[str] | None = None,
     ) -> str:
-        return self._add(
-            "compute",
-            Task(
-                self._id(phase, step, j),
-                self.rank,
-                "compute",
-                kind,
-                deps=deps,
-                flops=flops,
-                bytes=nbytes,
-                shape=shape,
-                allocs=allocs or {},
-                frees=frees or [],
-                tags=self._tags(phase, step, j),
-            ),
-        )
+        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
+        t.allocs, t.frees = allocs or {}, frees or []
+        return self._add("compute", t)
 
     def _exchange(
         self,

@@ -42,6 +42,7 @@ from sim.strategies.moe import (
     PASSES,
     _sizes,
     comm_order,
+    compute_task,
     require_whole_experts,
     step_tags,
     task_id,
@@ -316,17 +317,8 @@ class _Rank:
         shape: dict | None = None,
         allocs: dict | None = None,
     ) -> Task:
-        t = Task(
-            self._id(phase, step, j),
-            self.rank,
-            "compute",
-            kind,
-            deps=deps,
-            flops=flops,
-            bytes=nbytes,
-            shape=shape,
-            allocs=allocs or {},
-        )
+        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
+        t.allocs = allocs or {}
         return self._add(t, phase, step, j)
 
     def _gemm(self, phase: str, step: str, j: int, shape: dict, deps: list[str], allocs=None):
