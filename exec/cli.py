@@ -35,6 +35,12 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
         metavar="CONFIG",
         help="also profile the exact GEMM shapes of this run config's validation graphs",
     )
+    c.add_argument(
+        "--strategies",
+        nargs="+",
+        metavar="NAME[:k=v,...]",
+        help="with --shapes-from: also the graphs of these strategies (as `validate`)",
+    )
     c.add_argument("--timeout", type=float, default=120.0)
     c.set_defaults(fn=cmd_calibrate)
     return c
@@ -52,6 +58,13 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
         help="topology the simulator replays on (default localhost-cpu)",
     )
     v.add_argument("--repeats", type=int, default=3, help="runs per graph; median kept")
+    v.add_argument(
+        "--strategies",
+        nargs="+",
+        metavar="NAME[:k=v,...]",
+        help="validate these strategies (fwd and fwd+bwd) instead of sequential + pipelined "
+        "r=1,2,4,8, e.g. tutel:degree=2 mpipemoe:degree=2,reuse=S1",
+    )
     v.add_argument("--quick", action="store_true", help="quick calibration if one is needed")
     v.add_argument("--out", default="reports/validation", help="report directory")
     v.add_argument("--timeout", type=float, default=120.0)
@@ -80,7 +93,11 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
         from exec.validation import case_graphs
         from sim.config import RunConfig
 
-        plan = plan.with_shapes_of(case_graphs(RunConfig.load(a.shapes_from), a.nprocs))
+        cfg = RunConfig.load(a.shapes_from)
+        graphs = case_graphs(cfg, a.nprocs)
+        if a.strategies:
+            graphs += case_graphs(cfg, a.nprocs, a.strategies)
+        plan = plan.with_shapes_of(graphs)
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
     cal, rows = calibrate(a.nprocs, a.backend, plan, a.timeout)
     path = cal.save(a.out)
@@ -130,11 +147,22 @@ def cmd_validate(a: argparse.Namespace) -> int:
     calibration = a.calibration
     if calibration is None:
         print(f"no --calibration: calibrating {a.nprocs} ranks first")
-        plan = (Plan.quick() if a.quick else Plan()).with_shapes_of(case_graphs(cfg, a.nprocs))
+        graphs = case_graphs(cfg, a.nprocs, a.strategies)
+        plan = (Plan.quick() if a.quick else Plan()).with_shapes_of(graphs)
         cal, _ = calibrate(a.nprocs, a.backend, plan, a.timeout)
         calibration = str(cal.save(out / "calibration.yaml"))
     print(f"validating on {a.nprocs} ranks ({a.backend})")
-    res = validate(cfg, a.nprocs, calibration, out, a.backend, a.topology, a.repeats, a.timeout)
+    res = validate(
+        cfg,
+        a.nprocs,
+        calibration,
+        out,
+        a.backend,
+        a.topology,
+        a.repeats,
+        a.timeout,
+        strategies=a.strategies,
+    )
     s = res["summary"]
     print(
         f"  MAPE {s['mape_pct']:.1f}% (worst {s['max_abs_error_pct']:.1f}%; against the "

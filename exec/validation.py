@@ -10,6 +10,7 @@ error and which graph each side ranks fastest.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +24,7 @@ from sim.costs import CostModel
 from sim.engine import simulate
 from sim.graph import TaskGraph
 from sim.io import atomic_write_text
-from sim.strategies import build
+from sim.strategies import Cluster, build
 from sim.topology import Topology
 from sim.trace import to_frame, write_table
 from sim.validate import compare, summarize, write_report
@@ -38,10 +39,19 @@ class Case:
     passes: tuple[str, ...]
 
 
-def cases(capacity: int) -> list[Case]:
+def cases(capacity: int, strategies: list[str] | None = None) -> list[Case]:
+    """Sequential and pipelined r = 1, 2, 4, 8, forward and forward + backward; with
+    `strategies` (`moesim compare` entries: 'name' or 'name:key=value,...') those instead."""
+    from sim.compare import parse_entry
+
     out = []
     for passes in (("fwd",), ("fwd", "bwd")):
         tag = "+".join(passes)
+        if strategies:
+            for entry in strategies:
+                name, params = parse_entry(entry)
+                out.append(Case(f"{entry} {tag}", name, params, passes))
+            continue
         out.append(Case(f"sequential {tag}", "sequential", {}, passes))
         for r in (1, 2, 4, 8):
             if r <= capacity:
@@ -49,17 +59,22 @@ def cases(capacity: int) -> list[Case]:
     return out
 
 
-def case_graph(cfg: RunConfig, layer: MoELayer, case: Case) -> TaskGraph:
+def case_graph(
+    cfg: RunConfig, layer: MoELayer, case: Case, cluster: Cluster | None = None
+) -> TaskGraph:
+    """The case's graph; `cluster` (the calibrated one) is what strategies' selectors read."""
     params = {**case.params}
     if case.strategy == "pipelined":
         params.setdefault("order", cfg.strategy_params.get("order", "tutel"))
-    return build(case.strategy, layer, params, case.passes)
+    return build(case.strategy, layer, params, case.passes, cluster)
 
 
-def case_graphs(cfg: RunConfig, nprocs: int) -> list[TaskGraph]:
+def case_graphs(
+    cfg: RunConfig, nprocs: int, strategies: list[str] | None = None
+) -> list[TaskGraph]:
     """The graphs `validate` runs, e.g. to profile their GEMM shapes before it does."""
     layer = cfg.layer(nprocs)
-    return [case_graph(cfg, layer, c) for c in cases(layer.capacity)]
+    return [case_graph(cfg, layer, c) for c in cases(layer.capacity, strategies)]
 
 
 def validate(
@@ -72,20 +87,24 @@ def validate(
     repeats: int = 3,
     timeout_s: float = 120.0,
     log: Callable[[str], None] = print,
+    strategies: list[str] | None = None,
 ) -> dict[str, Any]:
     layer = cfg.layer(nprocs)
     per_node = Topology.load(topology, nodes=1).gpus_per_node
     topo = Topology.load(topology, nodes=-(-nprocs // per_node))
     costs = CostModel.build(topo, {"calibration": calibration})
     results = []
-    for case in cases(layer.capacity):
-        graph = case_graph(cfg, layer, case)
+    cluster = Cluster(topo, costs)
+    # every graph is built before anything is measured: a case that cannot be built fails
+    # the command at once, not after minutes of measurements
+    todo = [(c, case_graph(cfg, layer, c, cluster)) for c in cases(layer.capacity, strategies)]
+    for case, graph in todo:
         measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
         simulated = to_frame(simulate(graph, topo, costs))
         r = compare(case.name, measured, simulated)
         r["measured_runs_s"] = spans
         results.append(r)
-        slug = case.name.replace(" ", "_").replace("=", "").replace("+", "_")
+        slug = re.sub(r"[^A-Za-z0-9.]+", "_", case.name.replace("=", "")).strip("_")
         write_table(measured, out_dir / "traces" / f"{slug}.measured.csv")
         write_table(simulated, out_dir / "traces" / f"{slug}.simulated.csv")
         log(
