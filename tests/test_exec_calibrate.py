@@ -18,6 +18,7 @@ from exec.validation import cases, validate  # noqa: E402
 from sim.calibrate import Calibration  # noqa: E402
 from sim.cli import main  # noqa: E402
 from sim.config import RunConfig  # noqa: E402
+from sim.errors import ConfigError  # noqa: E402
 
 TINY = {
     "topology": "localhost-cpu",
@@ -77,6 +78,26 @@ def test_validate_writes_its_report(calibration, tmp_path):
     assert "MAPE" in md and "pipelined r=2 fwd+bwd" in md
     assert (tmp_path / "report.html").is_file() and (tmp_path / "validation.json").is_file()
     assert len(list((tmp_path / "traces").glob("*.measured.csv"))) == len(names)
+
+
+def test_validate_other_strategies_and_refuse_bad_ones_before_measuring(calibration, tmp_path):
+    cfg = RunConfig.from_dict(TINY)
+    res = validate(
+        cfg,
+        2,
+        str(calibration[2]),
+        tmp_path,
+        repeats=1,
+        log=lambda _m: None,
+        strategies=["mpipemoe:degree=2,reuse=S1"],
+    )
+    names = [r["graph"] for r in res["results"]]
+    assert names == ["mpipemoe:degree=2,reuse=S1 fwd", "mpipemoe:degree=2,reuse=S1 fwd+bwd"]
+    assert all(r["measured_s"] > 0 and r["tasks_matched"] > 0 for r in res["results"])
+    assert "d2h" in res["results"][1]["per_kind"]  # the offload ran on both sides
+    with pytest.raises(ConfigError, match="strategy.tp"):  # TP groups do not fit a node of 1
+        validate(cfg, 2, str(calibration[2]), tmp_path / "x", strategies=["ted:tp=2"])
+    assert not (tmp_path / "x" / "traces").exists()  # refused before measuring anything
 
 
 def test_cli_calibrate_and_simulate_with_it(tmp_path, capsys):
