@@ -13,12 +13,17 @@ Fits:
   (relative residuals) on the median time per size of the rows measured alone (PipeMoE Eq. 13
   / 16), constrained to alpha, beta >= 0;
 - interference (MPipeMoE Sec. II-C, Fig. 3): for each stream kind and set of concurrent
-  kinds, the relative speed = median(predicted alone time / measured time), capped at 1.
+  kinds, the relative speed = median(predicted alone time / measured time), capped at 1;
+- GEMMs measured at exact (batch, m, n, k) shapes (a `shape` column): their median time;
+- jitter (sim.costs.jitter): per op kind, quantiles of time / median over the repetitions
+  of each size;
+- dispatch latency (sim.costs.dispatch), from `gaps` (exec.measure.dispatch_gaps): the mean
+  same-stream and cross-stream wait between ready and start.
 
-A calibration file is YAML; `CostModel.build(topo, spec, calibration=...)` (and `moesim
-simulate --calibration FILE`) lays it over the topology's parameters: compute becomes
-alpha-beta with the fitted kinds, collectives are costed at collective level with the fitted
-alpha/beta, and the interference table is replaced.
+A calibration file is YAML; `CostModel.build(topo, {"calibration": FILE})` (and `moesim
+simulate --calibration FILE`) lays it under the config's explicit costs: compute becomes
+alpha-beta with the fitted kinds and profiled shapes, collectives are costed at collective
+level with the fitted alpha/beta, and interference, jitter and dispatch latency are replaced.
 """
 
 from __future__ import annotations
