@@ -43,10 +43,10 @@ from sim.graph import Task, TaskGraph
 from sim.strategies.fastermoe_rule import greedy_shadow, param_bytes, rule_costs
 from sim.strategies.moe import (
     PASSES,
+    ComputeSteps,
     _t,
     _w,
     comm_order,
-    compute_task,
     require_whole_experts,
     step_tags,
     task_id,
@@ -197,7 +197,7 @@ def build(
     return graph
 
 
-class _RankBuilder:
+class _RankBuilder(ComputeSteps):
     def __init__(
         self,
         layer: MoELayer,
@@ -210,6 +210,7 @@ class _RankBuilder:
         rings: dict[int, list[int]],
     ):
         self.l, self.lay, self.rank, self.seq = layer, lay, rank, seq
+        self.lid = 0  # FasterMoE builds one layer
         self.auto, self.world, self.rings = auto, world, rings
         self.has_fwd, self.keep = "fwd" in passes, "bwd" in passes
         self.streams: dict[str, list[Task]] = {}
@@ -227,23 +228,6 @@ class _RankBuilder:
         t.tags.setdefault("layer", 0)
         self.streams.setdefault(stream, []).append(t)
         return t.id
-
-    def _compute(
-        self,
-        phase: str,
-        step: str,
-        kind: str,
-        flops: float,
-        nbytes: float,
-        deps: list[str],
-        j: int | None = None,
-        shape: dict | None = None,
-        allocs: dict | None = None,
-        frees: list[str] | None = None,
-    ) -> str:
-        t = compute_task(self.rank, 0, phase, step, kind, flops, nbytes, deps, j, shape)
-        t.allocs, t.frees = allocs or {}, frees or []
-        return self._add("compute", t)
 
     def _step_rows(self, s: int) -> float:
         """Token rows my experts get at step s (from group G - s)."""

@@ -167,7 +167,34 @@ def build_layer(
     return g
 
 
-class _RankBuilder:
+class ComputeSteps:
+    """`_compute` for rank builders that have `rank`, `lid` and `_add(stream, task)`."""
+
+    rank: int
+    lid: int
+
+    def _add(self, stream: str, t: Task) -> str:
+        raise NotImplementedError
+
+    def _compute(
+        self,
+        phase: str,
+        step: str,
+        kind: str,
+        flops: float,
+        nbytes: float,
+        deps: list[str],
+        j: int | None = None,
+        shape: dict | None = None,
+        allocs: dict | None = None,
+        frees: list[str] | None = None,
+    ) -> str:
+        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
+        t.allocs, t.frees = allocs or {}, frees or []
+        return self._add("compute", t)
+
+
+class _RankBuilder(ComputeSteps):
     def __init__(
         self,
         layer: MoELayer,
@@ -196,22 +223,6 @@ class _RankBuilder:
         return step_tags(self.lid, phase, step, j)
 
     # -- pieces --------------------------------------------------------------------------
-    def _compute(
-        self,
-        phase: str,
-        step: str,
-        kind: str,
-        flops: float,
-        nbytes: float,
-        deps: list[str],
-        j: int | None = None,
-        shape: dict | None = None,
-        allocs: dict | None = None,
-        frees: list[str] | None = None,
-    ) -> str:
-        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
-        t.allocs, t.frees = allocs or {}, frees or []
-        return self._add("compute", t)
 
     def _exchange(
         self,
