@@ -18,12 +18,12 @@ from pathlib import Path
 
 import simpy
 
-from sim.costs import CostModel
-from sim.engine import Engine
-from sim.io import atomic_write_text
+from sim.core.io import atomic_write_text
+from sim.engine.engine import Engine
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 PER_FLOW_MAX = 256  # per-flow reference above this takes minutes

@@ -4,7 +4,7 @@ Simulated forward + backward makespan of one MoE layer on `dgx-a100` (A100s on H
 InfiniBand: FasterMoE's setting of 16-64 A100 / V100 GPUs over InfiniBand), at 16 and 64
 GPUs, one expert per GPU (FasterMoE's smart schedule assumes one), top-2, B = 4 sequences of
 L = 1024 tokens per GPU, M = 2048, H = 8192, bf16, dropless (capacity factor E / k, so C = T:
-FasterMoE drops no tokens). Routing: Zipf(s) popularity over experts (sim.workload), seed 0.
+FasterMoE drops no tokens). Routing: Zipf(s) popularity over experts (sim.workload.moe), seed 0.
 Variants: `sequential` (FastMoE: all-to-all, experts, all-to-all), `fastermoe` with the
 smart schedule only (group size g = 1 and g = 8, shadow none), and with shadowing chosen by
 FasterMoE's greedy rule (`shadow: auto`). Flow-level network, roofline compute, no
@@ -19,12 +19,12 @@ import json
 import time
 from pathlib import Path
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.io import atomic_write_text
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 PASSES = ("fwd", "bwd")

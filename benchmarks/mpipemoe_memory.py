@@ -24,13 +24,13 @@ import json
 import time
 from pathlib import Path
 
-from sim import memory_model as mm
-from sim.costs import CostModel
-from sim.io import atomic_write_text
-from sim.mpipemoe_search import granularity_online, reuse_times
+from sim.core.io import atomic_write_text
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.search.mpipemoe import granularity_online, reuse_times
 from sim.strategies import Cluster, build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload import memory as mm
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 MODELS = {"GPT-S": (768, 3072), "GPT-XL": (2048, 8192), "BERT-L": (1024, 4096)}  # Table III

@@ -25,12 +25,12 @@ from pathlib import Path
 
 import numpy as np
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.io import atomic_write_text
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 DEGREES = [1, 2, 4, 8]

@@ -17,12 +17,12 @@ import platform
 import time
 from pathlib import Path
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.io import atomic_write_text
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 

@@ -13,11 +13,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.collbench import graph_for
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.io import atomic_write_text
-from sim.topology import Topology
+from sim.analysis.collbench import graph_for
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 
 OUT = Path(__file__).resolve().parent / "results"
 GPUS = [16, 32, 64, 128, 256, 512, 1024, 2048, 4096]

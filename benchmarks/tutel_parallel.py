@@ -19,13 +19,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.io import atomic_write_text
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.tutel import comm_bytes, route_parallel
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
 W, M = 8, 2048

@@ -83,14 +83,14 @@ def _check_procs(nprocs: int, timeout: float) -> None:
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from exec.errors import require_torch
-    from exec.microbench import Plan, calibrate
-    from sim.trace import write_table
+    from exec.measure.microbench import Plan, calibrate
+    from sim.analysis.trace import write_table
 
     require_torch()
     _check_procs(a.nprocs, a.timeout)
     plan = Plan.quick() if a.quick else Plan()
     if a.shapes_from:
-        from exec.validation import case_graphs
+        from exec.measure.validation import case_graphs
         from sim.config import RunConfig
 
         cfg = RunConfig.load(a.shapes_from)
@@ -136,8 +136,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 def cmd_validate(a: argparse.Namespace) -> int:
     from exec.errors import require_torch
-    from exec.microbench import Plan, calibrate
-    from exec.validation import case_graphs, validate
+    from exec.measure.microbench import Plan, calibrate
+    from exec.measure.validation import case_graphs, validate
     from sim.config import RunConfig
 
     require_torch()
@@ -214,7 +214,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def cmd_exec(a: argparse.Namespace) -> int:
     from exec.errors import ExecError, require_torch
-    from exec.launch import under_torchrun
+    from exec.runtime.launch import under_torchrun
 
     require_torch()
     torchrun = under_torchrun()
@@ -243,10 +243,10 @@ def cmd_exec(a: argparse.Namespace) -> int:
 def _load(path: str, nprocs: int, strategy: str | None = None, params: list[str] | None = None):
     """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks
     (with --strategy / --param applied, as `moesim simulate` does)."""
-    from sim.cli import parse_params
+    from sim.api import parse_params
     from sim.config import RunConfig
-    from sim.errors import ConfigError
-    from sim.graph import TaskGraph
+    from sim.core.errors import ConfigError
+    from sim.core.graph import TaskGraph
     from sim.strategies import build
 
     if str(path).endswith(".json"):
@@ -260,10 +260,10 @@ def _load(path: str, nprocs: int, strategy: str | None = None, params: list[str]
 
 
 def _run_graph(a: argparse.Namespace, graph, nprocs: int, torchrun: bool, out: Path) -> int:
-    from exec.launch import check_world, launch, run_under_torchrun
-    from exec.summary import summarize
-    from sim.io import atomic_write_text
-    from sim.trace import write_chrome_trace, write_table
+    from exec.runtime.launch import check_world, launch, run_under_torchrun
+    from exec.runtime.summary import summarize
+    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.core.io import atomic_write_text
 
     check_world(graph, nprocs)
     if torchrun:
@@ -302,8 +302,8 @@ def _format(s: dict[str, Any]) -> str:
 def _run_layout(a: argparse.Namespace, spec, name: str, params: dict, nprocs: int, torchrun) -> int:
     """TED with a TP group, or Tutel on sliced experts: checked against the single-process
     reference of the unsliced layer (there is no `sequential` run of such a layout)."""
-    from exec.launch import call_under_torchrun
-    from exec.moe_layouts import Case, diff_from_reference, layout_job, run_layouts
+    from exec.layers.layouts import Case, diff_from_reference, layout_job, run_layouts
+    from exec.runtime.launch import call_under_torchrun
 
     case = Case(spec, name, dict(params))
     if torchrun:
@@ -333,9 +333,10 @@ def _run_layout(a: argparse.Namespace, spec, name: str, params: dict, nprocs: in
 
 def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> int:
     from exec.errors import ExecError
-    from exec.launch import call_under_torchrun
-    from exec.moe import MoERun, MoESpec, Variant, moe_job, run_moe
-    from sim.workload import MoELayer
+    from exec.layers.moe import MoESpec
+    from exec.layers.run import MoERun, Variant, moe_job, run_moe
+    from exec.runtime.launch import call_under_torchrun
+    from sim.workload.moe import MoELayer
 
     if cfg is not None:
         layer = cfg.layer(nprocs)
@@ -349,7 +350,7 @@ def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> 
         name = meta["strategy"]
         params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
     spec = MoESpec.from_layer(layer, seed=a.seed)
-    from exec.moe_layouts import needs_layouts
+    from exec.layers.layouts import needs_layouts
 
     if needs_layouts(name, params, spec):
         return _run_layout(a, spec, name, params, nprocs, torchrun)

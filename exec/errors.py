@@ -1,8 +1,8 @@
-"""Executor errors: user-facing, printed by the CLI as one line (see sim.errors)."""
+"""Executor errors: user-facing, printed by the CLI as one line (see sim.core.errors)."""
 
 from __future__ import annotations
 
-from sim.errors import MoesimError
+from sim.core.errors import MoesimError
 
 
 class ExecError(MoesimError):

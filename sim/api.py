@@ -11,10 +11,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.core.errors import ConfigError
+
 
 @dataclass
 class RunResult:
-    graph: Any  # sim.graph.TaskGraph
+    graph: Any  # sim.core.graph.TaskGraph
     trace: Any  # pandas.DataFrame, one row per executed task
     summary: dict[str, Any]
 
@@ -32,11 +34,11 @@ def load_config(config: Any):
 
 def run(config: Any) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
-    from sim.costs import CostModel
-    from sim.engine import simulate
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame
+    from sim.engine.engine import simulate
+    from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
-    from sim.summary import summarize
-    from sim.trace import to_frame
 
     cfg = load_config(config)
     topo = cfg.load_topology()
@@ -51,3 +53,16 @@ def run(config: Any) -> RunResult:
     summary = summarize(res, df)
     summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
     return RunResult(graph, df, summary)
+
+
+def parse_params(items: list[str]) -> dict[str, Any]:
+    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str)."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out

@@ -16,26 +16,17 @@ from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError, MoesimError
-
-
-def parse_params(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
-    return out
+from sim.api import parse_params
+from sim.core.errors import ConfigError, MoesimError
 
 
 def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, Any]:
     """Build, simulate and write outputs for one run config; returns the summary."""
-    from sim.costs import CostModel
-    from sim.engine import simulate
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+    from sim.engine.engine import simulate
+    from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
-    from sim.summary import summarize
-    from sim.trace import to_frame, write_chrome_trace, write_table
 
     topo = cfg.load_topology()
     layer = cfg.layer(topo.world_size)
@@ -59,7 +50,7 @@ def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, 
                     df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")
                 )
             )
-        from sim.io import atomic_write_text
+        from sim.core.io import atomic_write_text
 
         atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         summary["files"] = files
@@ -68,7 +59,7 @@ def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, 
 
 
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
-    from sim.summary import format_summary
+    from sim.analysis.summary import format_summary
 
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
@@ -122,12 +113,12 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 
 def _simulate_graph(a: argparse.Namespace) -> int:
     """Replay a task-graph JSON (from `moesim graph` or any builder) on a topology."""
-    from sim.costs import CostModel
-    from sim.engine import simulate
-    from sim.graph import TaskGraph
-    from sim.summary import summarize
-    from sim.topology import Topology
-    from sim.trace import to_frame, write_chrome_trace, write_table
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+    from sim.core.graph import TaskGraph
+    from sim.engine.engine import simulate
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
 
     if not a.topology:
         raise ConfigError("simulating a graph JSON needs --topology")
@@ -151,7 +142,7 @@ def _simulate_graph(a: argparse.Namespace) -> int:
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from sim.compare import compare, to_markdown, write
+    from sim.analysis.compare import compare, to_markdown, write
     from sim.config import RunConfig
 
     cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
@@ -173,7 +164,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 def cmd_graph(a: argparse.Namespace) -> int:
     from sim.config import RunConfig
-    from sim.costs import CostModel
+    from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
 
     cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
@@ -204,10 +195,10 @@ def _size(text: str) -> int:
 
 
 def cmd_collectives(a: argparse.Namespace) -> int:
-    from sim import collbench
-    from sim.costs import CostModel
-    from sim.io import atomic_write_text
-    from sim.topology import Topology
+    from sim.analysis import collbench
+    from sim.core.io import atomic_write_text
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
 
     fabric = {"oversubscription": a.oversubscription} if a.oversubscription else None
     topo = Topology.load(a.topology, nodes=a.nodes, fabric=fabric)
@@ -234,7 +225,7 @@ def cmd_collectives(a: argparse.Namespace) -> int:
 
 
 def cmd_topology(a: argparse.Namespace) -> int:
-    from sim.topology import Topology, list_presets
+    from sim.hardware.topology import Topology, list_presets
 
     if a.action == "list":
         for name in list_presets():
@@ -245,7 +236,7 @@ def cmd_topology(a: argparse.Namespace) -> int:
     topo = Topology.load(a.name, nodes=a.nodes)
     print(topo.describe())
     if a.draw:
-        from sim.draw import draw_topology
+        from sim.analysis.draw import draw_topology
 
         print(f"  drew {draw_topology(topo, a.draw)}")
     if a.routes:

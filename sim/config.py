@@ -13,11 +13,11 @@ from typing import Any
 
 import yaml
 
-from sim.errors import ConfigError, yaml_problem
+from sim.core.errors import ConfigError, yaml_problem
+from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
-from sim.strategies.moe import PASSES
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.strategies.layer import PASSES
+from sim.workload.moe import MoELayer
 
 TOP_FIELDS = {"topology", "nodes", "fabric", "model", "strategy", "passes", "costs", "output"}
 MODEL_FIELDS = {

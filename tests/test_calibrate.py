@@ -8,12 +8,12 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from sim.calibrate import Calibration, fit_alpha_beta
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.graph import Task, TaskGraph
-from sim.topology import Topology
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.costs.calibration import Calibration, fit_alpha_beta
+from sim.hardware.topology import Topology
 
 
 def test_fit_recovers_exact_alpha_beta():
@@ -94,7 +94,7 @@ def test_calibration_drives_the_cost_model(tmp_path):
 def test_dispatch_gaps_and_their_fit(tmp_path):
     """Gaps are start - ready, attributed to whichever of stream predecessor and dependency
     finished last; the fitted means become the cost model's dispatch latencies."""
-    from exec.measure import dispatch_gaps
+    from exec.measure.timings import dispatch_gaps
 
     g = TaskGraph(1)
     g.add(Task("a", 0, "compute", "elementwise"))
@@ -147,9 +147,9 @@ def test_exact_gemm_shapes_override_alpha_beta(tmp_path):
 
 
 def test_plan_profiles_the_shapes_of_given_graphs():
-    from exec.microbench import Plan, gemm_graph
+    from exec.measure.microbench import Plan, gemm_graph
     from sim.strategies import build
-    from sim.workload import MoELayer
+    from sim.workload.moe import MoELayer
 
     layer = MoELayer(batch=1, seq_len=64, model_dim=32, hidden_dim=64, experts=4, world=2)
     g = build("pipelined", layer, {"degree": 2}, ("fwd", "bwd"))

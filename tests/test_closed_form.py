@@ -17,11 +17,11 @@ import math
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costs import CostModel
-from sim.engine import simulate
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 TOPO = Topology.load("pipemoe-2080ti", nodes=1)  # 4 GPUs; links unused in collective mode
 

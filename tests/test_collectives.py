@@ -8,14 +8,14 @@ import math
 import numpy as np
 import pytest
 
-from sim import collbench
+from sim.analysis import collbench
 from sim.cli import main
-from sim.collectives import LocalPhase, UniformPhase, all_to_all_2dh, phases
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import GraphError, TopologyError
-from sim.graph import Task, TaskGraph
-from sim.topology import Topology
+from sim.core.errors import GraphError, TopologyError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.collectives import LocalPhase, UniformPhase, all_to_all_2dh, phases
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 
 GiB = 2**30
 

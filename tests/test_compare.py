@@ -6,10 +6,10 @@ import json
 
 import pytest
 
+from sim.analysis.compare import compare, parse_entry
 from sim.cli import main
-from sim.compare import compare, parse_entry
 from sim.config import RunConfig
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
 
 CFG = {
     "topology": "pipemoe-2080ti",

@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import GraphError
-from sim.graph import Task, TaskGraph
+from sim.core.errors import GraphError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
 from tests.test_network import star
 
 TOPO = star()
@@ -66,7 +66,7 @@ def test_dispatch_latency_same_stream_and_cross_stream():
     [({"stream": -1.0}, "costs.dispatch.stream"), ({"wake": 0.1}, "unknown"), (3, "mapping")],
 )
 def test_dispatch_latency_bad_input(bad, field):
-    from sim.errors import ConfigError
+    from sim.core.errors import ConfigError
 
     with pytest.raises(ConfigError, match=field):
         costs(dispatch=bad)
@@ -155,7 +155,7 @@ def test_graph_larger_than_cluster_is_an_error():
 
 
 def test_copies_use_the_host_route():
-    from sim.topology import Topology
+    from sim.hardware.topology import Topology
 
     topo = Topology.load("dgx-a100", nodes=1)
     g = TaskGraph(8)
@@ -168,7 +168,7 @@ def test_copies_use_the_host_route():
 
 
 def test_copy_interference_applies_to_host_copies():
-    from sim.topology import Topology
+    from sim.hardware.topology import Topology
 
     topo = Topology.load("dgx-a100", nodes=1)
     pcie = topo.link_classes["pcie4"]
@@ -191,7 +191,7 @@ def test_copy_interference_applies_to_host_copies():
 
 
 def test_exposed_communication_is_comm_time_not_covered_by_compute():
-    from sim.summary import exposed
+    from sim.analysis.summary import exposed
 
     comm = np.array([[0.0, 4.0], [6.0, 10.0]])
     compute = np.array([[1.0, 2.0], [3.0, 7.0], [9.0, 12.0]])

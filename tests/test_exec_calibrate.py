@@ -13,12 +13,12 @@ torch = pytest.importorskip("torch", reason="the executor needs torch (pip insta
 if not torch.distributed.is_available():
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
-from exec.microbench import Plan, calibrate  # noqa: E402
-from exec.validation import cases, validate  # noqa: E402
-from sim.calibrate import Calibration  # noqa: E402
+from exec.measure.microbench import Plan, calibrate  # noqa: E402
+from exec.measure.validation import cases, validate  # noqa: E402
 from sim.cli import main  # noqa: E402
 from sim.config import RunConfig  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
+from sim.core.errors import ConfigError  # noqa: E402
+from sim.hardware.costs.calibration import Calibration  # noqa: E402
 
 TINY = {
     "topology": "localhost-cpu",

@@ -13,8 +13,7 @@ torch = pytest.importorskip("torch", reason="the executor needs torch (pip insta
 if not torch.distributed.is_available():  # pragma: no cover - exotic torch builds
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
-from exec.moe import DistMoE, MoESpec  # noqa: E402
-from exec.moe_layouts import (  # noqa: E402
+from exec.layers.layouts import (  # noqa: E402
     Case,
     diff_from_reference,
     expected_expert_grads,
@@ -22,7 +21,8 @@ from exec.moe_layouts import (  # noqa: E402
     run_layouts,
     ted,
 )
-from sim.errors import ConfigError  # noqa: E402
+from exec.layers.moe import DistMoE, MoESpec  # noqa: E402
+from sim.core.errors import ConfigError  # noqa: E402
 
 # Capacities: E4 -> C = ceil(2 * 0.65 * 16 / 4) = 6; E2 -> 11 (odd: TP and P1 pad it to a
 # multiple of 2 or 4); E1 (top-1) -> 11. Every layer drops tokens.
@@ -97,7 +97,7 @@ def test_reference_matches_the_shared_single_process_reference():
 
     for spec in (E4, E2):
         ref = reference(spec, sets=4)
-        from exec.moe import make_tokens
+        from exec.layers.moe import make_tokens
 
         y, _ = _reference(spec, [make_tokens(spec, s).numpy() for s in range(4)])
         np.testing.assert_allclose(np.stack(ref["y"]), y, rtol=RTOL, atol=ATOL)

@@ -14,16 +14,9 @@ if not torch.distributed.is_available():  # pragma: no cover - exotic torch buil
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 from exec.errors import ExecError  # noqa: E402
-from exec.moe import (  # noqa: E402
-    MoERun,
-    MoESpec,
-    Variant,
-    make_expert,
-    make_gate,
-    route,
-    run_moe,
-)
-from sim.errors import ConfigError  # noqa: E402
+from exec.layers.moe import MoESpec, make_expert, make_gate, route  # noqa: E402
+from exec.layers.run import MoERun, Variant, run_moe  # noqa: E402
+from sim.core.errors import ConfigError  # noqa: E402
 
 # C = ceil(k f T / E) = ceil(2 * 0.75 * 32 / 4) = 12: 64 choices per rank compete for 48
 # slots, so tokens are dropped; C = 12 splits into 1, 2 and 4 chunks.
@@ -67,7 +60,7 @@ def test_pipelined_equals_sequential(run, degree, order):
 
 def test_every_strategy_equals_sequential(run):
     """Every strategy with a real-layer implementation is in VARIANTS and matches."""
-    from exec.moe import STRATEGIES
+    from exec.layers.registry import STRATEGIES
 
     tested = {v.name for v in VARIANTS}
     assert set(STRATEGIES) <= tested, f"add a variant for {set(STRATEGIES) - tested}"
@@ -142,7 +135,7 @@ def test_layer_size_and_strategy_errors():
     with pytest.raises(ExecError, match="for 2 ranks but 3"):
         run_moe(SPEC, VARIANTS[:1], nprocs=3)
     with pytest.raises(ConfigError, match="unknown parameter"):
-        from exec.moe import resolve_strategy
+        from exec.layers.registry import resolve_strategy
 
         resolve_strategy("pipelined", {"chunks": 2})
 

@@ -12,9 +12,10 @@ torch = pytest.importorskip("torch", reason="the executor needs torch (pip insta
 if not torch.distributed.is_available():  # pragma: no cover - exotic torch builds
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
-from exec.moe import MoESpec, Variant, make_expert, run_moe  # noqa: E402
-from exec.moe_mpipemoe import _Expert, check  # noqa: E402
-from sim.errors import ConfigError  # noqa: E402
+from exec.layers.moe import MoESpec, make_expert  # noqa: E402
+from exec.layers.mpipemoe import _Expert, check  # noqa: E402
+from exec.layers.run import Variant, run_moe  # noqa: E402
+from sim.core.errors import ConfigError  # noqa: E402
 
 # top-1, C = ceil(1.5 * 40 / 4) = 15 slots: degrees 2 and 4 give micro-batches of unequal size
 SPEC = MoESpec(

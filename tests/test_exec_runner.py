@@ -17,12 +17,12 @@ if not torch.distributed.is_available():  # pragma: no cover - exotic torch buil
     pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
 
 from exec.errors import ExecError  # noqa: E402
-from exec.launch import ExecResult, launch  # noqa: E402
-from exec.measure import measurements  # noqa: E402
-from sim.graph import COMM_KINDS, Task, TaskGraph  # noqa: E402
+from exec.measure.timings import measurements  # noqa: E402
+from exec.runtime.launch import ExecResult, launch  # noqa: E402
+from sim.analysis.trace import COLUMNS  # noqa: E402
+from sim.core.graph import COMM_KINDS, Task, TaskGraph  # noqa: E402
 from sim.strategies import build  # noqa: E402
-from sim.trace import COLUMNS  # noqa: E402
-from sim.workload import MoELayer  # noqa: E402
+from sim.workload.moe import MoELayer  # noqa: E402
 
 TINY = dict(batch=1, seq_len=64, model_dim=32, hidden_dim=64, experts=4, world=2)
 

@@ -15,21 +15,21 @@ import types
 import numpy as np
 import pytest
 
-from sim.collectives import ring_broadcast_chunks
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.graph import TaskGraph
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.collectives import ring_broadcast_chunks
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
-from sim.strategies.fastermoe_rule import (
+from sim.strategies.fastermoe.rule import (
     RuleCosts,
     greedy_shadow,
     param_bytes,
     predicted_time,
     rule_costs,
 )
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 BOTH = ("fwd", "bwd")
 
@@ -204,13 +204,14 @@ def test_greedy_rule_closed_form_on_two_gpus():
 
 
 def test_ring_broadcast_closed_form_on_a_flat_switch():
-    """(k + n - 2) phases of S / k bytes, each paying the start-up once (sim.collectives)."""
+    """(k + n - 2) phases of S / k bytes, each paying the start-up once
+    (sim.hardware.collectives)."""
     n, S, alpha = 6, 3 * 2**20, 4e-6
     topo = Topology.load("flat-switch", nodes=n)
     costs = CostModel.build(topo, {"alpha": alpha})
     g = TaskGraph(n)
     group = [2, 3, 4, 5, 0, 1]
-    from sim.graph import Task
+    from sim.core.graph import Task
 
     for r in range(n):
         g.add(Task(f"b{r}", r, "comm", "broadcast", bytes=S, group=group, coll="b", algo="ring"))
@@ -290,7 +291,7 @@ torch = pytest.importorskip("torch", reason="the executor needs torch (pip insta
 def _hottest(spec) -> int:
     """The expert with the most kept token choices over all ranks (the gate is seeded, so
     the test process computes the same routing as the ranks)."""
-    from exec.moe import make_gate, make_tokens, route
+    from exec.layers.moe import make_gate, make_tokens, route
 
     gate = make_gate(spec)
     load = np.zeros(spec.experts, dtype=int)
@@ -304,7 +305,8 @@ def test_real_layer_on_four_ranks_equals_sequential():
     """Four ranks, two experts each: two groups of two (2 steps), four single-rank groups
     (4 steps), the hottest expert shadowed, all experts of one rank shadowed (that rank
     receives nothing), every expert shadowed (no exchange at all: data parallel)."""
-    from exec.moe import MoESpec, Variant, run_moe
+    from exec.layers.moe import MoESpec
+    from exec.layers.run import Variant, run_moe
 
     # dropless (C = T) so that the shadowed expert carries the most tokens
     spec = MoESpec(
@@ -329,8 +331,8 @@ def test_real_layer_on_four_ranks_equals_sequential():
 
 
 def test_real_layer_needs_an_explicit_shadow_set():
-    from exec.moe import MoESpec
-    from exec.moe_fastermoe import fastermoe
+    from exec.layers.fastermoe import fastermoe
+    from exec.layers.moe import MoESpec
 
     spec = MoESpec(tokens=8, model_dim=4, hidden_dim=4, experts=2, world=2)
     moe = types.SimpleNamespace(spec=spec, comms=None, rank=0)

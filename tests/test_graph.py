@@ -8,11 +8,11 @@ import json
 
 import pytest
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import DeadlockError, GraphError
-from sim.graph import SCHEMA_VERSION, Task, TaskGraph
-from sim.topology import Topology
+from sim.core.errors import DeadlockError, GraphError
+from sim.core.graph import SCHEMA_VERSION, Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 
 TASK_FIELDS = [f.name for f in dataclasses.fields(Task)]
 

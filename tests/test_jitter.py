@@ -1,4 +1,4 @@
-"""Run-to-run noise (sim.costs.jitter): degenerate cases in closed form, one draw per
+"""Run-to-run noise (sim.hardware.costs.jitter): degenerate cases in closed form, one draw per
 collective, replicas, the fit from repetitions, and the amplification a synchronising step
 gives it as ranks are added."""
 
@@ -7,13 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from sim.calibrate import Calibration
-from sim.costs import CostModel
-from sim.costs.jitter import Jitter, ratio_quantiles
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.graph import Task, TaskGraph
-from sim.topology import Topology
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.costs.calibration import Calibration
+from sim.hardware.costs.jitter import Jitter, ratio_quantiles
+from sim.hardware.topology import Topology
 from tests.test_network import star
 
 TOPO = star()

@@ -8,19 +8,19 @@ import math
 
 import pytest
 
-from sim import memory_model as mm
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.mpipemoe_search import granularity_online, reuse_times
+from sim.analysis.summary import summarize
+from sim.analysis.trace import to_frame
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.search.mpipemoe import granularity_online, reuse_times
 from sim.strategies import Cluster, build
-from sim.strategies.granularity import GranularitySearch
-from sim.strategies.mpipemoe import build_graph
-from sim.strategies.mpipemoe_perf import Factors, q_vectors, select
-from sim.summary import summarize
-from sim.topology import Topology
-from sim.trace import to_frame
-from sim.workload import MoELayer
+from sim.strategies.mpipemoe.builder import build_graph
+from sim.strategies.mpipemoe.granularity import GranularitySearch
+from sim.strategies.mpipemoe.perf import Factors, q_vectors, select
+from sim.workload import memory as mm
+from sim.workload.moe import MoELayer
 
 # MPipeMoE Table III: (d_model, d_hidden) of its MoE layers
 GPT_S, GPT_XL, BERT_L = (768, 3072), (2048, 8192), (1024, 4096)
@@ -210,7 +210,7 @@ def test_eq_10_closed_form_and_selection():
 
 def test_factors_in_closed_form():
     """Eq. 10's factors from the cost model where they have a closed form."""
-    from sim.strategies.mpipemoe_perf import factors_from_cluster, micro_batch_tasks
+    from sim.strategies.mpipemoe.perf import factors_from_cluster, micro_batch_tasks
 
     L = _layer(16, 4096)
     n = 4

@@ -7,14 +7,14 @@ import math
 import numpy as np
 import pytest
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
-from sim.graph import Task, TaskGraph
-from sim.network import max_min_rates
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.network import max_min_rates
+from sim.hardware.topology import Topology
 from sim.strategies import build
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 GB = 1e9
 

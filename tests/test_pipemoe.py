@@ -8,13 +8,13 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.pipemoe import Costs, f2, paper_cost, q1, select, sizes
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 
 @settings(max_examples=300, deadline=None)
@@ -98,7 +98,7 @@ def test_auto_degree_needs_fitted_costs():
 
 
 def test_oracle_selector_agrees_with_the_simulated_times():
-    from sim.search import oracle
+    from sim.search.simulated import oracle
 
     cl = _cluster(4)
     layer = MoELayer(

@@ -7,15 +7,15 @@ import math
 import numpy as np
 import pytest
 
+from sim.analysis.summary import summarize
+from sim.analysis.trace import to_frame
 from sim.config import RunConfig
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import STRATEGIES, build
-from sim.summary import summarize
-from sim.topology import Topology
-from sim.trace import to_frame
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 TOPO = Topology.load("dgx-a100", nodes=1)
 
@@ -186,7 +186,7 @@ def test_bad_layers():
 
 @pytest.mark.parametrize("routing", [{"kind": "uniform"}, {"kind": "zipf", "s": 1.1, "seed": 1}])
 def test_built_graphs_round_trip_through_json(tmp_path, routing):
-    from sim.graph import TaskGraph
+    from sim.core.graph import TaskGraph
 
     g = build("pipelined", layer(routing=routing), {"degree": 2}, ("fwd", "bwd"))
     g.to_json(tmp_path / "g.json")

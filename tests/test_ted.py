@@ -6,14 +6,14 @@ import math
 
 import pytest
 
-from sim.collectives import payload
-from sim.costs import CostModel
-from sim.engine import simulate
-from sim.errors import ConfigError
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.collectives import payload
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.ted import duplicate_layout
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 
 def _cluster(nodes: int, costs: dict | None = None) -> Cluster:

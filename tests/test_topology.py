@@ -10,8 +10,8 @@ import networkx as nx
 import pytest
 import yaml
 
-from sim.errors import TopologyError
-from sim.topology import Topology, list_presets, topologies_dir
+from sim.core.errors import TopologyError
+from sim.hardware.topology import Topology, list_presets, topologies_dir
 
 PRESETS = list_presets()
 
@@ -296,9 +296,9 @@ def test_two_gpu_node_connected_is_fine():
 
 def test_a_dtype_the_gpu_lacks_is_refused_by_name():
     """No silent fallback to the fp32 rate (tf32 on an A100 is 8x the fp32 rate)."""
-    from sim.costs import CostModel
-    from sim.errors import ConfigError
-    from sim.graph import Task
+    from sim.core.errors import ConfigError
+    from sim.core.graph import Task
+    from sim.hardware.costs import CostModel
 
     topo = Topology.load("dgx-a100", nodes=1)
     roof = CostModel.build(topo, {}).compute

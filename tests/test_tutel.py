@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim.costs import CostModel
-from sim.errors import ConfigError
-from sim.search import tutel_online
+from sim.core.errors import ConfigError
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.search.simulated import tutel_online
 from sim.strategies import Cluster, build
 from sim.strategies.tutel import CANDIDATES, OnlineSearch
-from sim.topology import Topology
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 
 def test_search_tries_each_strategy_once_per_bucket_then_keeps_the_best():
@@ -75,9 +75,9 @@ def test_tutel_strategy_builds_its_choice():
 
 # -- switchable parallelism (Tutel Sec. 3.2, Table 5) -------------------------------------------
 
-from sim.collectives import payload  # noqa: E402
-from sim.engine import simulate  # noqa: E402
-from sim.strategies.moe import build_layer  # noqa: E402
+from sim.engine.engine import simulate  # noqa: E402
+from sim.hardware.collectives import payload  # noqa: E402
+from sim.strategies.layer import build_layer  # noqa: E402
 from sim.strategies.tutel import comm_bytes, route_parallel  # noqa: E402
 
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 import pytest
 
-from sim.costs import CostModel
-from sim.engine import simulate
+from sim.analysis.trace import to_frame
+from sim.analysis.validate import compare, summarize, write_report
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
 from sim.strategies import build
-from sim.topology import Topology
-from sim.trace import to_frame
-from sim.validate import compare, summarize, write_report
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 
 def _trace(strategy: str, params: dict, scale: float = 1.0):

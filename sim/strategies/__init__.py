@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
 
-from sim.errors import ConfigError
-from sim.graph import TaskGraph
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
 from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
-from sim.workload import MoELayer
+from sim.workload.moe import MoELayer
 
 STRATEGIES: dict[str, ModuleType] = {
     m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
@@ -24,8 +24,8 @@ STRATEGIES: dict[str, ModuleType] = {
 
 @dataclass(frozen=True)
 class Cluster:
-    topology: Any  # sim.topology.Topology
-    costs: Any  # sim.costs.CostModel
+    topology: Any  # sim.hardware.topology.Topology
+    costs: Any  # sim.hardware.costs.CostModel
 
 
 def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.graph import TaskGraph
-from sim.strategies.moe import build_layer
-from sim.workload import MoELayer
+from sim.core.graph import TaskGraph
+from sim.strategies.layer import build_layer
+from sim.workload.moe import MoELayer
 
 NAME = "pipelined"
 DEFAULTS: dict[str, Any] = {"degree": 4, "order": "tutel", "algo": None}

@@ -26,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sim.errors import ConfigError
-from sim.graph import TaskGraph
-from sim.strategies.moe import build_layer
-from sim.workload import MoELayer
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.strategies.layer import build_layer
+from sim.workload.moe import MoELayer
 
 NAME = "pipemoe"
 DEFAULTS: dict[str, Any] = {

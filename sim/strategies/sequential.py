@@ -7,12 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.graph import TaskGraph
-from sim.strategies.moe import build_layer
-from sim.workload import MoELayer
+from sim.core.graph import TaskGraph
+from sim.strategies.layer import build_layer
+from sim.workload.moe import MoELayer
 
 NAME = "sequential"
-DEFAULTS: dict[str, Any] = {"algo": None}  # all-to-all algorithm (sim.collectives)
+DEFAULTS: dict[str, Any] = {"algo": None}  # all-to-all algorithm (sim.hardware.collectives)
 
 
 def build(

@@ -23,11 +23,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from sim.errors import ConfigError
-from sim.graph import Task, TaskGraph
-from sim.strategies.layouts import aligned, ep_view, layer_meta
-from sim.strategies.moe import build_layer, step_tags, task_id
-from sim.workload import MoELayer
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.strategies.layer import build_layer, step_tags, task_id
+from sim.workload.moe import MoELayer
+from sim.workload.slicing import aligned, ep_view, layer_meta
 
 NAME = "ted"
 DEFAULTS: dict[str, Any] = {"tp": 2, "algo": None}

@@ -8,7 +8,7 @@ iteration to iteration (Tutel Fig. 1), through the online search of Algorithm 2
 bucket the strategies are tried one per iteration until each has run once, and from then on
 the best is used (measured times normalised to the bucket's lowest f, since an MoE step's
 time grows about linearly with f). A capacity factor that has itself tried every strategy
-uses its own best. `sim.search.tutel_online` drives it with simulated times.
+uses its own best. `sim.search.simulated.tutel_online` drives it with simulated times.
 
 Switchable parallelism (Tutel Sec. 3.2, Fig. 11-13), for fewer experts E than GPUs W, each
 expert sliced over n = W/E GPUs (`parallel`):
@@ -26,7 +26,7 @@ expert sliced over n = W/E GPUs (`parallel`):
 - `ep`: plain expert parallelism (E >= W); p1 and p2 are the same layer there (n = 1).
 
 P1 and P2 move Tutel's padded [E, C, M] buffers whatever the routing, so their graphs do not
-depend on the routing model (see sim.strategies.layouts).
+depend on the routing model (see sim.workload.slicing).
 """
 
 from __future__ import annotations
@@ -34,9 +34,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.errors import ConfigError
-from sim.graph import Task, TaskGraph
-from sim.strategies.layouts import (
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.strategies.layer import build_layer, task_id
+from sim.workload.moe import MoELayer
+from sim.workload.slicing import (
     aligned,
     by_step,
     ep_view,
@@ -44,8 +46,6 @@ from sim.strategies.layouts import (
     fix_gates,
     layer_meta,
 )
-from sim.strategies.moe import build_layer, task_id
-from sim.workload import MoELayer
 
 NAME = "tutel"
 DEFAULTS: dict[str, Any] = {"degree": 1, "algo": "linear", "parallel": "auto"}

@@ -131,11 +131,11 @@ def _sha(obj: Any) -> str:
 
 def digest(cfg: dict[str, Any]) -> dict[str, Any]:
     import sim.api as api
-    from sim.errors import MoesimError
+    from sim.core.errors import MoesimError
 
     cfg = json.loads(json.dumps(cfg))
     if cfg["model"].get("experts") == "HALF_WORLD":
-        from sim.topology import Topology
+        from sim.hardware.topology import Topology
 
         world = Topology.load(cfg["topology"], nodes=cfg["nodes"]).world_size
         cfg["model"]["experts"] = max(1, world // 2)

@@ -1,0 +1,10 @@
+"""The real MoE layers: `moe` (the layer and its parts), the strategies registered by name in
+`registry` (`pipelined`, `fastermoe`, `mpipemoe`, `layouts` for TED and sliced Tutel), and
+`run` (every variant on every rank, compared against `sequential`).
+
+Importing the package registers every strategy; `pipelined` comes first because `layouts`
+wraps the "tutel" it registers.
+"""
+
+from exec.layers import pipelined  # noqa: F401, I001
+from exec.layers import fastermoe, layouts, mpipemoe  # noqa: F401

@@ -1,0 +1,231 @@
+"""FasterMoE in the real layer: the group-wise exchange in steps, and shadowed experts.
+
+The layer works on the padded [E, C, M] dispatch buffer (exec.layers.moe). With n = P/g steps, at
+step s this rank sends the slices of the experts of group (G + s) mod n and receives from
+group (G - s) mod n (one all_to_all_single with per-peer splits, zero outside those groups,
+on the stream's process group), runs its experts on them as soon as they are in, and sends
+the outputs of step s back once they are computed; the steps are queued on the
+communication threads in the order `sim.strategies.layer.comm_order` gives the simulator.
+
+A shadowed expert e (owned by rank o = e // (E/P), local index i) leaves the exchange: its
+parameters are broadcast from o to every rank (on the 'comm.1' group, from its own thread,
+before that thread's exchanges) and every rank runs e on its own C slots. For autograd to
+hand the owner the sum of every copy's gradient, the broadcast is a Function whose input on
+every rank is that rank's own expert at local index i (on o, expert e itself; elsewhere a
+same-shaped anchor whose value is overwritten): its backward all-reduces the copies'
+gradients and returns the sum on o, zeros elsewhere, so every parameter's gradient equals
+`sequential`'s. Every rank builds the same autograd structure (empty tensors where it has
+nothing to send or compute), so the backward collectives run in the same order everywhere.
+
+`shadow: auto` (FasterMoE's greedy rule) needs the cluster's costs, which only the
+simulator has: the real layer takes an explicit list (any choice gives the same numbers).
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from exec.layers.moe import Comms, DistMoE, _Aborted, _wait, wait_work
+from exec.layers.registry import register
+from sim.core.errors import ConfigError
+from sim.strategies.fastermoe.selector import group_layout, parse_shadow
+from sim.strategies.layer import comm_order
+
+SHADOW_STREAM = "comm.1"  # as the simulator's graph: shadow broadcasts and reductions
+
+
+def _complete(work: Any, comms: Comms, what: str) -> None:
+    """Wait for an async collective of the whole world within the layer's timeout."""
+    wait_work(work, comms.rank, what, list(range(comms.world)), comms.timeout_s)
+
+
+def _exchange_v(
+    comms: Comms, x: torch.Tensor, stream: str, send: list[int], recv: list[int], what: str
+) -> torch.Tensor:
+    x = x.contiguous()
+    out = x.new_empty(sum(recv), *x.shape[1:])
+    work = dist.all_to_all_single(
+        out,
+        x,
+        output_split_sizes=recv,
+        input_split_sizes=send,
+        group=comms.groups[stream],
+        async_op=True,
+    )
+    _complete(work, comms, f"all_to_allv for {what} (stream {stream})")
+    return out
+
+
+class _ExchangeV(torch.autograd.Function):
+    """Rows split per peer; the gradient goes back with the splits swapped."""
+
+    @staticmethod
+    def forward(ctx, x, comms: Comms, stream: str, send: list[int], recv: list[int], what: str):
+        ctx.args = (comms, stream, send, recv, what)
+        return _exchange_v(comms, x, stream, send, recv, what)
+
+    @staticmethod
+    def backward(ctx, grad):
+        comms, stream, send, recv, what = ctx.args
+        back = _exchange_v(comms, grad, stream, recv, send, f"{what} (gradient)")
+        return back, None, None, None, None, None
+
+
+class _Shadow(torch.autograd.Function):
+    """Forward: the owner's flat parameters to every rank. Backward: the copies' gradients
+    all-reduced; the owner takes the sum, the other ranks' anchors nothing."""
+
+    @staticmethod
+    def forward(ctx, anchor, comms: Comms, owner: int, what: str):
+        ctx.args = (comms, owner, what)
+        out = anchor.detach().clone()  # elsewhere than on the owner, overwritten below
+        work = dist.broadcast(out, src=owner, group=comms.groups[SHADOW_STREAM], async_op=True)
+        _complete(work, comms, f"broadcast of {what}")
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        comms, owner, what = ctx.args
+        total = grad.contiguous().clone()
+        work = dist.all_reduce(total, group=comms.groups[SHADOW_STREAM], async_op=True)
+        _complete(work, comms, f"all_reduce of {what} gradients")
+        return (total if comms.rank == owner else torch.zeros_like(total)), None, None, None
+
+
+def _experts_on(
+    moe: DistMoE, x: torch.Tensor, active: list[int], sources: int, c: int
+) -> torch.Tensor:
+    """This rank's `active` local experts on rows from `sources` ranks laid out
+    [source, expert, c slots] (as exchanged); the output comes back in the same layout."""
+    A, M = len(active), x.shape[-1]
+    idx = torch.tensor(active, dtype=torch.long, device=x.device)
+    h = x.view(sources, A, c, M).transpose(0, 1).reshape(A, sources * c, M)
+    h = moe.act(torch.baddbmm(moe.b1[idx], h, moe.w1[idx]))
+    y = torch.baddbmm(moe.b2[idx], h, moe.w2[idx])
+    return y.view(A, sources, c, M).transpose(0, 1).reshape(sources * A * c, M)
+
+
+def _shadow_params(moe: DistMoE, e: int) -> tuple[torch.Tensor, ...]:
+    """Expert e's parameters on every rank: w1 [M, H], b1 [1, H], w2 [H, M], b2 [1, M]."""
+    El = moe.spec.local_experts
+    owner, i = divmod(e, El)
+    parts = (moe.w1[i], moe.b1[i], moe.w2[i], moe.b2[i])
+    flat = _Shadow.apply(
+        torch.cat([p.reshape(-1) for p in parts]), moe.comms, owner, f"shadow expert {e}"
+    )
+    out, off = [], 0
+    for p in parts:
+        out.append(flat[off : off + p.numel()].view(p.shape))
+        off += p.numel()
+    return tuple(out)
+
+
+@register("fastermoe")
+def fastermoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+    spec, comms, me = moe.spec, moe.comms, moe.rank
+    P, El, E = spec.world, spec.local_experts, spec.experts
+    _, C, M = buf.shape
+    g, n = group_layout(P, params["group_size"])
+    plan = comm_order(n, params["order"])
+    shadow = parse_shadow(params["shadow"], E)
+    if shadow == "auto":
+        raise ConfigError(
+            "strategy fastermoe in the real layer needs strategy.shadow as a list of expert ids "
+            "or 'none' (the greedy rule runs in the simulator: `moesim simulate` reports the "
+            "experts it shadows)"
+        )
+    shadowed = set(shadow)
+    active = [[i for i in range(El) if q * El + i not in shadowed] for q in range(P)]
+    G = me // g
+    view = buf.view(P, El, C, M)
+
+    def peers(group: int) -> range:
+        return range(group * g, (group + 1) * g)
+
+    def out_sizes(s: int) -> list[int]:  # rows I send at step s (to group G + s)
+        to = (G + s) % n
+        return [len(active[q]) * C if q // g == to else 0 for q in range(P)]
+
+    def in_sizes(s: int) -> list[int]:  # rows I receive at step s (from group G - s)
+        frm = (G - s) % n
+        return [len(active[me]) * C if p // g == frm else 0 for p in range(P)]
+
+    received: dict[int, torch.Tensor] = {}
+    expert_out: dict[int, torch.Tensor] = {}
+    combined: dict[int, torch.Tensor] = {}
+    copies: dict[int, tuple[torch.Tensor, ...]] = {}
+    arrived = [threading.Event() for _ in range(n)]
+    computed = [threading.Event() for _ in range(n)]
+    fetched = {e: threading.Event() for e in shadow}
+    abort = threading.Event()
+    errors: list[BaseException] = []
+    grad_mode, n_threads = torch.is_grad_enabled(), torch.get_num_threads()
+
+    def comm_stream(stream: str) -> None:
+        torch.set_grad_enabled(grad_mode)  # both are per thread
+        torch.set_num_threads(n_threads)
+        try:
+            if stream == SHADOW_STREAM:
+                for e in shadow:
+                    copies[e] = _shadow_params(moe, e)
+                    fetched[e].set()
+            for what, s, st in plan:
+                if st != stream:
+                    continue
+                if what == "first":
+                    to = (G + s) % n
+                    x = torch.cat([view[q, active[q]].reshape(-1, M) for q in peers(to)])
+                    received[s] = _ExchangeV.apply(
+                        x, comms, stream, out_sizes(s), in_sizes(s), f"dispatch step {s}"
+                    )
+                    arrived[s].set()
+                else:
+                    _wait(computed[s], abort)
+                    combined[s] = _ExchangeV.apply(
+                        expert_out[s], comms, stream, in_sizes(s), out_sizes(s), f"combine step {s}"
+                    )
+        except _Aborted:
+            pass
+        except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
+            errors.append(e)
+            abort.set()
+
+    streams = list(dict.fromkeys([st for _, _, st in plan] + ([SHADOW_STREAM] if shadow else [])))
+    threads = [
+        threading.Thread(target=comm_stream, args=(st,), name=f"fastermoe:{st}", daemon=True)
+        for st in streams
+    ]
+    for th in threads:
+        th.start()
+    shadow_out: dict[int, torch.Tensor] = {}
+    try:
+        for s in range(n):  # the compute stream: each step as its tokens arrive
+            _wait(arrived[s], abort)
+            expert_out[s] = _experts_on(moe, received[s], active[me], g, C)
+            computed[s].set()
+        for e in shadow:  # shadowed experts on my own slots, once their parameters are in
+            _wait(fetched[e], abort)
+            w1, b1, w2, b2 = copies[e]
+            shadow_out[e] = torch.addmm(b2, moe.act(torch.addmm(b1, buf[e], w1)), w2)
+    except _Aborted:
+        pass
+    except BaseException:
+        abort.set()
+        raise
+    while any(th.is_alive() for th in threads) and not abort.is_set():
+        for th in threads:
+            th.join(0.05)
+    if errors:
+        raise errors[0]
+    # One cat over every step's output (empty ones included) and the shadow outputs: each
+    # exchange's output is used on every rank, so autograd runs its backward everywhere.
+    blocks = [q * El + i for s in range(n) for q in peers((G + s) % n) for i in active[q]]
+    blocks += list(shadow)
+    position = {e: b for b, e in enumerate(blocks)}
+    flat = torch.cat([combined[s] for s in range(n)] + [shadow_out[e] for e in shadow])
+    perm = torch.tensor([position[e] for e in range(E)], dtype=torch.long, device=buf.device)
+    return flat.view(E, C, M)[perm]

@@ -1,0 +1,142 @@
+"""`moesim validate`: the same graphs measured and simulated, compared in a report.
+
+The set: `sequential` and `pipelined` r = 1, 2, 4, 8 (those the layer's capacity allows),
+forward only and forward + backward, for the config's layer on `nprocs` ranks. Each graph is
+executed `repeats` times and the run with the median makespan is kept (a 2-core machine is
+noisy); the simulator replays it on `topology` (default `localhost-cpu`, one node per rank)
+with the calibration. The report (sim.analysis.validate) gives per-graph makespan error, per-kind
+error and which graph each side ranks fastest.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from exec.runtime.launch import launch
+from sim.analysis.trace import to_frame, write_table
+from sim.analysis.validate import compare, summarize, write_report
+from sim.config import RunConfig
+from sim.core.graph import TaskGraph
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.strategies import Cluster, build
+from sim.workload.moe import MoELayer
+
+
+@dataclass
+class Case:
+    name: str
+    strategy: str
+    params: dict[str, Any]
+    passes: tuple[str, ...]
+
+
+def cases(capacity: int, strategies: list[str] | None = None) -> list[Case]:
+    """Sequential and pipelined r = 1, 2, 4, 8, forward and forward + backward; with
+    `strategies` (`moesim compare` entries: 'name' or 'name:key=value,...') those instead."""
+    from sim.analysis.compare import parse_entry
+
+    out = []
+    for passes in (("fwd",), ("fwd", "bwd")):
+        tag = "+".join(passes)
+        if strategies:
+            for entry in strategies:
+                name, params = parse_entry(entry)
+                out.append(Case(f"{entry} {tag}", name, params, passes))
+            continue
+        out.append(Case(f"sequential {tag}", "sequential", {}, passes))
+        for r in (1, 2, 4, 8):
+            if r <= capacity:
+                out.append(Case(f"pipelined r={r} {tag}", "pipelined", {"degree": r}, passes))
+    return out
+
+
+def case_graph(
+    cfg: RunConfig, layer: MoELayer, case: Case, cluster: Cluster | None = None
+) -> TaskGraph:
+    """The case's graph; `cluster` (the calibrated one) is what strategies' selectors read."""
+    params = {**case.params}
+    if case.strategy == "pipelined":
+        params.setdefault("order", cfg.strategy_params.get("order", "tutel"))
+    return build(case.strategy, layer, params, case.passes, cluster)
+
+
+def case_graphs(
+    cfg: RunConfig, nprocs: int, strategies: list[str] | None = None
+) -> list[TaskGraph]:
+    """The graphs `validate` runs, e.g. to profile their GEMM shapes before it does."""
+    layer = cfg.layer(nprocs)
+    return [case_graph(cfg, layer, c) for c in cases(layer.capacity, strategies)]
+
+
+def validate(
+    cfg: RunConfig,
+    nprocs: int,
+    calibration: str,
+    out_dir: Path,
+    backend: str = "gloo",
+    topology: str = "localhost-cpu",
+    repeats: int = 3,
+    timeout_s: float = 120.0,
+    log: Callable[[str], None] = print,
+    strategies: list[str] | None = None,
+) -> dict[str, Any]:
+    layer = cfg.layer(nprocs)
+    per_node = Topology.load(topology, nodes=1).gpus_per_node
+    topo = Topology.load(topology, nodes=-(-nprocs // per_node))
+    costs = CostModel.build(topo, {"calibration": calibration})
+    results = []
+    cluster = Cluster(topo, costs)
+    # every graph is built before anything is measured: a case that cannot be built fails
+    # the command at once, not after minutes of measurements
+    todo = [(c, case_graph(cfg, layer, c, cluster)) for c in cases(layer.capacity, strategies)]
+    for case, graph in todo:
+        measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
+        simulated = to_frame(simulate(graph, topo, costs))
+        r = compare(case.name, measured, simulated)
+        r["measured_runs_s"] = spans
+        results.append(r)
+        slug = re.sub(r"[^A-Za-z0-9.]+", "_", case.name.replace("=", "")).strip("_")
+        write_table(measured, out_dir / "traces" / f"{slug}.measured.csv")
+        write_table(simulated, out_dir / "traces" / f"{slug}.simulated.csv")
+        log(
+            f"  {case.name:26s} measured {r['measured_s'] * 1e3:9.3f} ms "
+            f"({min(spans) * 1e3:.2f}-{max(spans) * 1e3:.2f})  simulated "
+            f"{r['simulated_s'] * 1e3:9.3f} ms  error {r['error_pct']:+6.1f}%"
+        )
+    context = {
+        "layer": f"B={layer.batch} L={layer.seq_len} M={layer.model_dim} H={layer.hidden_dim} "
+        f"E={layer.experts} top-{layer.top_k} f={layer.capacity_factor} "
+        f"C={layer.capacity} {layer.dtype}",
+        "ranks": f"{nprocs} ({backend})",
+        "measured": f"median makespan of {repeats} runs per graph",
+        "simulated": f"{topology} with calibration {calibration}",
+    }
+    files = write_report(results, out_dir, "moesim validation: simulated vs measured", context)
+    summary = {
+        "summary": summarize(results),
+        "results": results,
+        "context": context,
+        "files": {k: str(v) for k, v in files.items()},
+    }
+    import json
+
+    atomic_write_text(out_dir / "validation.json", json.dumps(summary, indent=2, default=str))
+    return summary
+
+
+def _median_run(graph: TaskGraph, nprocs: int, backend: str, repeats: int, timeout_s: float):
+    """The trace of the run with the median makespan, and every run's makespan (the spread
+    says how much of a graph-to-graph difference is noise)."""
+    runs = [launch(graph, nprocs, backend, timeout_s) for _ in range(max(repeats, 1))]
+    spans = [r.makespan for r in runs]
+    order = np.argsort(spans)
+    return runs[int(order[len(order) // 2])].trace, spans

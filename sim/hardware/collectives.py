@@ -1,0 +1,259 @@
+"""Collectives as phases of point-to-point flows.
+
+A collective becomes a list of phases; a phase starts when the previous one has finished on
+every member (a conservative barrier between algorithm steps). A phase is either a uniform
+exchange among a member set (eligible for bundling) or explicit (src, dst, bytes) arrays.
+
+Algorithms (a task's `algo` picks one; ALGORITHMS lists them): all-to-all linear (NCCL
+grouped send/recv: every peer at once), pairwise (n-1 ordered rounds), 2dh (Tutel) and
+rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first) and rail_relay; ring
+all-gather / reduce-scatter / all-reduce; hierarchical all-reduce; linear broadcast from the
+first member, and ring broadcast (pipelined in chunks along the member order, as NCCL's).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from sim.core.errors import GraphError
+from sim.core.graph import Task
+from sim.hardware.topology import Topology
+
+
+@dataclass
+class UniformPhase:
+    """Every member sends `per_pair` bytes to every other member `pairs` covers: all of them,
+    those on its own node ("intra"), or those with its local index on other nodes ("rail").
+    `relay` routes inter-node messages through the source node's GPU on the destination's
+    rail first (NCCL PXN)."""
+
+    members: np.ndarray
+    per_pair: float
+    pairs: str = "all"
+    relay: bool = False
+
+
+@dataclass
+class ExplicitPhase:
+    src: np.ndarray
+    dst: np.ndarray
+    nbytes: np.ndarray
+    relay: bool = False
+
+
+@dataclass
+class LocalPhase:
+    """A local memory copy of `nbytes` (read + write) on every member, e.g. 2DH's stride copy."""
+
+    nbytes: float
+
+
+Phase = UniformPhase | ExplicitPhase | LocalPhase
+
+
+def _group(t: Task) -> np.ndarray:
+    return np.asarray(t.group, dtype=np.int64)
+
+
+def _layout(t: Task, topo: Topology) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a group made of whole nodes' worth of local ranks."""
+    G = topo.gpus_per_node
+    g = np.sort(_group(t))
+    nodes, locs = np.unique(g // G), np.unique(g % G)
+    full = (nodes[:, None] * G + locs[None, :]).ravel()
+    if len(nodes) * len(locs) != len(g) or not np.array_equal(g, full):
+        raise GraphError(
+            f"task {t.id!r}: {t.kind} algorithm {t.algo!r} needs a group of the same local "
+            f"ranks on every node it spans (nodes x locals), got {len(g)} ranks"
+        )
+    return len(nodes), len(locs)
+
+
+def all_to_all_linear(tasks: list[Task], topo: Topology) -> list[Phase]:
+    t = tasks[0]
+    n = len(t.group)  # type: ignore[arg-type]
+    # task.bytes is the whole send buffer, the rank's own chunk included (stays local).
+    return [UniformPhase(_group(t), t.bytes / n)]
+
+
+def all_to_all_rail_relay(tasks: list[Task], topo: Topology) -> list[Phase]:
+    t = tasks[0]
+    return [UniformPhase(_group(t), t.bytes / len(t.group), relay=True)]  # type: ignore[arg-type]
+
+
+def all_to_all_pairwise(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """n-1 rounds; in round k member i sends to member (i + k) mod n."""
+    g = _group(tasks[0])
+    n = len(g)
+    per = tasks[0].bytes / n
+    return [ExplicitPhase(g, np.roll(g, -k), np.full(n, per)) for k in range(1, n)]
+
+
+def all_to_all_2dh(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Tutel's two-dimensional hierarchical all-to-all (Alg. 3 / Fig. 15): stride copy,
+    intra-node all-to-all (S/m to each of the m-1 local peers), stride copy, inter-node
+    all-to-all among same-local-rank GPUs (n/m - 1 messages of m*S/n each)."""
+    t = tasks[0]
+    nodes, m = _layout(t, topo)
+    n, S, g = len(t.group), t.bytes, _group(t)  # type: ignore[arg-type]
+    phases: list[Phase] = [LocalPhase(S)]
+    if m > 1:
+        phases.append(UniformPhase(g, S / m, pairs="intra"))
+    phases.append(LocalPhase(S))
+    if nodes > 1:
+        phases.append(UniformPhase(g, m * S / n, pairs="rail"))
+    return phases
+
+
+def all_to_allv_linear(tasks: list[Task], topo: Topology, relay: bool = False) -> list[Phase]:
+    group = _group(tasks[0])
+    src, dst, nb = [], [], []
+    for t in tasks:
+        src.append(np.full(len(group), t.rank))
+        dst.append(group)
+        nb.append(np.asarray(t.split, dtype=float))
+    return [ExplicitPhase(np.concatenate(src), np.concatenate(dst), np.concatenate(nb), relay)]
+
+
+def all_to_allv_sized(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Lancet Fig. 10 / Megatron: an all-to-all of per-peer counts, then the data exchange."""
+    count_bytes = float(tasks[0].tags.get("count_bytes", 8))
+    return [UniformPhase(_group(tasks[0]), count_bytes), *all_to_allv_linear(tasks, topo)]
+
+
+def all_to_allv_rail_relay(tasks: list[Task], topo: Topology) -> list[Phase]:
+    return all_to_allv_linear(tasks, topo, relay=True)
+
+
+def _ring(tasks: list[Task], steps: int, chunk: float) -> list[Phase]:
+    group = _group(tasks[0])
+    nxt = np.roll(group, -1)
+    return [ExplicitPhase(group, nxt, np.full(len(group), chunk)) for _ in range(steps)]
+
+
+def all_gather_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
+    n = len(tasks[0].group)  # type: ignore[arg-type]
+    return _ring(tasks, n - 1, tasks[0].bytes)  # bytes = this rank's input shard
+
+
+def reduce_scatter_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
+    n = len(tasks[0].group)  # type: ignore[arg-type]
+    return _ring(tasks, n - 1, tasks[0].bytes / n)  # bytes = the full input buffer
+
+
+def all_reduce_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
+    n = len(tasks[0].group)  # type: ignore[arg-type]
+    return _ring(tasks, 2 * (n - 1), tasks[0].bytes / n)
+
+
+def all_reduce_hierarchical(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Reduce-scatter inside each node (ring), all-reduce of the 1/m shard across nodes among
+    same-local-rank GPUs (ring), all-gather inside each node (ring)."""
+    t = tasks[0]
+    nodes, m = _layout(t, topo)
+    S, G = t.bytes, topo.gpus_per_node
+    g = np.sort(_group(t))
+    node_of, loc = g // G, g % G
+    locs, node_ids = np.unique(loc), np.unique(node_of)
+    # next member on the intra-node ring and on the cross-node ring
+    li = np.searchsorted(locs, loc)
+    ni = np.searchsorted(node_ids, node_of)
+    intra_next = node_of * G + locs[(li + 1) % m]
+    inter_next = node_ids[(ni + 1) % nodes] * G + loc
+    phases: list[Phase] = []
+    if m > 1:
+        phases += [ExplicitPhase(g, intra_next, np.full(len(g), S / m)) for _ in range(m - 1)]
+    if nodes > 1:
+        chunk = S / m / nodes
+        phases += [
+            ExplicitPhase(g, inter_next, np.full(len(g), chunk)) for _ in range(2 * (nodes - 1))
+        ]
+    if m > 1:
+        phases += [ExplicitPhase(g, intra_next, np.full(len(g), S / m)) for _ in range(m - 1)]
+    return phases
+
+
+def broadcast_linear(tasks: list[Task], topo: Topology) -> list[Phase]:
+    group = _group(tasks[0])
+    root = group[0]
+    others = group[group != root]
+    return [ExplicitPhase(np.full(len(others), root), others, np.full(len(others), tasks[0].bytes))]
+
+
+# Ring broadcast chunk: NCCL's default 4 MiB buffer (NCCL_BUFFSIZE) over its 8 pipeline slots
+# (NCCL_STEPS) moves 512 KiB per step (assumed: NCCL's defaults, not measured here); the chunk
+# count is capped so that a huge broadcast stays a bounded number of phases.
+RING_CHUNK_BYTES = 512 * 1024
+RING_MAX_CHUNKS = 128
+
+
+def ring_broadcast_chunks(nbytes: float) -> int:
+    return max(1, min(RING_MAX_CHUNKS, math.ceil(nbytes / RING_CHUNK_BYTES)))
+
+
+def broadcast_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Pipelined chain from the first member along the group's order: k chunks, phase p
+    moves chunk p - i over hop i (member i -> i + 1), so (k + n - 2) phases of bytes / k."""
+    g = _group(tasks[0])
+    n = len(g)
+    if n < 2:
+        return []
+    k = ring_broadcast_chunks(tasks[0].bytes)
+    chunk = tasks[0].bytes / k
+    out: list[Phase] = []
+    for p in range(k + n - 2):
+        hops = np.arange(max(0, p - k + 1), min(n - 2, p) + 1)
+        out.append(ExplicitPhase(g[hops], g[hops + 1], np.full(len(hops), chunk)))
+    return out
+
+
+ALGORITHMS: dict[tuple[str, str], Callable[[list[Task], Topology], list[Phase]]] = {
+    ("all_to_all", "linear"): all_to_all_linear,
+    ("all_to_all", "pairwise"): all_to_all_pairwise,
+    ("all_to_all", "2dh"): all_to_all_2dh,
+    ("all_to_all", "rail_relay"): all_to_all_rail_relay,
+    ("all_to_allv", "linear"): all_to_allv_linear,
+    ("all_to_allv", "sized"): all_to_allv_sized,
+    ("all_to_allv", "rail_relay"): all_to_allv_rail_relay,
+    ("all_gather", "ring"): all_gather_ring,
+    ("reduce_scatter", "ring"): reduce_scatter_ring,
+    ("all_reduce", "ring"): all_reduce_ring,
+    ("all_reduce", "hierarchical"): all_reduce_hierarchical,
+    ("broadcast", "linear"): broadcast_linear,
+    ("broadcast", "ring"): broadcast_ring,
+}
+DEFAULT_ALGO = {
+    "all_to_all": "linear",
+    "all_to_allv": "linear",
+    "all_gather": "ring",
+    "reduce_scatter": "ring",
+    "all_reduce": "ring",
+    "broadcast": "linear",
+}
+
+
+def algorithms(kind: str) -> list[str]:
+    return sorted(a for k, a in ALGORITHMS if k == kind)
+
+
+def phases(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """Decompose a collective (its member tasks) into flow phases."""
+    t = tasks[0]
+    algo = t.algo or DEFAULT_ALGO[t.kind]
+    fn = ALGORITHMS.get((t.kind, algo))
+    if fn is None:
+        raise GraphError(
+            f"task {t.id!r}: {t.kind} has no algorithm {algo!r} (known: {algorithms(t.kind)})"
+        )
+    return fn(tasks, topo)
+
+
+def payload(t: Task) -> float:
+    """Bytes per rank for collective-level alpha-beta costs (PipeMoE Eq. 16's y)."""
+    if t.kind == "all_to_allv":
+        return float(sum(t.split or ()))
+    return float(t.bytes)

@@ -1,0 +1,59 @@
+"""Collective-level communication cost, PipeMoE Eq. 16: t = alpha + beta * bytes per rank.
+
+Fits are tabulated per group size (PipeMoE Fig. 6 fits 16, 32 and 64 GPUs separately);
+between tabulated sizes alpha and beta are interpolated linearly in log2(ranks), outside
+they are clamped to the nearest fit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import ConfigError
+
+
+@dataclass
+class CollectiveAlphaBeta:
+    fits: dict[str, list[tuple[int, float, float]]]  # kind -> sorted (ranks, alpha, beta)
+
+    @classmethod
+    def from_fits(cls, raw: dict[str, Any]) -> CollectiveAlphaBeta:
+        fits: dict[str, list[tuple[int, float, float]]] = {}
+        for kind, entries in raw.items():
+            if isinstance(entries, dict):  # one fit for every group size
+                entries = [{"ranks": 1, **entries}]
+            rows = []
+            for i, e in enumerate(entries or []):
+                try:
+                    rows.append((int(e["ranks"]), float(e["alpha"]), float(e["beta"])))
+                except (KeyError, TypeError, ValueError):
+                    raise ConfigError(
+                        f"collectives.{kind}[{i}]: needs 'ranks', 'alpha' and 'beta'"
+                    ) from None
+            fits[kind] = sorted(rows)
+        return cls(fits)
+
+    def params(self, kind: str, ranks: int) -> tuple[float, float]:
+        rows = self.fits.get(kind) or (
+            self.fits.get("all_to_all") if kind == "all_to_allv" else None
+        )
+        if not rows:
+            raise ConfigError(
+                f"costs.network is 'collective' but there is no alpha-beta fit for {kind!r} "
+                f"(give one under costs.collectives.{kind}, or use costs.network: flow)"
+            )
+        if ranks <= rows[0][0] or len(rows) == 1:
+            return rows[0][1], rows[0][2]
+        if ranks >= rows[-1][0]:
+            return rows[-1][1], rows[-1][2]
+        for (n0, a0, b0), (n1, a1, b1) in zip(rows, rows[1:]):
+            if n0 <= ranks <= n1:
+                w = (math.log2(ranks) - math.log2(n0)) / (math.log2(n1) - math.log2(n0))
+                return a0 + w * (a1 - a0), b0 + w * (b1 - b0)
+        raise AssertionError("unreachable")
+
+    def duration(self, kind: str, ranks: int, nbytes: float) -> float:
+        a, b = self.params(kind, ranks)
+        return a + b * nbytes

@@ -1,0 +1,426 @@
+"""Graph builder shared by the MoE layer strategies: gate -> encode -> dispatch chunks ->
+expert chunks -> combine chunks -> decode, forward and backward.
+
+Chunks split the capacity dimension (Tutel/PipeMoE): chunk j moves capacity slots
+[jC/r, (j+1)C/r) of every (GPU, expert) buffer. Dispatch and combine chunks go to comm
+streams in one of three issue orders; experts run on the compute stream. Backward mirrors the
+forward with chunks walked in reverse: the combine gradient goes out first, the expert does
+dgrad + wgrad (twice the forward GEMM work), then the dispatch gradient returns.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, fields
+
+import numpy as np
+
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.workload.moe import MoELayer
+
+ORDERS = ("tutel", "alternating", "two_streams")
+PASSES = ("fwd", "bwd")
+
+
+def comm_order(r: int, order: str) -> list[tuple[str, int, str]]:
+    """Issue order of (first|second exchange, chunk, stream) on the comm stream(s).
+
+    tutel: all first exchanges queued before any second one on one stream.
+    alternating (MPipeMoE Fig. 4b): S1, S2, R1, S3, R2, ..., Sr, R(r-1), Rr on one stream.
+    two_streams: first exchanges on `comm`, second exchanges on `comm.1`.
+    """
+    if order == "tutel":
+        return [("first", j, "comm") for j in range(r)] + [("second", j, "comm") for j in range(r)]
+    if order == "alternating":
+        seq = [("first", 0, "comm")]
+        for j in range(1, r):
+            seq += [("first", j, "comm"), ("second", j - 1, "comm")]
+        return seq + [("second", r - 1, "comm")]
+    if order == "two_streams":
+        return [("first", j, "comm") for j in range(r)] + [
+            ("second", j, "comm.1") for j in range(r)
+        ]
+    raise ConfigError(f"strategy.order: expected one of {ORDERS}, got {order!r}")
+
+
+@dataclass
+class _Sizes:
+    """Per chunk: per-rank send bytes (uniform) or split matrix, and expert rows per rank."""
+
+    uniform: bool
+    a2a_bytes: list[float]  # uniform: per-rank buffer bytes per chunk
+    split: list[np.ndarray]  # non-uniform: [P, P] bytes p sends to q, per chunk
+    rows: list[np.ndarray]  # [P] token rows each rank's experts process, per chunk
+
+
+def _sizes(layer: MoELayer, r: int) -> _Sizes:
+    P, El, M, e = layer.world, layer.local_experts, layer.model_dim, layer.elem
+    caps = layer.chunk_capacity(r)
+    a2a = [float(layer.experts * c * M * e) for c in caps]
+    if layer.uniform:  # closed form: no [P, E] matrices at 2,048 GPUs
+        return _Sizes(True, a2a, [], [np.full(P, float(El * P * c)) for c in caps])
+    chunks = layer.chunk_tokens(r)  # [r, P, E]; experts of rank q are q*El .. q*El+El-1
+    split, rows = [], []
+    for j in range(r):
+        per_owner = chunks[j].reshape(P, P, El).sum(axis=2).astype(float)  # [src, dst] tokens
+        split.append(per_owner * M * e)
+        rows.append(per_owner.sum(axis=0))
+    return _Sizes(False, a2a, split, rows)
+
+
+def task_id(rank: int, lid: int, phase: str, step: str, j: int | None = None) -> str:
+    """The id scheme every MoE builder uses (traces and the executor's results key on it):
+    r{rank}/L{layer}/{phase}/{step}[.{chunk}]."""
+    return f"r{rank}/L{lid}/{phase}/{step}" + ("" if j is None else f".{j}")
+
+
+def step_tags(lid: int, phase: str, step: str, j: int | None = None) -> dict:
+    """The trace tags of a layer step (sim.analysis.trace.TAGS): layer, phase, step, chunk."""
+    return {"layer": lid, "phase": phase, "step": step} | ({} if j is None else {"chunk": j})
+
+
+def compute_task(
+    rank: int,
+    lid: int,
+    phase: str,
+    step: str,
+    kind: str,
+    flops: float,
+    nbytes: float,
+    deps: list[str],
+    j: int | None = None,
+    shape: dict | None = None,
+) -> Task:
+    """A layer step's task on the compute stream, named and tagged by the shared scheme."""
+    return Task(
+        task_id(rank, lid, phase, step, j),
+        rank,
+        "compute",
+        kind,
+        deps=deps,
+        flops=flops,
+        bytes=nbytes,
+        shape=shape,
+        tags=step_tags(lid, phase, step, j),
+    )
+
+
+def require_whole_experts(layer: MoELayer, strategy: str) -> None:
+    """Builders that place whole experts on GPUs refuse a layer that slices them (E < W;
+    sim.workload.slicing builds those)."""
+    if layer.experts < layer.world:
+        raise ConfigError(
+            f"model.experts: {layer.experts} experts on {layer.world} GPUs slice each expert; "
+            f"{strategy!r} needs at least one expert per GPU (tutel with parallel p1, p2 or "
+            f"auto slices experts)"
+        )
+
+
+def build_layer(
+    layer: MoELayer,
+    degree: int = 1,
+    order: str = "tutel",
+    passes: tuple[str, ...] = ("fwd",),
+    layer_id: int = 0,
+    strategy: str = "pipelined",
+    algo: str | None = None,
+) -> TaskGraph:
+    """The layer's graph; `algo` picks the all-to-all algorithm of every exchange (None: the
+    collective's default, see sim.hardware.collectives)."""
+    if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
+        raise ConfigError(f"strategy.degree: expected a positive integer, got {degree!r}")
+    if degree > layer.capacity:
+        raise ConfigError(
+            f"strategy.degree: {degree} chunks exceed the expert capacity C={layer.capacity}"
+        )
+    require_whole_experts(layer, strategy)
+    for p in passes:
+        if p not in PASSES:
+            raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
+    sizes = _sizes(layer, degree)
+    g = TaskGraph(
+        layer.world,
+        meta={
+            "strategy": strategy,
+            "degree": degree,
+            "order": order,
+            "algo": algo,
+            "passes": list(passes),
+            "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
+            | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
+        },
+    )
+    seq = comm_order(degree, order)
+    group = list(range(layer.world))  # one list shared by every task: validated once
+    for rank in range(layer.world):
+        streams: dict[str, list[Task]] = defaultdict(list)
+        b = _RankBuilder(
+            layer, sizes, rank, layer_id, streams, degree, "bwd" in passes, group, algo
+        )
+        for p in passes:
+            b.pass_(p, seq)
+        for tasks in streams.values():
+            for t in tasks:
+                g.add(t)
+    g.validate()
+    return g
+
+
+class ComputeSteps:
+    """`_compute` for rank builders that have `rank`, `lid` and `_add(stream, task)`."""
+
+    rank: int
+    lid: int
+
+    def _add(self, stream: str, t: Task) -> str:
+        raise NotImplementedError
+
+    def _compute(
+        self,
+        phase: str,
+        step: str,
+        kind: str,
+        flops: float,
+        nbytes: float,
+        deps: list[str],
+        j: int | None = None,
+        shape: dict | None = None,
+        allocs: dict | None = None,
+        frees: list[str] | None = None,
+    ) -> str:
+        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
+        t.allocs, t.frees = allocs or {}, frees or []
+        return self._add("compute", t)
+
+
+class _RankBuilder(ComputeSteps):
+    def __init__(
+        self,
+        layer: MoELayer,
+        sizes: _Sizes,
+        rank: int,
+        layer_id: int,
+        streams: dict[str, list[Task]],
+        r: int,
+        keep_for_bwd: bool,
+        group: list[int],
+        algo: str | None,
+    ):
+        self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
+        self.streams, self.r, self.keep = streams, r, keep_for_bwd
+        self.group, self.algo = group, algo
+
+    def _id(self, phase: str, step: str, j: int | None = None) -> str:
+        return task_id(self.rank, self.lid, phase, step, j)
+
+    def _add(self, stream: str, t: Task) -> str:
+        t.tags.setdefault("dtype", self.l.dtype)
+        self.streams[stream].append(t)
+        return t.id
+
+    def _tags(self, phase: str, step: str, j: int | None = None) -> dict:
+        return step_tags(self.lid, phase, step, j)
+
+    # -- pieces --------------------------------------------------------------------------
+
+    def _exchange(
+        self,
+        phase: str,
+        step: str,
+        j: int,
+        stream: str,
+        deps: list[str],
+        reverse: bool,
+        allocs: dict | None = None,
+        frees: list[str] | None = None,
+    ) -> Task:
+        """One all-to-all chunk; `reverse` sends expert outputs back to their token owners."""
+        tid = self._id(phase, step, j)
+        coll = f"L{self.lid}/{phase}/{step}.{j}"
+        common = dict(
+            deps=deps,
+            group=self.group,
+            coll=coll,
+            algo=self.algo,
+            allocs=allocs or {},
+            frees=frees or [],
+            tags=self._tags(phase, step, j),
+        )
+        if self.s.uniform:
+            t = Task(tid, self.rank, stream, "all_to_all", bytes=self.s.a2a_bytes[j], **common)
+        else:
+            m = self.s.split[j].T if reverse else self.s.split[j]
+            send, recv = m[self.rank], m[:, self.rank]
+            t = Task(
+                tid,
+                self.rank,
+                stream,
+                "all_to_allv",
+                bytes=float(send.sum()),
+                split=send.tolist(),
+                recv_split=recv.tolist(),
+                **common,
+            )
+        return t
+
+    def _expert_shapes(self, j: int) -> tuple[dict, dict, float]:
+        l = self.l
+        rows = float(self.s.rows[j][self.rank])
+        if self.s.uniform:
+            m = l.world * l.chunk_capacity(self.r)[j]
+            fc1 = {"batch": l.local_experts, "m": m, "n": l.hidden_dim, "k": l.model_dim}
+            fc2 = {"batch": l.local_experts, "m": m, "n": l.model_dim, "k": l.hidden_dim}
+        else:
+            fc1 = {"batch": 1, "m": int(rows), "n": l.hidden_dim, "k": l.model_dim}
+            fc2 = {"batch": 1, "m": int(rows), "n": l.model_dim, "k": l.hidden_dim}
+        return fc1, fc2, rows
+
+    def _gemm_bytes(self, s: dict, weights: bool = True) -> float:
+        b, m, n, k = s["batch"], s["m"], s["n"], s["k"]
+        return float(self.l.elem * b * (m * k + m * n + (k * n if weights else 0)))
+
+    # -- passes --------------------------------------------------------------------------
+    def pass_(self, phase: str, seq: list[tuple[str, int, str]]) -> None:
+        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
+        E, C = l.experts, l.capacity
+        fwd = phase == "fwd"
+        first_step, second_step = (
+            ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
+        )
+        # order chunks are processed in: forward 0..r-1, backward reversed (Tutel)
+        chunks = list(range(self.r)) if fwd else list(reversed(range(self.r)))
+        gate_flops = 2.0 * T * M * E * (1 if fwd else 2)
+        gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
+        buf = float(e * E * C * M)
+        if fwd:
+            gate = self._compute(phase, "gate", "gate", gate_flops, gate_bytes, [])
+            head = self._compute(phase, "encode", "encode", 0.0, float(e * T * M) + buf, [gate])
+        else:
+            head = self._compute(phase, "decode_grad", "encode", 0.0, float(e * T * M) + buf, [])
+        # Comm tasks are created first and queued in issue order at the end: the second
+        # exchange of a chunk depends on expert tasks that must exist by id first.
+        comm_plan = [(what, chunks[j], stream) for what, j, stream in seq]
+        comm: dict[tuple[str, int], tuple[str, Task]] = {}
+        for what, j, stream in comm_plan:
+            if what == "first":
+                comm[(what, j)] = (
+                    stream,
+                    self._exchange(
+                        phase,
+                        first_step,
+                        j,
+                        stream,
+                        [head],
+                        reverse=not fwd,
+                        allocs={f"di.{j}": self._di_bytes(j)} if fwd else None,
+                    ),
+                )
+        expert_last: dict[int, str] = {}
+        for j in chunks:
+            got = comm[("first", j)][1].id
+            fc1, fc2, _ = self._expert_shapes(j)
+            f1 = 2.0 * fc1["batch"] * fc1["m"] * fc1["n"] * fc1["k"]
+            f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
+            mid = float(e * fc1["batch"] * fc1["m"] * fc1["n"])
+            if fwd:
+                a = self._compute(
+                    phase,
+                    "fc1",
+                    "gemm",
+                    f1,
+                    self._gemm_bytes(fc1),
+                    [got],
+                    j,
+                    fc1,
+                    allocs={f"mid.{j}": mid},
+                )
+                frees = [] if self.keep else [f"di.{j}", f"mid.{j}"]
+                expert_last[j] = self._compute(
+                    phase,
+                    "fc2",
+                    "gemm",
+                    f2,
+                    self._gemm_bytes(fc2),
+                    [a],
+                    j,
+                    fc2,
+                    allocs={f"do.{j}": self._di_bytes(j)},
+                    frees=frees,
+                )
+            else:
+                # dgrad and wgrad of fc2 then fc1: twice the forward GEMM work
+                d2 = self._compute(
+                    phase, "fc2_dgrad", "gemm", f2, self._gemm_bytes(fc2), [got], j, _t(fc2)
+                )
+                w2 = self._compute(
+                    phase,
+                    "fc2_wgrad",
+                    "gemm",
+                    f2,
+                    self._gemm_bytes(fc2),
+                    [d2],
+                    j,
+                    _w(fc2),
+                    frees=[f"mid.{j}"],
+                )
+                d1 = self._compute(
+                    phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, _t(fc1)
+                )
+                expert_last[j] = self._compute(
+                    phase,
+                    "fc1_wgrad",
+                    "gemm",
+                    f1,
+                    self._gemm_bytes(fc1),
+                    [d1],
+                    j,
+                    _w(fc1),
+                    frees=[f"di.{j}"],
+                )
+        for what, j, stream in comm_plan:
+            if what == "second":
+                comm[(what, j)] = (
+                    stream,
+                    self._exchange(
+                        phase,
+                        second_step,
+                        j,
+                        stream,
+                        [expert_last[j]],
+                        reverse=fwd,
+                        frees=[f"do.{j}"] if fwd else None,
+                    ),
+                )
+        for what, j, _stream in comm_plan:
+            stream, task = comm[(what, j)]
+            self._add(stream, task)
+        second_ids = {j: comm[("second", j)][1].id for j in chunks}
+        tail_deps = [second_ids[j] for j in chunks]
+        if fwd:
+            self._compute(
+                phase,
+                "decode",
+                "decode",
+                float(2 * T * M * l.top_k),
+                buf + float(e * T * M),
+                tail_deps,
+            )
+        else:
+            enc = self._compute(
+                phase, "encode_grad", "decode", 0.0, buf + float(e * T * M), tail_deps
+            )
+            self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+
+    def _di_bytes(self, j: int) -> float:
+        return float(self.s.rows[j][self.rank] * self.l.model_dim * self.l.elem)
+
+
+def _t(shape: dict) -> dict:
+    """dgrad of y = x W: dx = dy W^T, an (m x n) by (n x k) GEMM: same work as forward."""
+    return {"batch": shape["batch"], "m": shape["m"], "n": shape["k"], "k": shape["n"]}
+
+
+def _w(shape: dict) -> dict:
+    """wgrad: dW = x^T dy, a (k x m) by (m x n) GEMM: same work as forward."""
+    return {"batch": shape["batch"], "m": shape["k"], "n": shape["n"], "k": shape["m"]}

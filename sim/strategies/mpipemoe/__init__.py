@@ -1,0 +1,56 @@
+"""MPipeMoE (paper 001): micro-batch pipelining with memory reuse.
+
+The layer's tokens are split into n micro-batches (capacity chunks, as `pipelined`); the
+dispatch (S) and combine (R) all-to-alls of the micro-batches alternate on one communication
+stream (Fig. 4b: S1, S2, R1, S3, R2, ...), experts run on the compute stream, and the backward
+mirrors it with micro-batches in reverse.
+
+Memory (Sec. II-B, III-D; `sim.workload.memory` has the formulas) is tracked as allocations and
+frees of named buffers. The layer is one operator, as MPipeMoE's fused op is: what its forward
+stashes (T_I, T_DI, T_M, T_DO, T_O) and the gradient buffers its backward writes (dT_O, dT_DO,
+dT_M, dT_DI, dT_I) are allocated at their first write and released when the backward returns,
+with the model states (Eq. 1) held throughout. Without reuse ("none") every micro-batch writes
+its own slice of full-size tensors (Eq. 2-4, the "memory bubbles" of Fig. 6). With reuse the
+micro-batches share ring buffers: one slot for T_M and dT_M, two for T_DI, T_DO, dT_DO and dT_DI
+(Eq. 5), and the graph orders a micro-batch's write into a slot after the last read of the slot's
+previous tenant (including its offload copy). The backward restores the overwritten T_DI and T_M
+as Table II says (`mpipemoe_perf.RESTORE`):
+
+- offload: d2h on the copy stream in the forward, h2d back before the backward reads it;
+- comm.: T_DI dispatched again from T_I (an all-to-all on the communication stream);
+- recompute: fc1 again from the restored T_DI.
+
+Parameters: `degree` (n, or "auto"), `reuse` ("none", "S1".."S4" or "auto": the Eq. 10
+selector), `candidates` (degrees the granularity search may pick), `algo` (all-to-all
+algorithm). With "auto" the choice reads the cluster's cost model (`mpipemoe_perf`); the
+online granularity search of Algorithm 1 over changing batch sizes, with simulated trials, is
+`sim.search.mpipemoe`.
+"""
+
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.core.graph import TaskGraph
+from sim.strategies.mpipemoe.builder import NAME, build_graph
+from sim.strategies.mpipemoe.selector import choose
+from sim.workload.moe import MoELayer
+
+__all__ = ["NAME", "DEFAULTS", "build"]
+
+DEFAULTS: dict[str, Any] = {
+    "degree": "auto",  # n micro-batches, or "auto" (granularity search on the cost model)
+    "reuse": "auto",  # "none" | "S1" | "S2" | "S3" | "S4" | "auto" (Eq. 10 over S1-S4)
+    "candidates": None,  # degrees "auto" may pick (default DEGREES up to the capacity)
+    "algo": None,  # all-to-all algorithm (sim.hardware.collectives)
+}
+
+
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    n, reuse, info = choose(layer, params, cluster)
+    g = build_graph(layer, n, reuse, passes, params["algo"])
+    g.meta["selector"] = info
+    return g
