@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import ConfigError, yaml_problem
+from sim.core.errors import ConfigError
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
 from sim.strategies.layer import PASSES
@@ -133,18 +133,11 @@ class RunConfig:
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p}: not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {p}: is a directory") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({yaml_problem(e)})") from None
-        return cls.from_dict(raw, source=str(p))
+        """A run config from YAML, read safely (regular file, UTF-8, bounded aliases and
+        nesting, no duplicate keys: `sim.core.safeload`)."""
+        from sim.core.safeload import load_yaml
+
+        return cls.from_dict(load_yaml(path, "config file"), source=str(path))
 
     @classmethod
     def demo(cls) -> RunConfig:
