@@ -16,7 +16,7 @@ import yaml
 from sim.core.errors import ConfigError, yaml_problem
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
-from sim.strategies.layer import PASSES
+from sim.strategies.steps import PASSES
 from sim.workload.moe import MoELayer
 
 TOP_FIELDS = {"topology", "nodes", "fabric", "model", "strategy", "passes", "costs", "output"}
