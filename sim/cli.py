@@ -209,7 +209,9 @@ def cmd_collectives(a: argparse.Namespace) -> int:
 
 
 def cmd_topology(a: argparse.Namespace) -> int:
-    from sim.hardware.topology import Topology, list_presets
+    from sim.hardware.topology import Topology
+    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology_views import describe
 
     if a.action == "list":
         for name in list_presets():
@@ -218,7 +220,7 @@ def cmd_topology(a: argparse.Namespace) -> int:
     if not a.name:
         raise ConfigError("topology show: name a preset or a YAML file")
     topo = Topology.load(a.name, nodes=a.nodes)
-    print(topo.describe())
+    print(describe(topo))
     if a.draw:
         from sim.analysis.draw import draw_topology
 

@@ -16,7 +16,7 @@ import yaml
 from sim.core.errors import ConfigError
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
-from sim.strategies.layer import PASSES
+from sim.strategies.steps import PASSES
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import SIZES, ParallelLayout, from_spec
 

@@ -24,7 +24,8 @@ import numpy as np
 import simpy
 
 from sim.core.errors import DeadlockError, GraphError
-from sim.core.graph import COLLECTIVE_KINDS, P2P_KINDS, Task, TaskGraph
+from sim.core.graph import Task, TaskGraph
+from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.hardware import collectives as coll_algos
 from sim.hardware.costs import CostModel
 from sim.hardware.network import (

@@ -36,7 +36,8 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.layer import build_layer, task_id
+from sim.strategies.layer import build_layer
+from sim.strategies.steps import task_id
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout
 from sim.workload.slicing import (
