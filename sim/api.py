@@ -42,16 +42,20 @@ def run(config: Any) -> RunResult:
 
     cfg = load_config(config)
     topo = cfg.load_topology()
-    layer = cfg.layer(topo.world_size)
+    wl = cfg.workload(topo)
     costs = CostModel.build(topo, cfg.costs)
     t0 = time.perf_counter()
-    graph = build(cfg.strategy, layer, cfg.strategy_params, cfg.passes, Cluster(topo, costs))
+    graph = build(
+        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
+    )
     t1 = time.perf_counter()
     res = simulate(graph, topo, costs)
     t2 = time.perf_counter()
     df = to_frame(res)
     summary = summarize(res, df)
     summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
+    if cfg.parallel is not None and wl.layout is not None:
+        summary["parallel"] = wl.layout.as_dict()
     return RunResult(graph, df, summary)
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -22,23 +21,11 @@ from sim.core.errors import ConfigError, MoesimError
 
 def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, Any]:
     """Build, simulate and write outputs for one run config; returns the summary."""
-    from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
-    from sim.engine.engine import simulate
-    from sim.hardware.costs import CostModel
-    from sim.strategies import Cluster, build
+    from sim import api
+    from sim.analysis.trace import write_chrome_trace, write_table
 
-    topo = cfg.load_topology()
-    layer = cfg.layer(topo.world_size)
-    costs = CostModel.build(topo, cfg.costs)
-    t0 = time.perf_counter()
-    graph = build(cfg.strategy, layer, cfg.strategy_params, cfg.passes, Cluster(topo, costs))
-    t1 = time.perf_counter()
-    res = simulate(graph, topo, costs)
-    t2 = time.perf_counter()
-    df = to_frame(res)
-    summary = summarize(res, df)
-    summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
+    r = api.run(cfg)
+    df, summary = r.trace, r.summary
     if out_dir is not None:
         fmt = cfg.output.get("trace_format", "csv")
         if fmt not in ("csv", "parquet"):
@@ -170,12 +157,9 @@ def cmd_graph(a: argparse.Namespace) -> int:
     cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
     topo = cfg.load_topology()
     costs = CostModel.build(topo, cfg.costs)
+    wl = cfg.workload(topo)
     graph = build(
-        cfg.strategy,
-        cfg.layer(topo.world_size),
-        cfg.strategy_params,
-        cfg.passes,
-        Cluster(topo, costs),
+        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
     )
     graph.to_json(a.output)
     print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
@@ -225,7 +209,9 @@ def cmd_collectives(a: argparse.Namespace) -> int:
 
 
 def cmd_topology(a: argparse.Namespace) -> int:
-    from sim.hardware.topology import Topology, list_presets
+    from sim.hardware.topology import Topology
+    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology_views import describe
 
     if a.action == "list":
         for name in list_presets():
@@ -234,7 +220,7 @@ def cmd_topology(a: argparse.Namespace) -> int:
     if not a.name:
         raise ConfigError("topology show: name a preset or a YAML file")
     topo = Topology.load(a.name, nodes=a.nodes)
-    print(topo.describe())
+    print(describe(topo))
     if a.draw:
         from sim.analysis.draw import draw_topology
 

@@ -13,13 +13,24 @@ from typing import Any
 
 import yaml
 
-from sim.core.errors import ConfigError, yaml_problem
+from sim.core.errors import ConfigError
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
-from sim.strategies.layer import PASSES
+from sim.strategies.steps import PASSES
 from sim.workload.moe import MoELayer
+from sim.workload.parallel import SIZES, ParallelLayout, from_spec
 
-TOP_FIELDS = {"topology", "nodes", "fabric", "model", "strategy", "passes", "costs", "output"}
+TOP_FIELDS = {
+    "topology",
+    "nodes",
+    "fabric",
+    "parallel",
+    "model",
+    "strategy",
+    "passes",
+    "costs",
+    "output",
+}
 MODEL_FIELDS = {
     "batch",
     "seq_len",
@@ -47,6 +58,7 @@ class RunConfig:
     output: dict[str, Any] = field(default_factory=dict)
     source: str = "<dict>"
     fabric: dict[str, Any] = field(default_factory=dict)  # overrides of the topology's fabric
+    parallel: dict[str, Any] | None = None  # `parallel: {ep, dp, tp, esp}`; None: one EP group
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
@@ -97,6 +109,11 @@ class RunConfig:
             raise ConfigError(
                 f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}"
             )
+        parallel = raw.get("parallel")
+        if parallel is not None and not isinstance(parallel, dict):
+            raise ConfigError(
+                f"{source}: parallel: expected a mapping with sizes from {list(SIZES)}"
+            )
         fabric = raw.get("fabric") or {}
         if not isinstance(fabric, dict):
             raise ConfigError(f"{source}: fabric: expected a mapping of fabric overrides")
@@ -111,22 +128,16 @@ class RunConfig:
             dict(output),
             source,
             dict(fabric),
+            None if parallel is None else dict(parallel),
         )
 
     @classmethod
     def load(cls, path: str | Path) -> RunConfig:
-        p = Path(path)
-        try:
-            text = p.read_text()
-        except FileNotFoundError:
-            raise ConfigError(f"config file {p}: not found") from None
-        except IsADirectoryError:
-            raise ConfigError(f"config file {p}: is a directory") from None
-        try:
-            raw = yaml.safe_load(text)
-        except yaml.YAMLError as e:
-            raise ConfigError(f"config file {p}: not valid YAML ({yaml_problem(e)})") from None
-        return cls.from_dict(raw, source=str(p))
+        """A run config from YAML, read safely (regular file, UTF-8, bounded aliases and
+        nesting, no duplicate keys: `sim.core.safeload`)."""
+        from sim.core.safeload import load_yaml
+
+        return cls.from_dict(load_yaml(path, "config file"), source=str(path))
 
     @classmethod
     def demo(cls) -> RunConfig:
@@ -155,6 +166,12 @@ class RunConfig:
             raw["costs"] = {**raw.get("costs", {}), **costs}
         return RunConfig.from_dict(raw, source=self.source)
 
+    def with_strategy(self, name: str, params: dict[str, Any]) -> RunConfig:
+        """This config with its strategy replaced by `name` and exactly `params`."""
+        return RunConfig.from_dict(
+            {**self.to_dict(), "strategy": {"name": name, **params}}, source=self.source
+        )
+
     def to_dict(self) -> dict[str, Any]:
         d: dict[str, Any] = {
             "topology": self.topology,
@@ -167,6 +184,8 @@ class RunConfig:
             d["nodes"] = self.nodes
         if self.fabric:
             d["fabric"] = dict(self.fabric)
+        if self.parallel is not None:
+            d["parallel"] = dict(self.parallel)
         if self.output:
             d["output"] = dict(self.output)
         return d
@@ -203,3 +222,55 @@ class RunConfig:
                 f"{self.source}: model.capacity_factor: expected a number, got {cf!r}"
             )
         return MoELayer(world=world, routing=routing, capacity_factor=float(cf), **m)
+
+    def workload(self, topo: Topology) -> Workload:
+        """The layer of one data-parallel replica, the parallel layout over the topology's
+        GPUs, and the strategy parameters the layout implies (TED's tp)."""
+        W, G = topo.world_size, topo.gpus_per_node
+        params = dict(self.strategy_params)
+        name = self.strategy
+        if self.parallel is None:  # the old meaning: one EP group of the whole world
+            layer = self.layer(W)
+            tp = params.get("tp", resolve_params(name, {})["tp"]) if name == "ted" else 1
+            tp = tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
+            esp = layer.expert_shards
+            if W % (tp * esp):  # TED's own check names the problem
+                return Workload(layer, None, params)
+            return Workload(layer, ParallelLayout(W // (tp * esp), 1, tp, esp), params)
+        spec = dict(self.parallel)
+        src = f"{self.source}: parallel"
+        if name == "ted":
+            if "tp" in params and "tp" in spec and params["tp"] != spec["tp"]:
+                raise ConfigError(
+                    f"{src}.tp: {spec['tp']} disagrees with strategy.tp {params['tp']} "
+                    "(give the TP size once, under parallel:)"
+                )
+            spec.setdefault("tp", params.get("tp", resolve_params(name, {})["tp"]))
+        layout = from_spec(spec, W, G, source=src)
+        if name == "ted":
+            params["tp"] = layout.tp
+        elif layout.tp > 1:
+            raise ConfigError(
+                f"{src}.tp: strategy {name!r} does not shard the MoE layer over tensor-parallel "
+                "ranks (strategy 'ted' does); use tp: 1"
+            )
+        layer = self.layer(layout.mp)
+        if layout.esp != layer.expert_shards:
+            want = layout.mp // layout.esp
+            raise ConfigError(
+                f"{src}.esp: {layout.esp} GPUs per expert needs {want} experts in a replica of "
+                f"{layout.mp} GPUs (model.experts: {want}), got {layer.experts}"
+                if layout.esp > 1
+                else f"{src}.esp: {layer.experts} experts over {layout.mp} GPUs slice each "
+                f"expert over {layer.expert_shards} GPUs: give esp: {layer.expert_shards}"
+            )
+        return Workload(layer, layout, params)
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What a strategy builds from: one replica's layer, the layout, resolved parameters."""
+
+    layer: MoELayer
+    layout: ParallelLayout | None  # None only where the strategy's own check will refuse
+    params: dict[str, Any]

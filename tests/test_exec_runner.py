@@ -20,7 +20,8 @@ from exec.errors import ExecError  # noqa: E402
 from exec.measure.timings import measurements  # noqa: E402
 from exec.runtime.launch import ExecResult, launch  # noqa: E402
 from sim.analysis.trace import COLUMNS  # noqa: E402
-from sim.core.graph import COMM_KINDS, Task, TaskGraph  # noqa: E402
+from sim.core.graph import Task, TaskGraph  # noqa: E402
+from sim.core.kinds import COMM_KINDS  # noqa: E402
 from sim.strategies import build  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 

@@ -11,7 +11,9 @@ import pytest
 import yaml
 
 from sim.core.errors import TopologyError
-from sim.hardware.topology import Topology, list_presets, topologies_dir
+from sim.hardware.topology import Topology
+from sim.hardware.topology_spec import list_presets, topologies_dir
+from sim.hardware.topology_views import cluster_graph
 
 PRESETS = list_presets()
 
@@ -77,12 +79,12 @@ def test_preset_loads_and_every_pair_has_a_route(name, nodes):
 
 
 def _reference(topo: Topology, src: str, dst: str | None = None) -> dict[str, float]:
-    """Dijkstra costs (sum of 1/bw) from GPU `src` in `graph()`, with GPUs other than the
+    """Dijkstra costs (sum of 1/bw) from GPU `src` in `cluster_graph`, with GPUs other than the
     endpoints never forwarding, and NICs only forwarding between their node and the fabric
     (each NIC is split into an uplink half and a downlink half). Where the topology pins each
     GPU to a NIC (`nic_of_gpu`, NCCL's affinity), traffic leaves through src's NIC and
     enters through dst's."""
-    g = topo.graph()
+    g = cluster_graph(topo)
     types = nx.get_node_attributes(g, "type")
     pinned = getattr(topo, "nic_of_gpu", None) and topo.spec["node"].get("nic_of_gpu")
     nic_of = {}
@@ -118,7 +120,7 @@ def _reference(topo: Topology, src: str, dst: str | None = None) -> dict[str, fl
 
 
 def _route_cost(topo: Topology, route: list[int]) -> float:
-    g = topo.graph()
+    g = cluster_graph(topo)
     return sum(1.0 / g[u][v]["bw"] for u, v in _hops(topo, route))
 
 
@@ -132,7 +134,7 @@ def _reference_cases():
 @pytest.mark.parametrize("name, nodes", _reference_cases())
 def test_route_matches_networkx_shortest_path(name, nodes):
     topo = _topo(name, nodes)
-    g = topo.graph()
+    g = cluster_graph(topo)
     edge_of_link = {d["link"]: (u, v) for u, v, d in g.edges(data=True)}
     cost = {}
     for a in range(topo.world_size):
@@ -159,7 +161,7 @@ def test_route_matches_networkx_shortest_path(name, nodes):
 @pytest.mark.parametrize("name, nodes", _reference_cases())
 def test_route_never_transits_a_gpu_or_nic_locally(name, nodes):
     topo = _topo(name, nodes)
-    types = nx.get_node_attributes(topo.graph(), "type")
+    types = nx.get_node_attributes(cluster_graph(topo), "type")
     for a in range(topo.world_size):
         for b in range(topo.world_size):
             if a == b:

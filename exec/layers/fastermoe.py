@@ -32,8 +32,8 @@ import torch.distributed as dist
 from exec.layers.moe import Comms, DistMoE, _Aborted, _wait, wait_work
 from exec.layers.registry import register
 from sim.core.errors import ConfigError
+from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.selector import group_layout, parse_shadow
-from sim.strategies.layer import comm_order
 
 SHADOW_STREAM = "comm.1"  # as the simulator's graph: shadow broadcasts and reductions
 

@@ -31,7 +31,7 @@ import torch
 from exec.layers.moe import _POLL_S, DistMoE, _Aborted, _wait
 from exec.layers.registry import register
 from sim.core.errors import ConfigError
-from sim.strategies.layer import comm_order
+from sim.strategies.chunking import comm_order
 from sim.strategies.mpipemoe.perf import RESTORE
 
 ORDER = "alternating"

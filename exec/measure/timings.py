@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from sim.core.graph import COMM_KINDS, TaskGraph, stream_kind
+from sim.core.graph import TaskGraph
+from sim.core.kinds import COMM_KINDS, stream_kind
 from sim.hardware.collectives import payload
 from sim.hardware.costs.compute import shape_key
 

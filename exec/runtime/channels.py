@@ -22,7 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 from exec.errors import ExecError
-from sim.core.graph import COLLECTIVE_KINDS, P2P_KINDS, Task, TaskGraph
+from sim.core.graph import Task, TaskGraph
+from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 
 # ("coll", group ranks, stream of each member in group order) or
 # ("p2p", (low rank, its stream), (high rank, its stream))

@@ -35,7 +35,8 @@ import pandas as pd
 from exec.errors import ExecError, require_torch
 from exec.runtime.timeouts import CONTROL_TIMEOUT_S, SETUP_TIMEOUT_S
 from sim.analysis.trace import COLUMNS
-from sim.core.graph import COMM_KINDS, TaskGraph
+from sim.core.graph import TaskGraph
+from sim.core.kinds import COMM_KINDS
 
 _GRACE_S = 1.0  # after one rank fails, how long the others get to report their own error
 

@@ -36,7 +36,8 @@ import torch.distributed as dist
 
 from exec.errors import ExecError
 from exec.runtime.channels import ChannelPlan
-from sim.core.graph import COMPUTE_KINDS, COPY_KINDS, Task, TaskGraph
+from sim.core.graph import Task, TaskGraph
+from sim.core.kinds import COMPUTE_KINDS, COPY_KINDS
 
 # The memory-bound stand-in kernel never touches more than this: a what-if graph's huge
 # elementwise step is timed on a capped copy rather than exhausting memory (its duration is

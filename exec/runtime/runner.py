@@ -35,7 +35,8 @@ from exec.runtime.clock import ClockSync, sync_clocks
 from exec.runtime.ops import Op, OpFactory
 from exec.runtime.timeouts import CONTROL_TIMEOUT_S, SETUP_TIMEOUT_S
 from sim.analysis.trace import COLUMNS, TAGS
-from sim.core.graph import COMM_KINDS, TaskGraph
+from sim.core.graph import TaskGraph
+from sim.core.kinds import COMM_KINDS
 
 _POLL_S = 0.05  # how often blocked threads look for an abort from another stream
 

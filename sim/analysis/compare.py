@@ -43,11 +43,12 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     topo = cfg.load_topology()
     costs = CostModel.build(topo, cfg.costs)
     cluster = Cluster(topo, costs)
-    layer = cfg.layer(topo.world_size)
     rows = []
     for entry in entries:
         name, params = parse_entry(entry)
-        graph = build(name, layer, params, cfg.passes, cluster)
+        wl = cfg.with_strategy(name, params).workload(topo)
+        layer = wl.layer
+        graph = build(name, layer, wl.params, cfg.passes, cluster, layout=wl.layout)
         res = simulate(graph, topo, costs)
         s = summarize(res, to_frame(res))
         chosen = {k: v for k, v in s["params"].items() if k != "selector"}
@@ -57,7 +58,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
                 "params": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
                 # tensor-parallel replicas share their tokens (DeepSpeed TED): the same
                 # cluster then processes fewer distinct tokens per step
-                "tokens": layer.tokens * layer.world // int(graph.meta.get("tp") or 1),
+                "tokens": layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1),
                 "makespan_ms": s["makespan_s"] * 1e3,
                 "exposed_comm_ms": s["exposed_comm_s"] * 1e3,
                 "peak_activation_gib": s["peak_activation_bytes"] / 2**30,

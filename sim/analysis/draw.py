@@ -10,6 +10,7 @@ from pathlib import Path
 
 from sim.core.io import atomic_write_text
 from sim.hardware.topology import Topology
+from sim.hardware.topology_views import cluster_graph
 
 ROW = {
     "spine": 6.0,
@@ -25,7 +26,7 @@ ROW = {
 def draw_topology(topo: Topology, path: str | Path, max_nodes: int = 8) -> Path:
     import plotly.graph_objects as go
 
-    g = topo.graph()
+    g = cluster_graph(topo)
     keep = {n for n, d in g.nodes(data=True) if d.get("node") is None or d["node"] < max_nodes}
     pos: dict[str, tuple[float, float]] = {}
     per_node: dict[tuple[int, str], int] = {}

@@ -25,7 +25,8 @@ import numpy as np
 import simpy
 
 from sim.core.errors import DeadlockError, GraphError
-from sim.core.graph import COLLECTIVE_KINDS, P2P_KINDS, TaskGraph
+from sim.core.graph import TaskGraph
+from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.comm import Comm
 from sim.engine.result import SimResult
 from sim.engine.symmetry import Symmetry

@@ -6,8 +6,9 @@ instance with its own bandwidth, so traffic in opposite directions never compete
 
 Routing is hierarchical and exact for the single-switch fabric: inside a node, the cheapest
 path (time per byte, GPUs never forward); across nodes, the source GPU's NIC, the fabric, then
-the destination GPU's NIC. `graph()` builds the whole cluster as a networkx graph, which the
-tests use as the reference for the hierarchical routes.
+the destination GPU's NIC. `sim.hardware.topology_views.cluster_graph` builds the whole cluster
+as a networkx graph, which the tests use as the reference for the hierarchical routes; the YAML
+is read and its fields checked in `sim.hardware.topology_spec`.
 
 Link instances are numbered `node * links_per_node + local_id`, so a route between two ranks
 is a template route shifted by node offsets; this is what lets `sim.hardware.network` build the link
@@ -16,60 +17,41 @@ incidence of 10^6 flows with numpy instead of a Python loop.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 import networkx as nx
 import numpy as np
-import yaml
 
-from sim.core.errors import TopologyError, yaml_problem
+from sim.core.errors import TopologyError
 from sim.hardware.fabric import Fabric
-
-DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
-
-
-def topologies_dir() -> Path:
-    env = os.environ.get("MOESIM_TOPOLOGIES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "topologies"
-
-
-def list_presets() -> list[str]:
-    return sorted(p.stem for p in topologies_dir().glob("*.yaml"))
-
-
-@dataclass(frozen=True)
-class LinkClass:
-    name: str
-    bw: float  # bytes/s per direction (line rate)
-    latency: float  # s
-    efficiency: float  # share of line rate a large transfer achieves
-    msg_cost: float = 0.0  # s a message occupies the link before its payload (message rate)
-
-    @property
-    def eff_bw(self) -> float:
-        return self.bw * self.efficiency
+from sim.hardware.topology_spec import (
+    DEVICE_TYPES,
+    LinkClass,
+    expand_pairs,
+    load_link_classes,
+    read_spec,
+    required,
+)
 
 
 class Topology:
     def __init__(self, spec: dict[str, Any], nodes: int | None = None, source: str = "<dict>"):
         self.source = source
         self.spec = spec
-        self.name: str = _req(spec, "name", str, source)
+        self.name: str = required(spec, "name", str, source)
         self.nodes: int = int(nodes if nodes is not None else spec.get("nodes", 1))
         if self.nodes < 1:
             raise TopologyError(f"{self.name}: nodes must be >= 1, got {self.nodes}")
-        self.gpus_per_node: int = _req(spec, "gpus_per_node", int, source)
+        self.gpus_per_node: int = required(spec, "gpus_per_node", int, source)
         if self.gpus_per_node < 1:
             raise TopologyError(f"{self.name}: gpus_per_node must be >= 1")
-        self.gpu: dict[str, Any] = _req(spec, "gpu", dict, source)
+        self.gpu: dict[str, Any] = required(spec, "gpu", dict, source)
         self.network: dict[str, Any] = spec.get("network") or {}
         self.alpha: float = float(self.network.get("alpha", 0.0))
         self.collective_fits: dict[str, list[dict[str, float]]] = spec.get("collectives") or {}
-        self.link_classes = _load_classes(spec, self.name)
+        self.link_classes = load_link_classes(spec, self.name)
         self._build_template()
 
     # -- loading ----------------------------------------------------------------------------
@@ -82,30 +64,11 @@ class Topology:
     ) -> Topology:
         """A preset name or YAML path; `fabric` overrides fields of its fabric section
         (e.g. {"type": "fat_tree", "nodes_per_leaf": 4, "oversubscription": 2})."""
-        p = Path(name_or_path)
-        if p.suffix not in (".yaml", ".yml"):
-            p = topologies_dir() / f"{name_or_path}.yaml"
-        if not p.is_file():
-            raise TopologyError(
-                f"unknown topology {str(name_or_path)!r}: no preset of that name "
-                f"(presets: {', '.join(list_presets())}) and no such YAML file"
-            )
-        try:
-            spec = yaml.safe_load(p.read_text())
-        except yaml.YAMLError as e:
-            raise TopologyError(f"topology file {p}: not valid YAML ({yaml_problem(e)})") from None
-        if not isinstance(spec, dict):
-            raise TopologyError(f"topology file {p}: expected a mapping at top level")
-        if fabric:
-            if not isinstance(fabric, dict):
-                raise TopologyError("fabric overrides: expected a mapping")
-            if not isinstance(spec.get("fabric"), dict):
-                raise TopologyError(f"{spec.get('name', p)}: has no fabric to override")
-            spec["fabric"] = {**spec["fabric"], **fabric}
-        return cls(spec, nodes=nodes, source=str(p))
+        spec, source = read_spec(name_or_path, fabric)
+        return cls(spec, nodes=nodes, source=source)
 
     def _build_template(self) -> None:
-        node = _req(self.spec, "node", dict, self.source)
+        node = required(self.spec, "node", dict, self.source)
         devices = node.get("devices") or {}
         G = self.gpus_per_node
         self.gpu_names = [f"gpu{i}" for i in range(G)]
@@ -122,7 +85,7 @@ class Topology:
         # Directed local links: (u, v, class) with local ids 0..2*len-1.
         self.local_links: list[tuple[str, str, LinkClass]] = []
         for i, entry in enumerate(node.get("links") or []):
-            for a, b in _expand_pairs(entry, i, self.name):
+            for a, b in expand_pairs(entry, i, self.name):
                 for x in (a, b):
                     if x not in self.devices:
                         raise TopologyError(
@@ -297,7 +260,8 @@ class Topology:
         plane = f.plane(leaf % len(f.attach)) if f.type == "rail" else 0
         return f"fabric/spine{plane}" if f.multi_plane else "fabric/spine"
 
-    def _endpoints(self, link: int) -> tuple[str, str]:
+    def endpoints(self, link: int) -> tuple[str, str]:
+        """The devices (or switches) at the two ends of a directed link instance."""
         link = int(link)
         if link >= self.trunk_base:
             leaf, down = divmod(link - self.trunk_base, 2)
@@ -315,7 +279,7 @@ class Topology:
         return full(u, v), full(v, u)
 
     def link_name(self, link: int) -> str:
-        u, v = self._endpoints(link)
+        u, v = self.endpoints(link)
         return f"{u}->{v}"
 
     def link_class_of(self, link: int) -> str:
@@ -372,111 +336,3 @@ class Topology:
 
     def route_latency(self, links: list[int]) -> float:
         return float(self.link_lat[np.asarray(links, dtype=np.int64)].sum()) if links else 0.0
-
-    def graph(self) -> nx.DiGraph:
-        """The whole cluster as a networkx graph (for drawing, printing and reference routing)."""
-        g = nx.DiGraph()
-        for n in range(self.nodes):
-            for d, t in self.devices.items():
-                g.add_node(f"n{n}/{d}", type=t, node=n)
-        cap, lat, cls = self.link_cap, self.link_lat, self.link_class_names
-        for link in range(self.num_links):
-            u, v = self._endpoints(link)
-            for x in (u, v):
-                if x not in g:
-                    g.add_node(x, type="spine" if "spine" in x else "ib_switch", node=None)
-            g.add_edge(
-                u, v, link=link, cls=cls[link], bw=float(cap[link]), latency=float(lat[link])
-            )
-        return g
-
-    def describe(self) -> str:
-        lines = [
-            f"{self.name}: {self.spec.get('description', '')}",
-            f"  nodes={self.nodes} gpus_per_node={self.gpus_per_node} "
-            f"world={self.world_size} links={self.num_links} GPU={self.gpu.get('model')}",
-            "  link classes (per direction):",
-        ]
-        classes = list(self.link_classes.values())
-        if self.trunk_class is not None:
-            classes.append(self.trunk_class)
-        for lc in classes:
-            lines.append(
-                f"    {lc.name:12s} {lc.bw / 1e9:8.1f} GB/s x {lc.efficiency:.2f} eff, "
-                f"latency {lc.latency * 1e6:.2f} us, per message {lc.msg_cost * 1e6:.2f} us"
-            )
-        lines.append("  node template:")
-        for lid in range(0, len(self.local_links), 2):
-            u, v, lc = self.local_links[lid]
-            lines.append(f"    {u} <-> {v} [{lc.name}]")
-        f = self.fabric
-        if f is not None:
-            extra = ""
-            if f.type == "fat_tree":
-                extra = f", {f.group} node(s) per leaf, {f.oversubscription:g}:1 oversubscribed"
-            elif f.type == "rail":
-                planes = "multi-plane" if f.multi_plane else "single plane"
-                extra = (
-                    f", {f.group} node(s) per unit, leaf per rail, {planes}, "
-                    f"{f.oversubscription:g}:1"
-                )
-            lines.append(
-                f"  fabric: {f.type} [{f.cls_name}]{extra}; attached: {', '.join(f.attach)}; "
-                f"{f.leaves(self.nodes)} leaf switch(es)"
-            )
-        return "\n".join(lines)
-
-
-def _req(spec: dict[str, Any], key: str, typ: type, source: str) -> Any:
-    if key not in spec:
-        raise TopologyError(f"topology {source}: missing field {key!r}")
-    v = spec[key]
-    if typ is int and isinstance(v, int) and not isinstance(v, bool):
-        return v
-    if not isinstance(v, typ):
-        raise TopologyError(f"topology {source}: field {key!r} must be {typ.__name__}, got {v!r}")
-    return v
-
-
-def _load_classes(spec: dict[str, Any], name: str) -> dict[str, LinkClass]:
-    raw = spec.get("link_classes") or {}
-    if not isinstance(raw, dict) or not raw:
-        raise TopologyError(f"{name}: link_classes must be a non-empty mapping")
-    out = {}
-    for cname, c in raw.items():
-        try:
-            bw, lat, eff, msg = (
-                float(c["bw"]),
-                float(c.get("latency", 0.0)),
-                float(c.get("efficiency", 1.0)),
-                float(c.get("msg_cost", 0.0)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise TopologyError(f"{name}: link_classes.{cname} needs numeric bw ({e})") from None
-        if not bw > 0:
-            raise TopologyError(f"{name}: link_classes.{cname}.bw must be > 0, got {bw}")
-        if not 0 < eff <= 1:
-            raise TopologyError(f"{name}: link_classes.{cname}.efficiency must be in (0, 1]")
-        if lat < 0:
-            raise TopologyError(f"{name}: link_classes.{cname}.latency must be >= 0")
-        if msg < 0:
-            raise TopologyError(f"{name}: link_classes.{cname}.msg_cost must be >= 0")
-        out[cname] = LinkClass(cname, bw, lat, eff, msg)
-    return out
-
-
-def _expand_pairs(entry: Any, i: int, name: str) -> list[tuple[str, str]]:
-    if not isinstance(entry, dict) or "a" not in entry or "b" not in entry:
-        raise TopologyError(f"{name}: node.links[{i}] needs 'a', 'b' and 'class'")
-    a, b = entry["a"], entry["b"]
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            raise TopologyError(
-                f"{name}: node.links[{i}]: lists a ({len(a)}) and b ({len(b)}) differ in length"
-            )
-        return list(zip(a, b))
-    if isinstance(a, list):
-        return [(x, b) for x in a]
-    if isinstance(b, list):
-        return [(a, y) for y in b]
-    return [(a, b)]

@@ -16,6 +16,7 @@ from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
 from sim.workload.moe import MoELayer
+from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
     m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
@@ -47,6 +48,10 @@ def build(
     params: dict[str, Any],
     passes: tuple[str, ...],
     cluster: Cluster | None = None,
+    layout: ParallelLayout | None = None,
 ) -> TaskGraph:
+    """The strategy's graph of one data-parallel replica (`layer.world` ranks), laid over
+    every replica of `layout` (None or dp = 1: the replica is the world)."""
     full = resolve_params(name, params)
-    return STRATEGIES[name].build(layer, full, passes, cluster)
+    graph = STRATEGIES[name].build(layer, full, passes, cluster)
+    return graph if layout is None else replicate(graph, layout)

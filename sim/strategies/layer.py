@@ -6,115 +6,29 @@ Chunks split the capacity dimension (Tutel/PipeMoE): chunk j moves capacity slot
 streams in one of three issue orders; experts run on the compute stream. Backward mirrors the
 forward with chunks walked in reverse: the combine gradient goes out first, the expert does
 dgrad + wgrad (twice the forward GEMM work), then the dispatch gradient returns.
+
+Chunk sizes and issue orders are in `sim.strategies.chunking`; the id/tag scheme and compute
+steps every builder shares in `sim.strategies.steps`.
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, fields
-
-import numpy as np
+from dataclasses import fields
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.chunking import ChunkSizes, chunk_sizes, comm_order
+from sim.strategies.steps import (
+    PASSES,
+    ComputeSteps,
+    dgrad_shape,
+    require_whole_experts,
+    step_tags,
+    task_id,
+    wgrad_shape,
+)
 from sim.workload.moe import MoELayer
-
-ORDERS = ("tutel", "alternating", "two_streams")
-PASSES = ("fwd", "bwd")
-
-
-def comm_order(r: int, order: str) -> list[tuple[str, int, str]]:
-    """Issue order of (first|second exchange, chunk, stream) on the comm stream(s).
-
-    tutel: all first exchanges queued before any second one on one stream.
-    alternating (MPipeMoE Fig. 4b): S1, S2, R1, S3, R2, ..., Sr, R(r-1), Rr on one stream.
-    two_streams: first exchanges on `comm`, second exchanges on `comm.1`.
-    """
-    if order == "tutel":
-        return [("first", j, "comm") for j in range(r)] + [("second", j, "comm") for j in range(r)]
-    if order == "alternating":
-        seq = [("first", 0, "comm")]
-        for j in range(1, r):
-            seq += [("first", j, "comm"), ("second", j - 1, "comm")]
-        return seq + [("second", r - 1, "comm")]
-    if order == "two_streams":
-        return [("first", j, "comm") for j in range(r)] + [
-            ("second", j, "comm.1") for j in range(r)
-        ]
-    raise ConfigError(f"strategy.order: expected one of {ORDERS}, got {order!r}")
-
-
-@dataclass
-class _Sizes:
-    """Per chunk: per-rank send bytes (uniform) or split matrix, and expert rows per rank."""
-
-    uniform: bool
-    a2a_bytes: list[float]  # uniform: per-rank buffer bytes per chunk
-    split: list[np.ndarray]  # non-uniform: [P, P] bytes p sends to q, per chunk
-    rows: list[np.ndarray]  # [P] token rows each rank's experts process, per chunk
-
-
-def _sizes(layer: MoELayer, r: int) -> _Sizes:
-    P, El, M, e = layer.world, layer.local_experts, layer.model_dim, layer.elem
-    caps = layer.chunk_capacity(r)
-    a2a = [float(layer.experts * c * M * e) for c in caps]
-    if layer.uniform:  # closed form: no [P, E] matrices at 2,048 GPUs
-        return _Sizes(True, a2a, [], [np.full(P, float(El * P * c)) for c in caps])
-    chunks = layer.chunk_tokens(r)  # [r, P, E]; experts of rank q are q*El .. q*El+El-1
-    split, rows = [], []
-    for j in range(r):
-        per_owner = chunks[j].reshape(P, P, El).sum(axis=2).astype(float)  # [src, dst] tokens
-        split.append(per_owner * M * e)
-        rows.append(per_owner.sum(axis=0))
-    return _Sizes(False, a2a, split, rows)
-
-
-def task_id(rank: int, lid: int, phase: str, step: str, j: int | None = None) -> str:
-    """The id scheme every MoE builder uses (traces and the executor's results key on it):
-    r{rank}/L{layer}/{phase}/{step}[.{chunk}]."""
-    return f"r{rank}/L{lid}/{phase}/{step}" + ("" if j is None else f".{j}")
-
-
-def step_tags(lid: int, phase: str, step: str, j: int | None = None) -> dict:
-    """The trace tags of a layer step (sim.analysis.trace.TAGS): layer, phase, step, chunk."""
-    return {"layer": lid, "phase": phase, "step": step} | ({} if j is None else {"chunk": j})
-
-
-def compute_task(
-    rank: int,
-    lid: int,
-    phase: str,
-    step: str,
-    kind: str,
-    flops: float,
-    nbytes: float,
-    deps: list[str],
-    j: int | None = None,
-    shape: dict | None = None,
-) -> Task:
-    """A layer step's task on the compute stream, named and tagged by the shared scheme."""
-    return Task(
-        task_id(rank, lid, phase, step, j),
-        rank,
-        "compute",
-        kind,
-        deps=deps,
-        flops=flops,
-        bytes=nbytes,
-        shape=shape,
-        tags=step_tags(lid, phase, step, j),
-    )
-
-
-def require_whole_experts(layer: MoELayer, strategy: str) -> None:
-    """Builders that place whole experts on GPUs refuse a layer that slices them (E < W;
-    sim.workload.slicing builds those)."""
-    if layer.experts < layer.world:
-        raise ConfigError(
-            f"model.experts: {layer.experts} experts on {layer.world} GPUs slice each expert; "
-            f"{strategy!r} needs at least one expert per GPU (tutel with parallel p1, p2 or "
-            f"auto slices experts)"
-        )
 
 
 def build_layer(
@@ -138,7 +52,7 @@ def build_layer(
     for p in passes:
         if p not in PASSES:
             raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
-    sizes = _sizes(layer, degree)
+    sizes = chunk_sizes(layer, degree)
     g = TaskGraph(
         layer.world,
         meta={
@@ -167,38 +81,11 @@ def build_layer(
     return g
 
 
-class ComputeSteps:
-    """`_compute` for rank builders that have `rank`, `lid` and `_add(stream, task)`."""
-
-    rank: int
-    lid: int
-
-    def _add(self, stream: str, t: Task) -> str:
-        raise NotImplementedError
-
-    def _compute(
-        self,
-        phase: str,
-        step: str,
-        kind: str,
-        flops: float,
-        nbytes: float,
-        deps: list[str],
-        j: int | None = None,
-        shape: dict | None = None,
-        allocs: dict | None = None,
-        frees: list[str] | None = None,
-    ) -> str:
-        t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
-        t.allocs, t.frees = allocs or {}, frees or []
-        return self._add("compute", t)
-
-
 class _RankBuilder(ComputeSteps):
     def __init__(
         self,
         layer: MoELayer,
-        sizes: _Sizes,
+        sizes: ChunkSizes,
         rank: int,
         layer_id: int,
         streams: dict[str, list[Task]],
@@ -351,7 +238,14 @@ class _RankBuilder(ComputeSteps):
             else:
                 # dgrad and wgrad of fc2 then fc1: twice the forward GEMM work
                 d2 = self._compute(
-                    phase, "fc2_dgrad", "gemm", f2, self._gemm_bytes(fc2), [got], j, _t(fc2)
+                    phase,
+                    "fc2_dgrad",
+                    "gemm",
+                    f2,
+                    self._gemm_bytes(fc2),
+                    [got],
+                    j,
+                    dgrad_shape(fc2),
                 )
                 w2 = self._compute(
                     phase,
@@ -361,11 +255,11 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc2),
                     [d2],
                     j,
-                    _w(fc2),
+                    wgrad_shape(fc2),
                     frees=[f"mid.{j}"],
                 )
                 d1 = self._compute(
-                    phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, _t(fc1)
+                    phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, dgrad_shape(fc1)
                 )
                 expert_last[j] = self._compute(
                     phase,
@@ -375,7 +269,7 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc1),
                     [d1],
                     j,
-                    _w(fc1),
+                    wgrad_shape(fc1),
                     frees=[f"di.{j}"],
                 )
         for what, j, stream in comm_plan:
@@ -414,13 +308,3 @@ class _RankBuilder(ComputeSteps):
 
     def _di_bytes(self, j: int) -> float:
         return float(self.s.rows[j][self.rank] * self.l.model_dim * self.l.elem)
-
-
-def _t(shape: dict) -> dict:
-    """dgrad of y = x W: dx = dy W^T, an (m x n) by (n x k) GEMM: same work as forward."""
-    return {"batch": shape["batch"], "m": shape["m"], "n": shape["k"], "k": shape["n"]}
-
-
-def _w(shape: dict) -> dict:
-    """wgrad: dW = x^T dy, a (k x m) by (m x n) GEMM: same work as forward."""
-    return {"batch": shape["batch"], "m": shape["k"], "n": shape["n"], "k": shape["m"]}

@@ -25,8 +25,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.layer import build_layer, step_tags, task_id
+from sim.strategies.layer import build_layer
+from sim.strategies.steps import step_tags, task_id
 from sim.workload.moe import MoELayer
+from sim.workload.parallel import ParallelLayout
 from sim.workload.slicing import aligned, ep_view, layer_meta
 
 NAME = "ted"
@@ -111,8 +113,10 @@ class _Weaver:
         e, E, M = layer.elem, layer.experts, layer.model_dim
         self.shard = float(e * E * (C1 // tp) * M)  # this rank's capacity slice of [E, C, M]
         self.extra = float(e * E * M * (C1 - C1 // tp))  # full minus view buffer (encode/decode)
-        self.ep_groups = [[j * tp + i for j in range(ep)] for i in range(tp)]
-        self.tp_groups = [list(range(k * tp, (k + 1) * tp)) for k in range(ep)]
+        # the shared parallel layout places TP innermost: rank j of EP group i is j*tp + i
+        self.lay = lay = ParallelLayout(ep=ep, tp=tp)
+        self.ep_groups = [lay.ep_group(lay.rank(tp=i)) for i in range(tp)]
+        self.tp_groups = [lay.tp_group(lay.rank(ep=k)) for k in range(ep)]
 
     def run(self) -> None:
         per_stream: dict[tuple[int, str], list[Task]] = defaultdict(list)
@@ -125,7 +129,7 @@ class _Weaver:
                 self.g.add(t)
 
     def _rank(self, j: int, i: int) -> int:
-        return j * self.tp + i
+        return self.lay.rank(ep=j, tp=i)
 
     def _id(self, tid: str, i: int) -> str:
         j, rest = tid[1:].split("/", 1)

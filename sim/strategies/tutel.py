@@ -36,8 +36,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.layer import build_layer, task_id
+from sim.strategies.layer import build_layer
+from sim.strategies.steps import task_id
 from sim.workload.moe import MoELayer
+from sim.workload.parallel import ParallelLayout
 from sim.workload.slicing import (
     aligned,
     by_step,
@@ -144,9 +146,10 @@ def _add_param_exchange(g: TaskGraph, layer: MoELayer, passes: tuple[str, ...]) 
     gathered copy stays until then (autograd keeps it for the backward GEMMs)."""
     n, full = layer.expert_shards, expert_param_bytes(layer)
     steps = by_step(g)
+    lay = ParallelLayout(ep=layer.experts, esp=n)  # expert e sliced over its ESP group
     for rank in range(layer.world):
-        e = rank // n
-        group = list(range(e * n, (e + 1) * n))
+        e = lay.coords(rank)["ep"]
+        group = lay.esp_group(rank)
         tags = {"layer": 0, "dtype": layer.dtype}
         if "fwd" in passes:
             gather = g.add(

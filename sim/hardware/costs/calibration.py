@@ -38,8 +38,8 @@ import pandas as pd
 import yaml
 
 from sim.core.errors import ConfigError, yaml_problem
-from sim.core.graph import COMM_KINDS
 from sim.core.io import atomic_write_text
+from sim.core.kinds import COMM_KINDS
 from sim.hardware.costs.jitter import ratio_quantiles
 
 COLUMNS = ("op", "ranks", "x", "t", "stream", "others")

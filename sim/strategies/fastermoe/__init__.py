@@ -38,9 +38,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.builder import _layout, _RankBuilder
 from sim.strategies.fastermoe.selector import choose_shadow, group_layout, parse_shadow
-from sim.strategies.layer import PASSES, comm_order, require_whole_experts
+from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
 
 __all__ = ["NAME", "DEFAULTS", "build", "group_layout", "parse_shadow"]

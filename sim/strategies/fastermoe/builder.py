@@ -10,7 +10,7 @@ import numpy as np
 
 from sim.core.graph import Task
 from sim.strategies.fastermoe.rule import param_bytes
-from sim.strategies.layer import ComputeSteps, _t, _w, step_tags, task_id
+from sim.strategies.steps import ComputeSteps, dgrad_shape, step_tags, task_id, wgrad_shape
 from sim.workload.moe import MoELayer
 
 COUNT_BYTES = 8  # one int64 token count per expert in the count all-gather
@@ -228,7 +228,7 @@ class _RankBuilder(ComputeSteps):
                         self._gemm_bytes(fc2),
                         [head],
                         x,
-                        _t(fc2),
+                        dgrad_shape(fc2),
                     )
                     w2 = self._compute(
                         phase,
@@ -238,7 +238,7 @@ class _RankBuilder(ComputeSteps):
                         self._gemm_bytes(fc2),
                         [d2],
                         x,
-                        _w(fc2),
+                        wgrad_shape(fc2),
                         frees=[f"smid.{x}"] if self.has_fwd else [],
                     )
                     d1 = self._compute(
@@ -249,7 +249,7 @@ class _RankBuilder(ComputeSteps):
                         self._gemm_bytes(fc1),
                         [w2],
                         x,
-                        _t(fc1),
+                        dgrad_shape(fc1),
                     )
                     last = self._compute(
                         phase,
@@ -259,7 +259,7 @@ class _RankBuilder(ComputeSteps):
                         self._gemm_bytes(fc1),
                         [d1],
                         x,
-                        _w(fc1),
+                        wgrad_shape(fc1),
                     )
                     shadow_done.append(d1)
                 self._add(
@@ -331,7 +331,7 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc2),
                     [got],
                     s,
-                    _t(fc2),
+                    dgrad_shape(fc2),
                 )
                 w2 = self._compute(
                     phase,
@@ -341,7 +341,7 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc2),
                     [d2],
                     s,
-                    _w(fc2),
+                    wgrad_shape(fc2),
                     frees=[f"mid.{s}"] if self.has_fwd else [],
                 )
                 d1 = self._compute(
@@ -352,7 +352,7 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc1),
                     [w2],
                     s,
-                    _t(fc1),
+                    dgrad_shape(fc1),
                 )
                 last_of[s] = self._compute(
                     phase,
@@ -362,7 +362,7 @@ class _RankBuilder(ComputeSteps):
                     self._gemm_bytes(fc1),
                     [d1],
                     s,
-                    _w(fc1),
+                    wgrad_shape(fc1),
                     frees=[f"di.{s}"] if self.has_fwd else [],
                 )
 

@@ -8,16 +8,10 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.layer import (
-    PASSES,
-    comm_order,
-    compute_task,
-    require_whole_experts,
-    step_tags,
-    task_id,
-)
+from sim.strategies.chunking import comm_order
 from sim.strategies.mpipemoe.chunks import Chunk, _dgrad, _flops, _gemm_bytes, _wgrad, chunk_plan
 from sim.strategies.mpipemoe.perf import RESTORE
+from sim.strategies.steps import PASSES, compute_task, require_whole_experts, step_tags, task_id
 from sim.workload.memory import footprint, model_states
 from sim.workload.moe import MoELayer
 

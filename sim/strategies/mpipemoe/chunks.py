@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from sim.core.graph import Task
-from sim.strategies.layer import _sizes
+from sim.strategies.chunking import chunk_sizes
 from sim.workload.moe import MoELayer
 
 # -- micro-batch sizes -------------------------------------------------------------------------
@@ -86,7 +86,7 @@ class Chunk:
 
 
 def chunk_plan(layer: MoELayer, n: int) -> list[Chunk]:
-    s = _sizes(layer, n)
+    s = chunk_sizes(layer, n)
     caps = layer.chunk_capacity(n)
     return [
         Chunk(layer, j, caps[j], s.rows[j], s.a2a_bytes[j], None if s.uniform else s.split[j])

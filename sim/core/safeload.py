@@ -1,0 +1,213 @@
+"""Reading input files without trusting them: only regular files, bounded size, UTF-8 text,
+and YAML with bounded nesting and alias expansion and no duplicate keys.
+
+Every problem is a `ConfigError` of one line that names the file and what was expected, so a
+FIFO never hangs a run, a binary file never becomes a UnicodeDecodeError traceback, and a
+"billion laughs" alias bomb is refused before anything expands it (an error message that
+printed the expanded value would hang just the same).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+from typing import Any
+
+from sim.core.errors import ConfigError, yaml_problem
+
+MAX_INPUT_BYTES = 256 * 2**20  # larger inputs are refused (a 10^6-task graph is ~200 MB)
+MAX_DEPTH = 64  # nesting of mappings / sequences in a YAML or JSON input
+MAX_NODES = 2_000_000  # YAML nodes after alias expansion (counted, never built)
+
+_KINDS = (
+    (stat.S_ISDIR, "a directory"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
+
+
+def read_bytes(path: str | Path, what: str = "input file", limit: int = MAX_INPUT_BYTES) -> bytes:
+    """The bytes of a regular file no larger than `limit`; anything else a ConfigError."""
+    p = Path(path)
+    try:
+        st = os.stat(p)  # follows links: a link to a FIFO is a FIFO
+    except FileNotFoundError:
+        raise ConfigError(f"{what} {p}: not found") from None
+    except OSError as e:
+        raise ConfigError(f"{what} {p}: cannot be read ({e.strerror or e})") from None
+    for test, kind in _KINDS:
+        if test(st.st_mode):
+            raise ConfigError(f"{what} {p}: is {kind}, expected a regular file")
+    if not stat.S_ISREG(st.st_mode):
+        raise ConfigError(f"{what} {p}: expected a regular file")
+    if st.st_size > limit:
+        raise ConfigError(
+            f"{what} {p}: {st.st_size} bytes is over the {limit}-byte input limit"
+        )
+    try:
+        # O_NONBLOCK: should the file have been swapped for a FIFO since the stat, opening it
+        # still returns at once instead of waiting for a writer
+        fd = os.open(p, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as f:
+            data = f.read(limit + 1)
+    except OSError as e:
+        raise ConfigError(f"{what} {p}: cannot be read ({e.strerror or e})") from None
+    if len(data) > limit:
+        raise ConfigError(f"{what} {p}: over the {limit}-byte input limit")
+    return data
+
+
+def read_text(path: str | Path, what: str = "input file", limit: int = MAX_INPUT_BYTES) -> str:
+    """A regular file's text, which must be UTF-8 (a UTF-8 byte-order mark is allowed)."""
+    data = read_bytes(path, what, limit)
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
+        raise ConfigError(f"{what} {path}: is UTF-16 text, expected UTF-8")
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(
+            f"{what} {path}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
+
+
+def load_yaml_text(text: str, source: str) -> Any:
+    """YAML with safe types only, refusing duplicate keys, nesting deeper than MAX_DEPTH and
+    aliases that would expand past MAX_NODES nodes."""
+    import yaml
+
+    try:
+        _check_depth(yaml.parse(text, Loader=yaml.SafeLoader), source)
+        loader = _Loader(text)
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            _check_expansion(node, source)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{source}: not valid YAML ({yaml_problem(e)})") from None
+    except _Duplicate as e:
+        raise ConfigError(f"{source}: {e}") from None
+    except RecursionError:
+        raise ConfigError(f"{source}: nested too deeply") from None
+
+
+class _Duplicate(Exception):
+    pass
+
+
+def load_yaml(path: str | Path, what: str = "YAML file", limit: int = MAX_INPUT_BYTES) -> Any:
+    return load_yaml_text(read_text(path, what, limit), f"{what} {path}")
+
+
+def load_json(path: str | Path, what: str = "JSON file", limit: int = MAX_INPUT_BYTES) -> Any:
+    text = read_text(path, what, limit)
+    try:
+        return json.loads(text, parse_constant=_no_constant)
+    except json.JSONDecodeError as e:
+        raise ConfigError(
+            f"{what} {path}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})"
+        ) from None
+    except RecursionError:
+        raise ConfigError(f"{what} {path}: nested too deeply") from None
+    except ValueError as e:  # NaN / Infinity literals
+        raise ConfigError(f"{what} {path}: {e}") from None
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number (JSON inputs must hold finite numbers)")
+
+
+def _check_depth(events: Any, source: str) -> None:
+    """Nesting from the event stream, which PyYAML produces without recursion."""
+    import yaml
+
+    depth = 0
+    for ev in events:
+        if isinstance(ev, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            depth += 1
+            if depth > MAX_DEPTH:
+                mark = ev.start_mark
+                raise ConfigError(
+                    f"{source}: nested more than {MAX_DEPTH} levels deep "
+                    f"(at line {mark.line + 1})"
+                )
+        elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            depth -= 1
+
+
+def _check_expansion(root: Any, source: str) -> None:
+    """Nodes the document would have with every alias expanded, counted over the node graph
+    (aliases share nodes) with memoisation, so the count itself stays cheap."""
+    import yaml
+
+    size: dict[int, int] = {}
+    stack: list[tuple[Any, bool]] = [(root, False)]
+    while stack:  # iterative post-order: depth is bounded, but keep clear of recursion
+        node, done = stack.pop()
+        if id(node) in size:
+            continue
+        if isinstance(node, yaml.ScalarNode):
+            size[id(node)] = 1
+            continue
+        kids = (
+            [x for pair in node.value for x in pair]
+            if isinstance(node, yaml.MappingNode)
+            else list(node.value)
+        )
+        if done:
+            total = 1 + sum(size[id(k)] for k in kids)
+            if total > MAX_NODES:
+                raise ConfigError(
+                    f"{source}: YAML aliases expand to more than {MAX_NODES} nodes "
+                    "(an alias bomb?)"
+                )
+            size[id(node)] = total
+        else:
+            stack.append((node, True))
+            stack.extend((k, False) for k in kids if id(k) not in size)
+
+
+def _make_loader() -> type:
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+            seen: dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    if key in seen:
+                        m = key_node.start_mark
+                        raise _Duplicate(
+                            f"duplicate key {key!r} at line {m.line + 1} (first at line "
+                            f"{seen[key].line + 1}); a key may appear once"
+                        )
+                except TypeError:  # an unhashable key: SafeLoader's own error follows
+                    break
+                seen[key] = key_node.start_mark
+            return super().construct_mapping(node, deep=deep)
+
+    Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+    return Loader
+
+
+def _mapping(loader: Any, node: Any) -> dict:
+    loader.flatten_mapping(node)
+    return loader.construct_mapping(node)
+
+
+_LOADER: type | None = None
+
+
+def _Loader(text: str) -> Any:  # noqa: N802 - reads as the class it instantiates
+    global _LOADER
+    if _LOADER is None:
+        _LOADER = _make_loader()
+    return _LOADER(text)

@@ -1,0 +1,207 @@
+"""The parallel layout shared by every strategy: `parallel: {ep, dp, tp, esp}`.
+
+The world is cut into `dp` data-parallel replicas of `mp = ep * tp * esp` consecutive ranks
+each. Inside a replica, rank `((e * esp) + s) * tp + t` holds expert-parallel index e, expert
+slice s and tensor-parallel index t:
+
+- TP innermost: a TP group is `tp` consecutive ranks, inside a node (Megatron's placement).
+- ESP next: an expert sliced over `esp` GPUs (Tutel P1/P2, Parm's ESP) lives on consecutive
+  ranks of one node, so slicing traffic stays on NVLink.
+- EP groups packed by node: the ranks of a replica sharing (s, t) form its EP group, and a
+  replica fills whole consecutive nodes (or shares one node with others when smaller), so a
+  member sits at the same local index, hence on the same rail of a rail-optimised fabric, as
+  the members it exchanges with at that index in the other nodes (NCCL's rail-local pairs).
+- DP outermost: replica d is ranks [d * mp, (d + 1) * mp). Its EP groups run the same
+  collectives as replica 0's at the same time, so on a shared fabric they contend for the
+  same spines and rails; the engine simulates that traffic (nothing assumes groups are
+  independent).
+
+Strategies build the graph of one replica (an MoE layer over `mp` ranks); `replicate` lays it
+over every replica. A config without `parallel:` keeps its old meaning: one EP group of the
+whole world (`tp` from TED's `strategy.tp`, `esp` = W/E where experts are sliced).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+
+SIZES = ("ep", "dp", "tp", "esp")
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    ep: int
+    dp: int = 1
+    tp: int = 1
+    esp: int = 1
+    gpus_per_node: int | None = None  # None: placement inside nodes is not checked
+
+    def __post_init__(self) -> None:
+        for name in SIZES:
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"parallel.{name}: expected a positive integer, got {v!r}")
+        G = self.gpus_per_node
+        if G is not None:
+            if self.tp > 1 and G % self.tp:
+                raise ConfigError(
+                    f"parallel.tp: TP groups of {self.tp} GPUs must lie inside a node of {G} "
+                    f"(expected a divisor of {G})"
+                )
+            if self.esp > 1 and G % (self.tp * self.esp):
+                raise ConfigError(
+                    f"parallel.esp: expert slices over {self.esp} GPUs (x tp {self.tp}) must "
+                    f"lie inside a node of {G} (expected tp * esp to divide {G})"
+                )
+
+    @property
+    def mp(self) -> int:
+        """Ranks of one data-parallel replica (its model-parallel world)."""
+        return self.ep * self.tp * self.esp
+
+    @property
+    def world(self) -> int:
+        return self.mp * self.dp
+
+    def as_dict(self) -> dict[str, int]:
+        return {name: getattr(self, name) for name in SIZES}
+
+    # -- placement -------------------------------------------------------------------------
+    def coords(self, rank: int) -> dict[str, int]:
+        """(dp, ep, esp, tp) indices of a global rank."""
+        d, local = divmod(rank, self.mp)
+        rest, t = divmod(local, self.tp)
+        e, s = divmod(rest, self.esp)
+        return {"dp": d, "ep": e, "esp": s, "tp": t}
+
+    def rank(self, dp: int = 0, ep: int = 0, esp: int = 0, tp: int = 0) -> int:
+        return dp * self.mp + (ep * self.esp + esp) * self.tp + tp
+
+    def replica_ranks(self, d: int) -> np.ndarray:
+        """Global rank of each local rank 0..mp-1 of replica d."""
+        return np.arange(d * self.mp, (d + 1) * self.mp)
+
+    # -- rank groups -----------------------------------------------------------------------
+    def ep_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(c["dp"], e, c["esp"], c["tp"]) for e in range(self.ep)]
+
+    def tp_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(c["dp"], c["ep"], c["esp"], t) for t in range(self.tp)]
+
+    def esp_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(c["dp"], c["ep"], s, c["tp"]) for s in range(self.esp)]
+
+    def dp_group(self, rank: int) -> list[int]:
+        c = self.coords(rank)
+        return [self.rank(d, c["ep"], c["esp"], c["tp"]) for d in range(self.dp)]
+
+    def groups(self, kind: str) -> list[list[int]]:
+        """Every group of one kind ("ep", "dp", "tp", "esp"), each once, by lowest rank."""
+        pick = {"ep": self.ep_group, "dp": self.dp_group, "tp": self.tp_group}
+        pick["esp"] = self.esp_group
+        if kind not in pick:
+            raise ConfigError(f"parallel: no group kind {kind!r} (known: {list(pick)})")
+        seen: dict[int, list[int]] = {}
+        for r in range(self.world):
+            g = pick[kind](r)
+            seen.setdefault(g[0], g)
+        return [seen[k] for k in sorted(seen)]
+
+
+def from_spec(
+    spec: Any,
+    world: int,
+    gpus_per_node: int | None,
+    *,
+    source: str = "parallel",
+    tp_default: int = 1,
+    esp_default: int = 1,
+) -> ParallelLayout:
+    """The layout a config's `parallel:` mapping asks for on `world` GPUs. Missing sizes are
+    derived: tp and esp default to 1 (or what the strategy implies), dp to 1, and ep to what
+    is left, so `{ep: 64}` on 16,384 GPUs means 256 replicas."""
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ConfigError(f"{source}: expected a mapping with sizes from {list(SIZES)}")
+    unknown = sorted(set(spec) - set(SIZES))
+    if unknown:
+        raise ConfigError(f"{source}: unknown field(s) {unknown} (known: {list(SIZES)})")
+    for name, v in spec.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ConfigError(f"{source}.{name}: expected a positive integer, got {v!r}")
+    tp = spec.get("tp", tp_default)
+    esp = spec.get("esp", esp_default)
+    ep, dp = spec.get("ep"), spec.get("dp")
+    if ep is None and dp is None:
+        dp = 1
+    if ep is None:
+        ep, rem = divmod(world, dp * tp * esp)
+        if rem or ep < 1:
+            raise ConfigError(
+                f"{source}: dp {dp} x tp {tp} x esp {esp} does not divide the {world} GPUs"
+            )
+    elif dp is None:
+        dp, rem = divmod(world, ep * tp * esp)
+        if rem or dp < 1:
+            raise ConfigError(
+                f"{source}: ep {ep} x tp {tp} x esp {esp} does not divide the {world} GPUs"
+            )
+    if ep * dp * tp * esp != world:
+        raise ConfigError(
+            f"{source}: ep {ep} x dp {dp} x tp {tp} x esp {esp} = {ep * dp * tp * esp}, "
+            f"but the cluster has {world} GPUs (the product must be the world)"
+        )
+    return ParallelLayout(ep, dp, tp, esp, gpus_per_node)
+
+
+def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
+    """One replica's graph (ranks 0..mp-1) laid over every data-parallel replica.
+
+    Replica d's copy of a task runs on rank d*mp + rank; its id, dependencies and collective id
+    get the prefix `dp{d}/`, and its communicator group is the replica's ranks. With dp = 1
+    the graph is returned as it is."""
+    if graph.world_size != layout.mp:
+        raise ConfigError(
+            f"parallel: the strategy built a graph of {graph.world_size} ranks for replicas "
+            f"of {layout.mp} (ep x tp x esp)"
+        )
+    if layout.dp == 1:
+        return graph
+    out = TaskGraph(layout.world, meta=dict(graph.meta) | {"parallel": layout.as_dict()})
+    tasks = list(graph)
+    for d in range(layout.dp):
+        off, pre = d * layout.mp, f"dp{d}/"
+        groups: dict[int, list[int]] = {}  # shared member lists, as the builders share them
+        for t in tasks:
+            group = None
+            if t.group is not None:
+                key = id(t.group)
+                if key not in groups:
+                    groups[key] = [r + off for r in t.group]
+                group = groups[key]
+            out.add(
+                replace(
+                    t,
+                    id=pre + t.id,
+                    rank=t.rank + off,
+                    deps=[pre + x for x in t.deps],
+                    group=group,
+                    coll=pre + t.coll if t.coll else None,
+                    peer=None if t.peer is None else t.peer + off,
+                    allocs=dict(t.allocs),
+                    frees=list(t.frees),
+                    tags=dict(t.tags),
+                )
+            )
+    out.validate()
+    return out
