@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.core.graph import COLLECTIVE_KINDS, P2P_KINDS, Task
+from sim.core.graph import Task
+from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.hardware import collectives as coll_algos
 from sim.hardware.network import (
     BundleBatch,

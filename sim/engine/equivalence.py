@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from sim.core.graph import COLLECTIVE_KINDS, P2P_KINDS, Task, TaskGraph
+from sim.core.graph import Task, TaskGraph
+from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.hardware.collectives import DEFAULT_ALGO
 from sim.hardware.topology import Topology
 
