@@ -42,9 +42,16 @@ class Plan:
 
 
 def plan(
-    graph: TaskGraph, topo: Topology, costs: CostModel, replicas: np.ndarray | None = None
+    graph: TaskGraph,
+    topo: Topology,
+    costs: CostModel,
+    replicas: np.ndarray | None = None,
+    prefix: str = "",
+    meta: dict[str, Any] | None = None,
 ) -> Plan | str:
-    """The reduced run, or why there is none (a sentence)."""
+    """The reduced run, or why there is none (a sentence). `prefix` and `meta` name the
+    first replica's tasks as the full graph does (ids, dependencies and collective ids get
+    the prefix; meta is merged into the graph's)."""
     ranks = _replica_ranks(graph, replicas)
     D, mp = ranks.shape
     if costs.symmetry == "off":
@@ -71,7 +78,7 @@ def plan(
         "replica_placement": where.units,
         "node_classes": f"{mp // G} nodes as one" if classes else f"off: {why_not_nodes}",
     }
-    whole, reduced, rep_task = _graphs(graph, ranks, reps, rep_local)
+    whole, reduced, rep_task = _graphs(graph, ranks, reps, rep_local, prefix, meta or {})
     return Plan(reduced, sym, whole, rep_task)
 
 
@@ -81,9 +88,12 @@ def simulate_replicas(
     costs: CostModel,
     replicas: np.ndarray | None = None,
     full: Callable[[], TaskGraph] | None = None,
+    prefix: str = "",
+    meta: dict[str, Any] | None = None,
 ) -> SimResult:
-    """One replica's graph simulated for all replicas (module docstring)."""
-    p = plan(graph, topo, costs, replicas)
+    """One replica's graph simulated for all replicas (module docstring; `prefix` and `meta`
+    as in `plan`)."""
+    p = plan(graph, topo, costs, replicas, prefix, meta)
     if isinstance(p, str):
         D = 1 if replicas is None else len(replicas)
         if D > 1 and full is None:
@@ -166,20 +176,25 @@ def _trunk_rep(topo: Topology, where: Placement, classes: bool) -> np.ndarray:
 
 
 def _graphs(
-    graph: TaskGraph, ranks: np.ndarray, reps: np.ndarray, rep_local: np.ndarray
+    graph: TaskGraph,
+    ranks: np.ndarray,
+    reps: np.ndarray,
+    rep_local: np.ndarray,
+    prefix: str,
+    meta: dict[str, Any],
 ) -> tuple[TaskGraph, TaskGraph, np.ndarray]:
     """(the first replica's tasks on global ranks over the whole world, the representatives'
     tasks, and for each task of the first the index of its representative's)."""
     world = int(ranks.max()) + 1
     to_global = ranks[0]
-    identity = np.array_equal(to_global, np.arange(len(to_global)))
-    whole = TaskGraph(world, dict(graph.meta))
+    same = np.array_equal(to_global, np.arange(len(to_global))) and not prefix
+    whole = TaskGraph(world, dict(graph.meta) | meta)
     groups: dict[int, list[int]] = {}
     for t in graph:
-        whole.add(t if identity else _relabel(t, to_global, groups))
+        whole.add(t if same else _relabel(t, to_global, groups, prefix))
     is_rep = np.zeros(len(to_global), dtype=bool)
     is_rep[reps] = True
-    reduced = TaskGraph(world, dict(graph.meta))
+    reduced = TaskGraph(world, dict(whole.meta))
     where: dict[tuple[int, str, int], int] = {}
     count: dict[tuple[int, str], int] = {}
     keys = []
@@ -189,15 +204,22 @@ def _graphs(
         keys.append((int(rep_local[t.rank]), t.stream, k))
         if is_rep[t.rank]:
             where[(t.rank, t.stream, k)] = len(reduced)
-            reduced.add(whole.tasks[t.id])
+            reduced.add(whole.tasks[prefix + t.id])
     return whole, reduced, np.fromiter((where[k] for k in keys), dtype=np.int64, count=len(keys))
 
 
-def _relabel(t: Task, to_global: np.ndarray, groups: dict[int, Any]) -> Task:
+def _relabel(t: Task, to_global: np.ndarray, groups: dict[int, Any], prefix: str) -> Task:
     group = None
     if t.group is not None:
         group = groups.get(id(t.group))
         if group is None:
             group = groups[id(t.group)] = [int(to_global[x]) for x in t.group]
-    peer = None if t.peer is None else int(to_global[t.peer])
-    return replace(t, rank=int(to_global[t.rank]), group=group, peer=peer)
+    return replace(
+        t,
+        id=prefix + t.id,
+        rank=int(to_global[t.rank]),
+        deps=[prefix + d for d in t.deps],
+        group=group,
+        coll=None if t.coll is None else prefix + t.coll,
+        peer=None if t.peer is None else int(to_global[t.peer]),
+    )
