@@ -153,18 +153,20 @@ def _sig(t: Task, G: int, nodes: int, pos: dict, by_coll: dict, spans: dict) -> 
             raise _Refused(f"{t.kind} {t.id!r} goes to another node")
         other = next(x for r, x in by_coll[t.coll].items() if r == t.peer)
         comm = ("p2p", t.peer % G) + pos[other][1:]
+    # Compared, never hashed: dict items in insertion order (builders fill them in one
+    # order; another order only refuses a symmetry that might have held).
     return (
         t.kind,
         t.flops,
         t.bytes,
-        tuple(sorted(t.shape.items())) if t.shape else None,
+        tuple(t.shape.items()) if t.shape else None,
         t.algo,
-        tuple(t.split) if t.split is not None else None,
-        tuple(t.recv_split) if t.recv_split is not None else None,
-        tuple(sorted(t.allocs.items())),
-        tuple(t.frees),
-        repr(sorted(t.tags.items())),
-        tuple(deps),
+        t.split,
+        t.recv_split,
+        tuple(t.allocs.items()),
+        t.frees,
+        tuple(t.tags.items()),
+        deps,
         comm,
     )
 
