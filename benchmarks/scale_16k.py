@@ -36,30 +36,33 @@ from pathlib import Path  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "benchmarks" / "results"
 
-# name: (topology, nodes, ep, dp, fabric overrides, routing, mode)
+# name: (topology, nodes, ep, dp, fabric overrides, routing, mode, extra costs)
+SUPERPOD = "dgx-h100-superpod"
+OVER2 = {"oversubscription": 2}
+RTOL = {"finish_rtol": 1e-3}
 CASES: dict[str, tuple] = {
-    "ep64-dp256": ("dgx-h100-superpod", 2048, 64, 256, {}, "uniform", "sym"),
-    "ep64-dp256-oversub2": (
-        "dgx-h100-superpod",
-        2048,
-        64,
-        256,
-        {"oversubscription": 2},
-        "uniform",
-        "sym",
-    ),
-    "ep64-dp256-zipf": ("dgx-h100-superpod", 2048, 64, 256, {}, "zipf", "sym"),
-    "ep64-dp1-zipf": ("dgx-h100-superpod", 8, 64, 1, {}, "zipf", "sym"),
-    "ep64-dp32": ("dgx-h100-superpod", 256, 64, 32, {}, "uniform", "sym"),
-    "ep64-dp32-full": ("dgx-h100-superpod", 256, 64, 32, {}, "uniform", "full"),
-    "ep64-dp8": ("dgx-h100-superpod", 64, 64, 8, {}, "uniform", "sym"),
-    "ep64-dp8-full": ("dgx-h100-superpod", 64, 64, 8, {}, "uniform", "full"),
-    "ep2048": ("dgx-a100", 256, 2048, 1, {}, "uniform", "sym"),
-    "ep2048-full": ("dgx-a100", 256, 2048, 1, {}, "uniform", "full"),
+    "ep64-dp256": (SUPERPOD, 2048, 64, 256, {}, "uniform", "sym", {}),
+    "ep64-dp256-oversub2": (SUPERPOD, 2048, 64, 256, OVER2, "uniform", "sym", {}),
+    "ep64-dp256-zipf": (SUPERPOD, 2048, 64, 256, {}, "zipf", "sym", {}),
+    "ep64-dp256-zipf-rtol": (SUPERPOD, 2048, 64, 256, {}, "zipf", "sym", RTOL),
+    "ep64-dp1-zipf": (SUPERPOD, 8, 64, 1, {}, "zipf", "sym", {}),
+    "ep64-dp32": (SUPERPOD, 256, 64, 32, {}, "uniform", "sym", {}),
+    "ep64-dp32-full": (SUPERPOD, 256, 64, 32, {}, "uniform", "full", {}),
+    "ep64-dp8": (SUPERPOD, 64, 64, 8, {}, "uniform", "sym", {}),
+    "ep64-dp8-full": (SUPERPOD, 64, 64, 8, {}, "uniform", "full", {}),
+    "ep64-dp8-oversub2": (SUPERPOD, 64, 64, 8, OVER2, "uniform", "sym", {}),
+    "ep64-dp8-oversub2-full": (SUPERPOD, 64, 64, 8, OVER2, "uniform", "full", {}),
+    "ep2048": ("dgx-a100", 256, 2048, 1, {}, "uniform", "sym", {}),
+    "ep2048-full": ("dgx-a100", 256, 2048, 1, {}, "uniform", "full", {}),
 }
 
 
-SLOW = {"ep64-dp32-full", "ep64-dp256-zipf", "ep64-dp1-zipf"}  # a minute each: run once
+SLOW = {
+    "ep64-dp32-full",
+    "ep64-dp256-zipf",
+    "ep64-dp1-zipf",
+    "ep64-dp256-zipf-rtol",
+}  # a minute each: run once
 
 
 def child(name: str) -> dict:
@@ -83,7 +86,7 @@ def child(name: str) -> dict:
         return step(self)
 
     simpy.Environment.step = counting_step  # type: ignore[method-assign]
-    preset, nodes, ep, dp, fabric, routing, mode = CASES[name]
+    preset, nodes, ep, dp, fabric, routing, mode, extra = CASES[name]
     t0 = time.perf_counter()
     topo = Topology.load(preset, nodes=nodes, fabric=fabric or None)
     route = {"kind": "zipf", "s": 1.2, "seed": 0} if routing == "zipf" else {"kind": "uniform"}
@@ -98,7 +101,7 @@ def child(name: str) -> dict:
         capacity_factor=1.2,
         routing=route,
     )
-    costs = CostModel.build(topo, {"symmetry": "on" if mode == "sym" else "off"})
+    costs = CostModel.build(topo, {"symmetry": "on" if mode == "sym" else "off", **extra})
     graph = build("pipelined", layer, {"degree": 4, "order": "tutel"}, ("fwd", "bwd"))
     lay = ParallelLayout(ep, dp, gpus_per_node=topo.gpus_per_node)
     if mode == "full":
@@ -120,6 +123,7 @@ def child(name: str) -> dict:
         "dp": dp,
         "fabric": fabric,
         "routing": routing,
+        "costs": extra,
         "mode": mode,
         "imports_s": t_imported - T_START,
         "build_s": t1 - t0,
@@ -177,6 +181,7 @@ def main() -> None:
     ap.add_argument("--cases", nargs="+", default=list(CASES))
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--note", default="", help="said of the machine (e.g. shared)")
+    ap.add_argument("--update", action="store_true", help="keep recorded rows of other cases")
     a = ap.parse_args()
     if a.child:
         print(json.dumps(child(a.child)))
@@ -194,6 +199,13 @@ def main() -> None:
     from sim.core.io import atomic_write_text
 
     mach = machine() + (f"; {a.note}" if a.note else "")
+    if a.update and (OUT / "scale_16k.json").is_file():
+        mine = {r["case"] for r in rows}
+        old = json.loads((OUT / "scale_16k.json").read_text())["rows"]
+        rows = sorted(
+            [r for r in old if r["case"] not in mine] + rows,
+            key=lambda r: list(CASES).index(r["case"]),
+        )
     atomic_write_text(
         OUT / "scale_16k.json", json.dumps({"machine": mach, "rows": rows}, indent=2) + "\n"
     )
@@ -216,6 +228,7 @@ def main() -> None:
     for r in rows:
         fab = r["topology"] + (f" {r['fabric']}" if r["fabric"] else "")
         fab += " zipf" if r["routing"] == "zipf" else ""
+        fab += "".join(f" {k}={v}" for k, v in r.get("costs", {}).items())
         lines.append(
             f"| {r['case']} | {r['gpus']} | {r['ep']} x {r['dp']} | {fab} | {r['mode']} | "
             f"{r['ranks_simulated']} | {r['tasks_simulated']} | {r['build_s']:.2f} | "
