@@ -248,7 +248,7 @@ class DistMoE(torch.nn.Module):
 
     def __init__(self, spec: MoESpec, rank: int, comms: Comms, device: torch.device):
         super().__init__()
-        if spec.experts < spec.world:  # sliced experts: exec.layers.layouts.SlicedMoE
+        if spec.experts < spec.world:  # sliced experts: exec.layers.sliced.SlicedMoE
             raise ConfigError(
                 f"moe.experts: {spec.experts} experts on {spec.world} ranks slice each expert; "
                 f"this layer holds whole experts (exec.layers.layouts runs sliced layouts)"
