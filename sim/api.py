@@ -138,7 +138,11 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
     `out_dir`: the trace table, the Chrome trace (unless `want_trace` is false or the config
     turns it off), the resolved config.yaml and summary.json. Returns the summary, with the
     files written under "files"."""
+    from sim.core.io import check_output_dir
+
     cfg = load_config(config)
+    if out_dir is not None:  # an unusable output path fails before the run, not after it
+        check_output_dir(out_dir)
     result = run(cfg)
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir), want_trace)
@@ -148,25 +152,27 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
 def write_outputs(
     cfg: RunConfig, result: RunResult, out_dir: Path, want_trace: bool = True
 ) -> None:
-    """The output set of a run (see `run_config`); adds "files" to `result.summary`."""
+    """The output set of a run (see `run_config`): each file atomically, the manifest last
+    (`sim.core.io.OutputSet`); adds "files" to `result.summary`."""
     import yaml
 
     from sim.analysis.trace import write_chrome_trace, write_table
-    from sim.core.io import atomic_write_text
+    from sim.core.io import OutputSet
 
     fmt = cfg.output.get("trace_format", "csv")
     if fmt not in ("csv", "parquet"):
         raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
     df, summary = result.trace, result.summary
-    files = {"trace": str(write_table(df, out_dir / f"trace.{fmt}"))}
-    if want_trace and cfg.output.get("chrome_trace", True):
-        path = write_chrome_trace(
-            df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")
-        )
-        files["chrome_trace"] = str(path)
-    atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    summary["files"] = files
-    atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
+    with OutputSet(out_dir, "simulate") as out:
+        files = {"trace": str(write_table(df, out.path(f"trace.{fmt}")))}
+        if want_trace and cfg.output.get("chrome_trace", True):
+            path = write_chrome_trace(
+                df, out.path("trace.chrome.json"), cfg.output.get("max_trace_ranks")
+            )
+            files["chrome_trace"] = str(path)
+        out.write_text("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        summary["files"] = files
+        out.write_text("summary.json", json.dumps(summary, indent=2, default=str))
 
 
 def format_summary(summary: dict[str, Any]) -> str:
