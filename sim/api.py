@@ -1,17 +1,32 @@
-"""The Python API: what the CLI does, callable from scripts and notebooks.
+"""The Python API: what the `moesim` command does, callable from scripts and notebooks.
 
 `run(config)` builds one strategy's task graph, simulates it and returns the graph, the trace
-frame and the summary; the CLI is a thin layer over these functions.
+frame and the summary; `run_config` does the same and writes the output set; `replay`
+simulates any task graph JSON; `compare`, `export_graph`, `collective_sweep` and the topology
+functions back the other subcommands. The CLI (`sim.cli`) only parses arguments, calls these
+and prints.
+
+Everything heavy (pandas, numpy, networkx, SimPy, plotly, YAML) is imported inside the
+functions that need it, so `import sim.api` stays as cheap as `moesim --help` must be.
 """
 
 from __future__ import annotations
 
+import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import ConfigError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.analysis.collbench import Row
+    from sim.config import RunConfig
+    from sim.core.graph import TaskGraph
+    from sim.hardware.topology import Topology
 
 
 @dataclass
@@ -21,7 +36,10 @@ class RunResult:
     summary: dict[str, Any]
 
 
-def load_config(config: Any):
+# -- run configs ----------------------------------------------------------------------------
+
+
+def load_config(config: Any) -> RunConfig:
     """A RunConfig from a RunConfig, a mapping, or a path to a YAML file."""
     from sim.config import RunConfig
 
@@ -30,6 +48,62 @@ def load_config(config: Any):
     if isinstance(config, dict):
         return RunConfig.from_dict(config)
     return RunConfig.load(Path(config))
+
+
+def configure(
+    config: Any,
+    strategy: str | None = None,
+    params: dict[str, Any] | None = None,
+    topology: str | None = None,
+    nodes: int | None = None,
+    costs: dict[str, Any] | None = None,
+) -> RunConfig:
+    """`load_config` with the overrides the CLI's run options give (None: keep the config's);
+    `params` and `costs` are merged into the config's strategy parameters and costs."""
+    return load_config(config).with_overrides(
+        strategy=strategy, params=params or {}, topology=topology, nodes=nodes, costs=costs or {}
+    )
+
+
+def demo_config() -> RunConfig:
+    """The embedded demo config (sim/configs/demo.yaml)."""
+    from sim.config import RunConfig
+
+    return RunConfig.demo()
+
+
+def parse_params(items: list[str] | None) -> dict[str, Any]:
+    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str)."""
+    import yaml
+
+    out = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+        k, v = item.split("=", 1)
+        out[k] = yaml.safe_load(v)
+    return out
+
+
+def build_graph(config: Any) -> TaskGraph:
+    """The task graph of a run config's strategy on its cluster (not simulated)."""
+    from sim.hardware.costs import CostModel
+    from sim.strategies import Cluster, build
+
+    cfg = load_config(config)
+    topo = cfg.load_topology()
+    costs = CostModel.build(topo, cfg.costs)
+    wl = cfg.workload(topo)
+    return build(
+        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
+    )
+
+
+def export_graph(config: Any, path: str | Path) -> TaskGraph:
+    """`build_graph`, saved as task-graph JSON at `path` (what `moesim exec` runs)."""
+    graph = build_graph(config)
+    graph.to_json(path)
+    return graph
 
 
 def run(config: Any) -> RunResult:
@@ -59,14 +133,217 @@ def run(config: Any) -> RunResult:
     return RunResult(graph, df, summary)
 
 
-def parse_params(items: list[str]) -> dict[str, Any]:
-    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str)."""
+def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
+    """`run`, then (unless `out_dir` is None) the output set written atomically into
+    `out_dir`: the trace table, the Chrome trace (unless `want_trace` is false or the config
+    turns it off), the resolved config.yaml and summary.json. Returns the summary, with the
+    files written under "files"."""
+    from sim.core.io import check_output_dir
+
+    cfg = load_config(config)
+    if out_dir is not None:  # an unusable output path fails before the run, not after it
+        check_output_dir(out_dir)
+    result = run(cfg)
+    if out_dir is not None:
+        write_outputs(cfg, result, Path(out_dir), want_trace)
+    return result.summary
+
+
+def write_outputs(
+    cfg: RunConfig, result: RunResult, out_dir: Path, want_trace: bool = True
+) -> None:
+    """The output set of a run (see `run_config`): each file atomically, the manifest last
+    (`sim.core.io.OutputSet`); adds "files" to `result.summary`."""
     import yaml
 
-    out = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
-        k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
-    return out
+    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.core.io import OutputSet
+
+    fmt = cfg.output.get("trace_format", "csv")
+    if fmt not in ("csv", "parquet"):
+        raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
+    df, summary = result.trace, result.summary
+    with OutputSet(out_dir, "simulate") as out:
+        files = {"trace": str(write_table(df, out.path(f"trace.{fmt}")))}
+        if want_trace and cfg.output.get("chrome_trace", True):
+            path = write_chrome_trace(
+                df, out.path("trace.chrome.json"), cfg.output.get("max_trace_ranks")
+            )
+            files["chrome_trace"] = str(path)
+        out.write_text("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+        summary["files"] = files
+        out.write_text("summary.json", json.dumps(summary, indent=2, default=str))
+
+
+def format_summary(summary: dict[str, Any]) -> str:
+    """A run's summary as the text `moesim simulate` prints."""
+    from sim.analysis.summary import format_summary as text
+
+    return text(summary)
+
+
+# -- task graphs from elsewhere ----------------------------------------------------------------
+
+
+def replay(
+    graph: TaskGraph | str | Path,
+    topology: str | Path,
+    nodes: int | None = None,
+    costs: dict[str, Any] | None = None,
+    out_dir: str | Path | None = None,
+) -> RunResult:
+    """Simulate a task graph (or its JSON file, from `moesim graph` or any builder) on a
+    topology. `nodes` None: just enough nodes for the graph's ranks (not the preset's
+    default). With `out_dir`, the trace table and Chrome trace are written there and listed
+    under the summary's "files"."""
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+    from sim.core.graph import TaskGraph
+    from sim.engine.engine import simulate
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
+
+    if not isinstance(graph, TaskGraph):
+        graph = TaskGraph.from_json(graph)
+    if nodes is None:
+        per_node = Topology.load(topology, nodes=1).gpus_per_node
+        nodes = -(-graph.world_size // per_node)
+    topo = Topology.load(topology, nodes=nodes)
+    model = CostModel.build(topo, costs or {})
+    res = simulate(graph, topo, model)
+    df = to_frame(res)
+    summary = summarize(res, df)
+    if out_dir is not None:
+        out = Path(out_dir)
+        summary["files"] = {
+            "trace": str(write_table(df, out / "trace.csv")),
+            "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json")),
+        }
+    return RunResult(graph, df, summary)
+
+
+# -- strategies side by side --------------------------------------------------------------------
+
+
+@dataclass
+class Comparison:
+    table: pd.DataFrame  # one row per strategy (sim.analysis.compare.compare)
+    title: str
+    files: dict[str, Path] = field(default_factory=dict)
+
+    def markdown(self) -> str:
+        from sim.analysis.compare import to_markdown
+
+        return to_markdown(self.table)
+
+
+def compare(config: Any, strategies: list[str], out_dir: str | Path | None = None) -> Comparison:
+    """Simulate several strategies ("name" or "name:k=v,...") on one run config; with
+    `out_dir`, write the table (CSV, Markdown) and a chart there."""
+    from sim.analysis.compare import compare as compare_frame
+    from sim.analysis.compare import write
+
+    cfg = load_config(config)
+    df = compare_frame(cfg, strategies)
+    title = (
+        f"{cfg.topology} x{cfg.load_topology().nodes} nodes, passes {list(cfg.passes)}: "
+        f"{len(df)} strategies"
+    )
+    files = write(df, Path(out_dir), title) if out_dir is not None else {}
+    return Comparison(df, title, files)
+
+
+# -- collectives, nccl-tests style ------------------------------------------------------------
+
+
+@dataclass
+class CollectiveSweep:
+    header: dict[str, Any]  # collective, algo, topology, nodes, gpus, fidelity
+    rows: list[Row]
+
+    def report(self, as_json: bool = False) -> str:
+        """nccl-tests' table, or JSON with the header's fields and the rows."""
+        from sim.analysis.collbench import format_table
+
+        if as_json:
+            return json.dumps({**self.header, "rows": [r.as_dict() for r in self.rows]}, indent=2)
+        return format_table(self.rows, self.header)
+
+
+def collective_sweep(
+    topology: str | Path,
+    collective: str = "all_to_all",
+    algo: str | None = None,
+    min_bytes: int = 1024,
+    max_bytes: int = 2**30,
+    factor: int = 2,
+    nodes: int | None = None,
+    fidelity: str | None = None,
+    oversubscription: float | None = None,
+) -> CollectiveSweep:
+    """One collective simulated over message sizes min_bytes, min_bytes*factor, ... up to
+    max_bytes (`moesim collectives`)."""
+    from sim.analysis import collbench
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
+
+    fabric = {"oversubscription": oversubscription} if oversubscription else None
+    topo = Topology.load(topology, nodes=nodes, fabric=fabric)
+    costs = CostModel.build(topo, {"fidelity": fidelity} if fidelity else {})
+    sizes = collbench.sizes(min_bytes, max_bytes, factor)
+    rows, fid = collbench.run(topo, costs, collective, algo, sizes)
+    header = {
+        "collective": collective,
+        "algo": algo or "default",
+        "topology": topo.name,
+        "nodes": topo.nodes,
+        "gpus": topo.world_size,
+        "fidelity": fid,
+    }
+    return CollectiveSweep(header, rows)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    """`text` and a final newline, written atomically."""
+    from sim.core.io import atomic_write_text
+
+    atomic_write_text(path, text + "\n")
+    return Path(path)
+
+
+# -- topologies -------------------------------------------------------------------------------
+
+
+def topology_presets() -> list[str]:
+    """Names of the presets in topologies/ (or $MOESIM_TOPOLOGIES)."""
+    from sim.hardware.topology_spec import list_presets
+
+    return list_presets()
+
+
+def load_topology(name: str | Path, nodes: int | None = None) -> Topology:
+    """A preset name or topology YAML, with `nodes` nodes (None: the preset's)."""
+    from sim.hardware.topology import Topology
+
+    return Topology.load(name, nodes=nodes)
+
+
+def describe_topology(topo: Topology) -> str:
+    """Link classes, node template and fabric as text (`moesim topology show`)."""
+    from sim.hardware.topology_views import describe
+
+    return describe(topo)
+
+
+def draw_topology(topo: Topology, path: str | Path) -> Path:
+    """The cluster graph drawn as plotly HTML at `path`."""
+    from sim.analysis.draw import draw_topology as draw
+
+    return draw(topo, path)
+
+
+def routes_from_gpu0(topo: Topology) -> list[tuple[int, list[str]]]:
+    """(destination rank, link names) from rank 0 to every other GPU of its node and the
+    first GPU of the next node."""
+    last = min(topo.world_size, topo.gpus_per_node + 1)
+    return [(dst, [topo.link_name(lk) for lk in topo.route(0, dst)]) for dst in range(1, last)]

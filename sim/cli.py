@@ -13,53 +13,27 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sim.api import parse_params
 from sim.core.errors import ConfigError, MoesimError
 
-
-def run_config(cfg, out_dir: Path | None, want_trace: bool = True) -> dict[str, Any]:
-    """Build, simulate and write outputs for one run config; returns the summary."""
-    from sim import api
-    from sim.analysis.trace import write_chrome_trace, write_table
-
-    r = api.run(cfg)
-    df, summary = r.trace, r.summary
-    if out_dir is not None:
-        fmt = cfg.output.get("trace_format", "csv")
-        if fmt not in ("csv", "parquet"):
-            raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
-        files = {"trace": str(write_table(df, out_dir / f"trace.{fmt}"))}
-        if want_trace and cfg.output.get("chrome_trace", True):
-            files["chrome_trace"] = str(
-                write_chrome_trace(
-                    df, out_dir / "trace.chrome.json", cfg.output.get("max_trace_ranks")
-                )
-            )
-        from sim.core.io import atomic_write_text
-
-        atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-        summary["files"] = files
-        atomic_write_text(out_dir / "summary.json", json.dumps(summary, indent=2, default=str))
-    return summary
+# `sim.api` is imported inside the commands: `moesim --help` then loads argparse and nothing
+# else of note (the API's own imports are lazy too, but its dataclasses cost start-up time).
 
 
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
-    from sim.analysis.summary import format_summary
+    from sim import api
 
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        print(format_summary(summary))
+        print(api.format_summary(summary))
         for name, path in summary.get("files", {}).items():
             print(f"  wrote {name:13s} {path}")
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from sim.config import RunConfig
+    from sim import api
 
-    summary = run_config(RunConfig.demo(), Path(a.out))
+    summary = api.run_config(api.demo_config(), Path(a.out))
     _emit(summary, a.json)
     if not a.json:
         print("  open the Chrome trace in https://ui.perfetto.dev or chrome://tracing")
@@ -76,92 +50,53 @@ def _cost_overrides(a: argparse.Namespace) -> dict[str, Any]:
     return {k: v for k, v in pairs if v}
 
 
-def _overrides(a: argparse.Namespace) -> dict[str, Any]:
-    costs = _cost_overrides(a)
-    return dict(
+def _config(a: argparse.Namespace):
+    """The run config named on the command line, with the run options applied."""
+    from sim import api
+
+    return api.configure(
+        a.config,
         strategy=a.strategy,
-        params=parse_params(a.param),
+        params=api.parse_params(a.param),
         topology=a.topology,
         nodes=a.nodes,
-        costs=costs,
+        costs=_cost_overrides(a),
     )
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from sim.config import RunConfig
+    from sim import api
 
-    if str(a.config).endswith(".json"):
-        return _simulate_graph(a)
-    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
+    if str(a.config).endswith(".json"):  # a task graph: replayed as it is
+        if not a.topology:
+            raise ConfigError("simulating a graph JSON needs --topology")
+        res = api.replay(a.config, a.topology, a.nodes, _cost_overrides(a), a.out or "out")
+        _emit(res.summary, a.json)
+        return 0
+    cfg = _config(a)
     out = Path(a.out or cfg.output.get("dir", "out"))
-    _emit(run_config(cfg, out), a.json)
-    return 0
-
-
-def _simulate_graph(a: argparse.Namespace) -> int:
-    """Replay a task-graph JSON (from `moesim graph` or any builder) on a topology."""
-    from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
-    from sim.core.graph import TaskGraph
-    from sim.engine.engine import simulate
-    from sim.hardware.costs import CostModel
-    from sim.hardware.topology import Topology
-
-    if not a.topology:
-        raise ConfigError("simulating a graph JSON needs --topology")
-    graph = TaskGraph.from_json(a.config)
-    nodes = a.nodes
-    if nodes is None:  # just enough nodes for the graph's ranks, not the preset's default
-        per_node = Topology.load(a.topology, nodes=1).gpus_per_node
-        nodes = -(-graph.world_size // per_node)
-    topo = Topology.load(a.topology, nodes=nodes)
-    costs = CostModel.build(topo, _cost_overrides(a))
-    res = simulate(graph, topo, costs)
-    df = to_frame(res)
-    summary = summarize(res, df)
-    out = Path(a.out or "out")
-    summary["files"] = {
-        "trace": str(write_table(df, out / "trace.csv")),
-        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json")),
-    }
-    _emit(summary, a.json)
+    _emit(api.run_config(cfg, out), a.json)
     return 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from sim.analysis.compare import compare, to_markdown, write
-    from sim.config import RunConfig
+    from sim import api
 
-    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
-    df = compare(cfg, a.strategies)
-    title = (
-        f"{cfg.topology} x{cfg.load_topology().nodes} nodes, passes {list(cfg.passes)}: "
-        f"{len(df)} strategies"
-    )
-    files = write(df, Path(a.out), title)
+    res = api.compare(_config(a), a.strategies, a.out)
     if a.json:
-        print(df.to_json(orient="records", indent=2))
+        print(res.table.to_json(orient="records", indent=2))
     else:
-        print(title)
-        print(to_markdown(df))
-        for name, path in files.items():
+        print(res.title)
+        print(res.markdown())
+        for name, path in res.files.items():
             print(f"  wrote {name:9s} {path}")
     return 0
 
 
 def cmd_graph(a: argparse.Namespace) -> int:
-    from sim.config import RunConfig
-    from sim.hardware.costs import CostModel
-    from sim.strategies import Cluster, build
+    from sim import api
 
-    cfg = RunConfig.load(a.config).with_overrides(**_overrides(a))
-    topo = cfg.load_topology()
-    costs = CostModel.build(topo, cfg.costs)
-    wl = cfg.workload(topo)
-    graph = build(
-        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
-    )
-    graph.to_json(a.output)
+    graph = api.export_graph(_config(a), a.output)
     print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
     return 0
 
@@ -179,59 +114,43 @@ def _size(text: str) -> int:
 
 
 def cmd_collectives(a: argparse.Namespace) -> int:
-    from sim.analysis import collbench
-    from sim.core.io import atomic_write_text
-    from sim.hardware.costs import CostModel
-    from sim.hardware.topology import Topology
+    from sim import api
 
-    fabric = {"oversubscription": a.oversubscription} if a.oversubscription else None
-    topo = Topology.load(a.topology, nodes=a.nodes, fabric=fabric)
-    costs = CostModel.build(topo, {"fidelity": a.fidelity} if a.fidelity else {})
-    rows, fidelity = collbench.run(
-        topo, costs, a.collective, a.algo, collbench.sizes(a.min, a.max, a.factor)
+    sweep = api.collective_sweep(
+        a.topology,
+        a.collective,
+        a.algo,
+        a.min,
+        a.max,
+        a.factor,
+        nodes=a.nodes,
+        fidelity=a.fidelity,
+        oversubscription=a.oversubscription,
     )
-    header = {
-        "collective": a.collective,
-        "algo": a.algo or "default",
-        "topology": topo.name,
-        "nodes": topo.nodes,
-        "gpus": topo.world_size,
-        "fidelity": fidelity,
-    }
-    if a.json:
-        text = json.dumps({**header, "rows": [r.as_dict() for r in rows]}, indent=2)
-    else:
-        text = collbench.format_table(rows, header)
+    text = sweep.report(as_json=a.json)
     print(text)
     if a.out:
-        atomic_write_text(a.out, text + "\n")
+        api.write_text(a.out, text)
     return 0
 
 
 def cmd_topology(a: argparse.Namespace) -> int:
-    from sim.hardware.topology import Topology
-    from sim.hardware.topology_spec import list_presets
-    from sim.hardware.topology_views import describe
+    from sim import api
 
     if a.action == "list":
-        for name in list_presets():
+        for name in api.topology_presets():
             print(name)
         return 0
     if not a.name:
         raise ConfigError("topology show: name a preset or a YAML file")
-    topo = Topology.load(a.name, nodes=a.nodes)
-    print(describe(topo))
+    topo = api.load_topology(a.name, nodes=a.nodes)
+    print(api.describe_topology(topo))
     if a.draw:
-        from sim.analysis.draw import draw_topology
-
-        print(f"  drew {draw_topology(topo, a.draw)}")
+        print(f"  drew {api.draw_topology(topo, a.draw)}")
     if a.routes:
-        G = topo.gpus_per_node
         print("  routes from gpu0:")
-        for dst in range(1, min(topo.world_size, G + 1)):
-            print(
-                f"    rank 0 -> {dst}: " + " ".join(topo.link_name(lk) for lk in topo.route(0, dst))
-            )
+        for dst, links in api.routes_from_gpu0(topo):
+            print(f"    rank 0 -> {dst}: " + " ".join(links))
     return 0
 
 

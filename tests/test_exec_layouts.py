@@ -19,9 +19,9 @@ from exec.layers.layouts import (  # noqa: E402
     expected_expert_grads,
     reference,
     run_layouts,
-    ted,
 )
 from exec.layers.moe import DistMoE, MoESpec  # noqa: E402
+from exec.layers.ted import ted  # noqa: E402
 from sim.core.errors import ConfigError  # noqa: E402
 
 # Capacities: E4 -> C = ceil(2 * 0.65 * 16 / 4) = 6; E2 -> 11 (odd: TP and P1 pad it to a

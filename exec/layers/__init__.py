@@ -1,8 +1,8 @@
 """The real MoE layers: `moe` (the layer and its parts), the strategies registered by name in
-`registry` (`pipelined`, `fastermoe`, `mpipemoe`, `layouts` for TED and sliced Tutel), and
-`run` (every variant on every rank, compared against `sequential`).
+`registry` (`pipelined`, `fastermoe`, `mpipemoe`, `ted` and `sliced` Tutel, whose cases
+`layouts` runs), and `run` (every variant on every rank, compared against `sequential`).
 
-Importing the package registers every strategy; `pipelined` comes first because `layouts`
+Importing the package registers every strategy; `pipelined` comes first because `sliced`
 wraps the "tutel" it registers.
 """
 

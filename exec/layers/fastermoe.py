@@ -5,7 +5,7 @@ step s this rank sends the slices of the experts of group (G + s) mod n and rece
 group (G - s) mod n (one all_to_all_single with per-peer splits, zero outside those groups,
 on the stream's process group), runs its experts on them as soon as they are in, and sends
 the outputs of step s back once they are computed; the steps are queued on the
-communication threads in the order `sim.strategies.layer.comm_order` gives the simulator.
+communication threads in the order `sim.strategies.chunking.comm_order` gives the simulator.
 
 A shadowed expert e (owned by rank o = e // (E/P), local index i) leaves the exchange: its
 parameters are broadcast from o to every rank (on the 'comm.1' group, from its own thread,

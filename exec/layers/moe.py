@@ -16,7 +16,7 @@ needs nothing from the run). The layer (GShard / Switch):
 Strategies differ only in step 4 and are registered by name (`exec.layers.registry`), with the same
 names and parameters as `sim.strategies`. `pipelined` splits the capacity dimension into r
 chunks (chunk j = slots [jC/r, (j+1)C/r)) and runs the communication on threads of its own,
-one per communication stream, in the issue order `sim.strategies.layer.comm_order` gives the
+one per communication stream, in the issue order `sim.strategies.chunking.comm_order` gives the
 simulator (tutel / alternating / two_streams); each stream has its own process group. Its
 output equals `sequential`'s because every token row goes through the same expert either
 way; the tests check it, forward and backward (autograd through the all-to-alls; the backward
@@ -248,7 +248,7 @@ class DistMoE(torch.nn.Module):
 
     def __init__(self, spec: MoESpec, rank: int, comms: Comms, device: torch.device):
         super().__init__()
-        if spec.experts < spec.world:  # sliced experts: exec.layers.layouts.SlicedMoE
+        if spec.experts < spec.world:  # sliced experts: exec.layers.sliced.SlicedMoE
             raise ConfigError(
                 f"moe.experts: {spec.experts} experts on {spec.world} ranks slice each expert; "
                 f"this layer holds whole experts (exec.layers.layouts runs sliced layouts)"

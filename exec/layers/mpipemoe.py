@@ -2,7 +2,7 @@
 memory-reuse strategies of Table II for real.
 
 The forward splits the capacity dimension into n micro-batches (as `pipelined`); one thread,
-the communication stream, issues S1, S2, R1, S3, R2, ... (`sim.strategies.layer.comm_order`,
+the communication stream, issues S1, S2, R1, S3, R2, ... (`sim.strategies.chunking.comm_order`,
 "alternating") while the calling thread, the compute stream, runs each micro-batch's expert as
 soon as its dispatch has arrived. References to a micro-batch's tensors are dropped as soon as
 it is done with them, so that what stays alive is what its expert's autograd node keeps.

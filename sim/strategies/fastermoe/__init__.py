@@ -6,7 +6,7 @@ tokens meant for the experts of group (G + s) mod n and receives from group (G -
 (step 0 is its own group). The expert compute of step s starts as soon as that step's
 tokens are in, and the combine of step s (outputs back to group G - s) is queued after
 that compute, so later steps' exchanges overlap earlier steps' compute. The steps are
-queued on the communication stream(s) in one of `sim.strategies.layer.ORDERS`: `tutel` (all
+queued on the communication stream(s) in one of `sim.strategies.chunking.ORDERS`: `tutel` (all
 dispatch steps, then all combine steps) is how FastMoE's implementation queues them
 (cuda/fastermoe/smart_schedule.h). The backward pass runs the same steps on the gradients.
 
@@ -39,7 +39,8 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies.chunking import comm_order
-from sim.strategies.fastermoe.builder import _layout, _RankBuilder
+from sim.strategies.fastermoe.builder import _RankBuilder
+from sim.strategies.fastermoe.layout import step_layout
 from sim.strategies.fastermoe.selector import choose_shadow, group_layout, parse_shadow
 from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
@@ -53,7 +54,7 @@ DEFAULTS: dict[str, Any] = {
     # (cuda/fastermoe/smart_schedule.cpp).
     "group_size": 4,
     "shadow": "auto",  # "auto" (the greedy rule), "none", or a list of expert ids
-    "order": "tutel",  # issue order of the steps (sim.strategies.layer.ORDERS)
+    "order": "tutel",  # issue order of the steps (sim.strategies.chunking.ORDERS)
 }
 
 
@@ -67,7 +68,7 @@ def build(
     g, n = group_layout(layer.world, params["group_size"])
     seq = comm_order(n, params["order"])  # checks the order
     shadow, info = choose_shadow(layer, params, passes, cluster)
-    lay = _layout(layer, g, n, shadow)
+    lay = step_layout(layer, g, n, shadow)
     graph = TaskGraph(
         layer.world,
         meta={

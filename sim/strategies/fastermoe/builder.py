@@ -3,12 +3,8 @@ broadcast and local compute (see the package doc)."""
 
 from __future__ import annotations
 
-import math
-from dataclasses import dataclass
-
-import numpy as np
-
 from sim.core.graph import Task
+from sim.strategies.fastermoe.layout import StepLayout
 from sim.strategies.fastermoe.rule import param_bytes
 from sim.strategies.steps import ComputeSteps, dgrad_shape, step_tags, task_id, wgrad_shape
 from sim.workload.moe import MoELayer
@@ -16,46 +12,11 @@ from sim.workload.moe import MoELayer
 COUNT_BYTES = 8  # one int64 token count per expert in the count all-gather
 
 
-@dataclass
-class _Layout:
-    """Token rows of the layer under a shadow set: rows[p, q] p sends to q (unshadowed)."""
-
-    g: int
-    n: int
-    shadow: tuple[int, ...]
-    tok: np.ndarray  # [P, E]
-    rows: np.ndarray  # [P, P]
-    members: dict[tuple[int, int], list[int]]  # (step, cycle) -> ranks, one shared list
-
-    def group(self, rank: int) -> int:
-        return rank // self.g
-
-    def cycle(self, s: int, rank: int) -> tuple[int, list[int]]:
-        d = math.gcd(self.n, s)  # gcd(n, 0) = n: every group alone at step 0
-        c = self.group(rank) % d
-        return c, self.members[(s, c)]
-
-
-def _layout(layer: MoELayer, g: int, n: int, shadow: tuple[int, ...]) -> _Layout:
-    P, El = layer.world, layer.local_experts
-    tok = layer.tokens_matrix.astype(float)
-    kept = tok.copy()
-    kept[:, list(shadow)] = 0
-    rows = kept.reshape(P, P, El).sum(axis=2)  # experts of rank q are q*El .. q*El+El-1
-    members: dict[tuple[int, int], list[int]] = {}
-    for s in range(n):
-        d = math.gcd(n, s)
-        for c in range(d):
-            members[(s, c)] = [r for r in range(P) if (r // g) % d == c]
-    return _Layout(g, n, shadow, tok, rows, members)
-
-
-
 class _RankBuilder(ComputeSteps):
     def __init__(
         self,
         layer: MoELayer,
-        lay: _Layout,
+        lay: StepLayout,
         rank: int,
         passes: tuple[str, ...],
         seq: list[tuple[str, int, str]],
@@ -130,7 +91,7 @@ class _RankBuilder(ComputeSteps):
         )
 
     def _shapes(self, s: int) -> tuple[dict, dict] | None:
-        """fc1 / fc2 shapes of step s, as sim.strategies.layer sizes them (None: no rows)."""
+        """fc1 / fc2 shapes of step s, as sim.strategies.chunking sizes them (None: no rows)."""
         l, lay = self.l, self.lay
         rows = self._step_rows(s)
         if rows <= 0:
@@ -161,6 +122,68 @@ class _RankBuilder(ComputeSteps):
             {"batch": 1, "m": rows, "n": l.hidden_dim, "k": l.model_dim},
             {"batch": 1, "m": rows, "n": l.model_dim, "k": l.hidden_dim},
         )
+
+    def _expert_fwd(
+        self,
+        phase: str,
+        pre: str,
+        j: int,
+        fc1: dict,
+        fc2: dict,
+        deps: list[str],
+        fc1_allocs: dict,
+        fc2_allocs: dict | None,
+        fc2_frees: list[str],
+    ) -> str:
+        """fc1 then fc2 of an expert (steps `{pre}fc1`, `{pre}fc2`); returns fc2's id."""
+        a = self._compute(
+            phase,
+            f"{pre}fc1",
+            "gemm",
+            self._flops(fc1),
+            self._gemm_bytes(fc1),
+            deps,
+            j,
+            fc1,
+            allocs=fc1_allocs,
+        )
+        return self._compute(
+            phase,
+            f"{pre}fc2",
+            "gemm",
+            self._flops(fc2),
+            self._gemm_bytes(fc2),
+            [a],
+            j,
+            fc2,
+            allocs=fc2_allocs,
+            frees=fc2_frees,
+        )
+
+    def _expert_bwd(
+        self,
+        phase: str,
+        pre: str,
+        j: int,
+        fc1: dict,
+        fc2: dict,
+        deps: list[str],
+        fc2_frees: list[str],
+        fc1_frees: list[str],
+    ) -> tuple[str, str]:
+        """dgrad and wgrad of fc2 then fc1 (twice the forward GEMM work); returns the ids of
+        fc1's dgrad (the input gradient) and of its wgrad (the last task)."""
+        fl1, fl2 = self._flops(fc1), self._flops(fc2)
+        b1, b2 = self._gemm_bytes(fc1), self._gemm_bytes(fc2)
+        d2 = self._compute(phase, f"{pre}fc2_dgrad", "gemm", fl2, b2, deps, j, dgrad_shape(fc2))
+        w2 = self._compute(
+            phase, f"{pre}fc2_wgrad", "gemm", fl2, b2, [d2], j, wgrad_shape(fc2), frees=fc2_frees
+        )
+        d1 = self._compute(phase, f"{pre}fc1_dgrad", "gemm", fl1, b1, [w2], j, dgrad_shape(fc1))
+        w1 = self._compute(
+            phase, f"{pre}fc1_wgrad", "gemm", fl1, b1, [d1], j, wgrad_shape(fc1), frees=fc1_frees
+        )
+        return d1, w1
 
     # -- passes ------------------------------------------------------------------------------
     def pass_(self, phase: str) -> None:
@@ -220,47 +243,8 @@ class _RankBuilder(ComputeSteps):
                 shapes = self._shadow_shapes(x)
                 if shapes is not None:
                     fc1, fc2 = shapes
-                    d2 = self._compute(
-                        phase,
-                        "shadow_fc2_dgrad",
-                        "gemm",
-                        self._flops(fc2),
-                        self._gemm_bytes(fc2),
-                        [head],
-                        x,
-                        dgrad_shape(fc2),
-                    )
-                    w2 = self._compute(
-                        phase,
-                        "shadow_fc2_wgrad",
-                        "gemm",
-                        self._flops(fc2),
-                        self._gemm_bytes(fc2),
-                        [d2],
-                        x,
-                        wgrad_shape(fc2),
-                        frees=[f"smid.{x}"] if self.has_fwd else [],
-                    )
-                    d1 = self._compute(
-                        phase,
-                        "shadow_fc1_dgrad",
-                        "gemm",
-                        self._flops(fc1),
-                        self._gemm_bytes(fc1),
-                        [w2],
-                        x,
-                        dgrad_shape(fc1),
-                    )
-                    last = self._compute(
-                        phase,
-                        "shadow_fc1_wgrad",
-                        "gemm",
-                        self._flops(fc1),
-                        self._gemm_bytes(fc1),
-                        [d1],
-                        x,
-                        wgrad_shape(fc1),
-                    )
+                    smid = [f"smid.{x}"] if self.has_fwd else []
+                    d1, last = self._expert_bwd(phase, "shadow_", x, fc1, fc2, [head], smid, [])
                     shadow_done.append(d1)
                 self._add(
                     "comm.1",
@@ -299,72 +283,20 @@ class _RankBuilder(ComputeSteps):
             got = first[s].id
             if fwd:
                 mid = float(e * fc1["batch"] * fc1["m"] * fc1["n"])
-                a = self._compute(
+                last_of[s] = self._expert_fwd(
                     phase,
-                    "fc1",
-                    "gemm",
-                    self._flops(fc1),
-                    self._gemm_bytes(fc1),
-                    [got],
+                    "",
                     s,
                     fc1,
-                    allocs={f"mid.{s}": mid},
-                )
-                last_of[s] = self._compute(
-                    phase,
-                    "fc2",
-                    "gemm",
-                    self._flops(fc2),
-                    self._gemm_bytes(fc2),
-                    [a],
-                    s,
                     fc2,
-                    allocs={f"do.{s}": self._step_rows(s) * rb},
-                    frees=[] if self.keep else [f"di.{s}", f"mid.{s}"],
+                    [got],
+                    {f"mid.{s}": mid},
+                    {f"do.{s}": self._step_rows(s) * rb},
+                    [] if self.keep else [f"di.{s}", f"mid.{s}"],
                 )
             else:
-                d2 = self._compute(
-                    phase,
-                    "fc2_dgrad",
-                    "gemm",
-                    self._flops(fc2),
-                    self._gemm_bytes(fc2),
-                    [got],
-                    s,
-                    dgrad_shape(fc2),
-                )
-                w2 = self._compute(
-                    phase,
-                    "fc2_wgrad",
-                    "gemm",
-                    self._flops(fc2),
-                    self._gemm_bytes(fc2),
-                    [d2],
-                    s,
-                    wgrad_shape(fc2),
-                    frees=[f"mid.{s}"] if self.has_fwd else [],
-                )
-                d1 = self._compute(
-                    phase,
-                    "fc1_dgrad",
-                    "gemm",
-                    self._flops(fc1),
-                    self._gemm_bytes(fc1),
-                    [w2],
-                    s,
-                    dgrad_shape(fc1),
-                )
-                last_of[s] = self._compute(
-                    phase,
-                    "fc1_wgrad",
-                    "gemm",
-                    self._flops(fc1),
-                    self._gemm_bytes(fc1),
-                    [d1],
-                    s,
-                    wgrad_shape(fc1),
-                    frees=[f"di.{s}"] if self.has_fwd else [],
-                )
+                mid, di = ([f"mid.{s}"], [f"di.{s}"]) if self.has_fwd else ([], [])
+                _, last_of[s] = self._expert_bwd(phase, "", s, fc1, fc2, [got], mid, di)
 
         if fwd:
             # Shadowed experts on my own tokens, once their parameters are in; after the
@@ -374,28 +306,17 @@ class _RankBuilder(ComputeSteps):
                 if shapes is None:
                     continue
                 fc1, fc2 = shapes
-                a = self._compute(
-                    phase,
-                    "shadow_fc1",
-                    "gemm",
-                    self._flops(fc1),
-                    self._gemm_bytes(fc1),
-                    [bcast[x], head],
-                    x,
-                    fc1,
-                    allocs={f"smid.{x}": float(e * fc1["m"] * fc1["n"])},
-                )
                 shadow_done.append(
-                    self._compute(
+                    self._expert_fwd(
                         phase,
-                        "shadow_fc2",
-                        "gemm",
-                        self._flops(fc2),
-                        self._gemm_bytes(fc2),
-                        [a],
+                        "shadow_",
                         x,
+                        fc1,
                         fc2,
-                        frees=[] if self.keep else [f"smid.{x}", f"shadow.{x}"],
+                        [bcast[x], head],
+                        {f"smid.{x}": float(e * fc1["m"] * fc1["n"])},
+                        None,
+                        [] if self.keep else [f"smid.{x}", f"shadow.{x}"],
                     )
                 )
 

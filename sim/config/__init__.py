@@ -13,37 +13,13 @@ from typing import Any
 
 import yaml
 
+from sim.config.schema import RunSpec
 from sim.core.errors import ConfigError
+from sim.core.schema import check
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
-from sim.strategies.steps import PASSES
 from sim.workload.moe import MoELayer
-from sim.workload.parallel import SIZES, ParallelLayout, from_spec
-
-TOP_FIELDS = {
-    "topology",
-    "nodes",
-    "fabric",
-    "parallel",
-    "model",
-    "strategy",
-    "passes",
-    "costs",
-    "output",
-}
-MODEL_FIELDS = {
-    "batch",
-    "seq_len",
-    "model_dim",
-    "hidden_dim",
-    "experts",
-    "experts_per_gpu",
-    "top_k",
-    "capacity_factor",
-    "dtype",
-    "routing",
-}
-OUTPUT_FIELDS = {"dir", "trace_format", "chrome_trace", "max_trace_ranks"}
+from sim.workload.parallel import ParallelLayout, from_spec
 
 
 @dataclass
@@ -62,61 +38,25 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{source}: expected a mapping at top level")
-        unknown = set(raw) - TOP_FIELDS
-        if unknown:
-            raise ConfigError(
-                f"{source}: unknown field(s) {sorted(unknown)} (known: {sorted(TOP_FIELDS)})"
-            )
-        topo = raw.get("topology")
-        if not isinstance(topo, str):
-            raise ConfigError(
-                f"{source}: topology: expected a preset name or YAML path, got {topo!r}"
-            )
-        nodes = raw.get("nodes")
-        if nodes is not None and (
-            not isinstance(nodes, int) or isinstance(nodes, bool) or nodes < 1
-        ):
-            raise ConfigError(f"{source}: nodes: expected a positive integer, got {nodes!r}")
-        model = raw.get("model")
-        if not isinstance(model, dict):
-            raise ConfigError(f"{source}: model: expected a mapping of layer sizes")
-        bad = set(model) - MODEL_FIELDS
-        if bad:
-            raise ConfigError(
-                f"{source}: model: unknown field(s) {sorted(bad)} (known: {sorted(MODEL_FIELDS)})"
-            )
-        strat = raw.get("strategy", {"name": "sequential"})
+        """Checked against the schema (`sim.config.schema.RunSpec`) first: every field's
+        type, range and spelling, all problems of the file in one line."""
+        check(RunSpec, raw, source)
+        topo, nodes, model = raw["topology"], raw.get("nodes"), raw["model"]
+        strat = raw.get("strategy") or {"name": "sequential"}
         if isinstance(strat, str):
             strat = {"name": strat}
-        if not isinstance(strat, dict) or "name" not in strat:
-            raise ConfigError(f"{source}: strategy: expected a mapping with 'name'")
         params = {k: v for k, v in strat.items() if k != "name"}
-        resolve_params(strat["name"], params)
-        passes = raw.get("passes", ["fwd"])
+        try:
+            resolve_params(strat["name"], params)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: {e}") from None
+        passes = raw.get("passes") or ["fwd"]
         if isinstance(passes, str):
             passes = [passes]
-        if not isinstance(passes, list) or not passes or any(p not in PASSES for p in passes):
-            raise ConfigError(
-                f"{source}: passes: expected a list from {list(PASSES)}, got {passes!r}"
-            )
         costs = raw.get("costs") or {}
-        if not isinstance(costs, dict):
-            raise ConfigError(f"{source}: costs: expected a mapping")
         output = raw.get("output") or {}
-        if not isinstance(output, dict) or set(output) - OUTPUT_FIELDS:
-            raise ConfigError(
-                f"{source}: output: expected a mapping with fields from {sorted(OUTPUT_FIELDS)}"
-            )
         parallel = raw.get("parallel")
-        if parallel is not None and not isinstance(parallel, dict):
-            raise ConfigError(
-                f"{source}: parallel: expected a mapping with sizes from {list(SIZES)}"
-            )
         fabric = raw.get("fabric") or {}
-        if not isinstance(fabric, dict):
-            raise ConfigError(f"{source}: fabric: expected a mapping of fabric overrides")
         return cls(
             topo,
             nodes,
