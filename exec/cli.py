@@ -255,8 +255,8 @@ def _load(path: str, nprocs: int, strategy: str | None = None, params: list[str]
         return TaskGraph.from_json(path), None
     cfg = RunConfig.load(path).with_overrides(strategy=strategy, params=parse_params(params))
     # the topology only sizes simulations; here the world is the processes we start
-    layer = cfg.layer(nprocs)
-    return build(cfg.strategy, layer, cfg.strategy_params, cfg.passes), cfg
+    wl = cfg.workload_for(nprocs)
+    return build(cfg.strategy, wl.layer, wl.params, cfg.passes, layout=wl.layout), cfg
 
 
 def _run_graph(a: argparse.Namespace, graph, nprocs: int, torchrun: bool, out: Path) -> int:
@@ -339,6 +339,12 @@ def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> 
     from sim.workload.moe import MoELayer
 
     if cfg is not None:
+        lay = cfg.workload_for(nprocs).layout
+        if lay is not None and lay.dp > 1:
+            raise ExecError(
+                f"parallel.dp {lay.dp}: the real layer (--moe) runs one expert-parallel group; "
+                "run the graph without --moe to execute every replica"
+            )
         layer = cfg.layer(nprocs)
         name, params = cfg.strategy, dict(cfg.strategy_params)
     else:  # a graph from sim.strategies carries its layer and strategy in meta

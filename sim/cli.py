@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -155,7 +156,9 @@ def cmd_topology(a: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moesim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="moesim", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
@@ -254,15 +257,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The error boundary: every user mistake and every refused file or path becomes one
+    line on stderr and exit 2, never a traceback."""
+    import signal
+
+    # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
+    signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except MoesimError as e:
-        print(f"moesim: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except UnicodeDecodeError as e:
+        return _fail(f"not UTF-8 text ({e.reason} at byte {e.start})")
+    except RecursionError:
+        return _fail("input nested too deeply")
+    except MemoryError:
+        return _fail("out of memory (an input or a size limit too large?)")
+    except BrokenPipeError:  # `moesim ... | head`: the reader left; nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
+        return 0
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        return _fail(f"{e.strerror or e}{where}")
     except KeyboardInterrupt:
         print("moesim: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # YAML and other parser errors raised past a loader
+        if type(e).__module__.startswith("yaml"):
+            return _fail(f"not valid YAML ({' '.join(str(e).split())})")
+        raise
+
+
+def _fail(message: str) -> int:
+    print(f"moesim: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
