@@ -114,7 +114,7 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
         "network": res.costs.network,
         "fidelity": res.stats.get("fidelity", {}),
         "stats": res.stats,
-    }
+    } | ({"symmetry": res.stats["symmetry"]} if "symmetry" in res.stats else {})
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -141,6 +141,15 @@ def format_summary(s: dict[str, Any]) -> str:
     )
     fid = ", ".join(f"{k}: {v}" for k, v in s["fidelity"].items())
     lines.append(f"  network model      {s['network']} ({fid} collectives)")
+    sym = s.get("symmetry")
+    if sym and sym.get("used"):
+        lines.append(
+            f"  symmetry           {sym['ranks']} ranks as {sym['ranks_simulated']} simulated "
+            f"({sym['replicas']} replica(s); node classes: {sym['node_classes']}); rows and "
+            f"memory are the first replica's"
+        )
+    elif sym:
+        lines.append(f"  symmetry           not used: {sym['reason']}")
     return "\n".join(lines)
 
 

@@ -5,56 +5,36 @@ launches when its stream reaches it and its dependencies are done. A collective 
 every member has launched it (NCCL semantics: a launched member occupies its stream while it
 waits, recorded as `sync_wait`). In flow mode a collective becomes phases of flows whose rates
 are max-min fair shares, recomputed whenever flows start or end; in collective mode it takes
-alpha + beta * bytes. A task's speed is scaled by the interference table according to which
-other stream kinds are busy on its GPU. Tasks left when no event remains are a deadlock,
-reported with what each blocked stream waits for.
+alpha + beta * bytes (both in `sim.engine.comm`). A task's speed is scaled by the
+interference table according to which other stream kinds are busy on its GPU. Tasks left
+when no event remains are a deadlock, reported with what each blocked stream waits for.
 
 The engine is callback-driven on SimPy's event queue (no generator per task), which keeps a
-2,048-GPU layer in seconds.
+2,048-GPU layer in seconds. Given a `Symmetry`, the graph holds only representative ranks'
+tasks and the network carries the copies they stand for (`sim.engine.symmetric` builds both).
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 import simpy
 
 from sim.core.errors import DeadlockError, GraphError
-from sim.core.graph import Task, TaskGraph
+from sim.core.graph import TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
-from sim.hardware import collectives as coll_algos
+from sim.engine.comm import Comm
+from sim.engine.result import SimResult
+from sim.engine.symmetry import Symmetry
 from sim.hardware.costs import CostModel
-from sim.hardware.network import (
-    BundleBatch,
-    FlowNetwork,
-    bundled_uniform,
-    pair_mask,
-    per_flow,
-    product_layout,
-)
+from sim.hardware.network import FlowNetwork
 from sim.hardware.topology import Topology
 
-
-@dataclass
-class SimResult:
-    graph: TaskGraph
-    topology: Topology
-    costs: CostModel
-    start: np.ndarray  # per task, in graph order: launch time on its stream
-    end: np.ndarray
-    sync_wait: np.ndarray  # time a collective member waited for the others
-    link_bytes: np.ndarray  # bytes carried per link instance
-    mem_peak: np.ndarray  # per rank, bytes
-    mem_timeline: list[tuple[float, int, float]]  # (time, rank, bytes in use)
-    stats: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def makespan(self) -> float:
-        return float(self.end.max() - self.start.min()) if len(self.end) else 0.0
+__all__ = ["Engine", "SimResult", "simulate"]
 
 
 class _Activity:
@@ -67,26 +47,21 @@ class _Activity:
         self.remaining, self.rate, self.last, self.version = work, 1.0, now, 0
 
 
-class _CollRun:
-    """A running collective (or send/recv pair): its phases and who is still waiting."""
-
-    __slots__ = ("members", "rank_task", "phases", "k", "pending", "bundles_left", "kind")
-
-    def __init__(self, members: list[int], rank_task: dict[int, int], phases: list, kind: str):
-        self.members, self.rank_task, self.phases, self.kind = members, rank_task, phases, kind
-        self.k = 0
-        self.pending: np.ndarray | None = None
-        self.bundles_left = 0
-
-
-class Engine:
-    def __init__(self, graph: TaskGraph, topo: Topology, costs: CostModel):
+class Engine(Comm):
+    def __init__(
+        self,
+        graph: TaskGraph,
+        topo: Topology,
+        costs: CostModel,
+        symmetry: Symmetry | None = None,
+    ):
         if graph.world_size > topo.world_size:
             raise GraphError(
                 f"graph has {graph.world_size} ranks but topology {topo.name} with "
                 f"{topo.nodes} node(s) has only {topo.world_size} GPUs"
             )
         self.graph, self.topo, self.costs = graph, topo, costs
+        self.sym = symmetry
         self.dispatch = costs.dispatch
         self.jitter = costs.jitter.sampler() if costs.jitter else None
         self.env = simpy.Environment()
@@ -278,209 +253,6 @@ class Engine:
                 self._rerate(act)
             if self.net.rate_scale is not None and self.net.active:
                 self._net_touch()
-
-    def _flow_scale(self, m: BundleBatch, owners: np.ndarray) -> np.ndarray:
-        # A bundle's speed follows the interference on its first source rank (bundles are
-        # symmetric, so any member stands for all); copies are `copy` work, the rest `comm`.
-        first = np.full(len(m.count), -1, dtype=np.int64)
-        first[m.rank_b[::-1]] = m.rank_r[::-1]
-        out = np.ones(len(m.count))
-        for o in np.unique(owners):
-            kind = "copy" if self.owners[o].kind in ("d2h", "h2d") else "comm"
-            of_owner = owners == o
-            for r in np.unique(first[of_owner]):
-                busy = self.busy[int(r)]
-                others = frozenset(k for k, c in busy.items() if c > 0 and k != kind)
-                out[of_owner & (first == r)] = self.costs.interference.speed(kind, others)
-        return out
-
-    # -- communication -----------------------------------------------------------------------
-    def _arrive(self, i: int) -> None:
-        t = self.tasks[i]
-        cid = t.coll
-        self.coll_arrived[cid] += 1  # type: ignore[index]
-        members = self.coll_members[cid]  # type: ignore[index]
-        if self.coll_arrived[cid] < len(members):  # type: ignore[index]
-            return
-        now = self.env.now
-        for m in members:
-            self.sync_wait[m] = now - self.start[m]
-        tasks = [self.tasks[m] for m in members]
-        rank_task = {self.tasks[m].rank: m for m in members}
-        if t.kind in P2P_KINDS:
-            snd = next(x for x in tasks if x.kind == "send")
-            phases = [
-                coll_algos.ExplicitPhase(
-                    np.array([snd.rank]), np.array([snd.peer]), np.array([snd.bytes])
-                )
-            ]
-            kind = "send"
-        else:
-            phases = coll_algos.phases(tasks, self.topo) if self.flow_mode else []
-            kind = t.kind
-        run = _CollRun(members, rank_task, phases, kind)
-        if not self.flow_mode:
-            self.fidelity_used["collective"] += 1
-            n = len(members) if t.kind in COLLECTIVE_KINDS else 2
-            # one draw per collective: it is one operation, as slow as it is for everyone
-            noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
-            for m in members:
-                dur = self.costs.collective.duration(kind, n, coll_algos.payload(self.tasks[m]))
-                self._local(m, "comm", dur * noise)
-            return
-        self._start_phase(run)
-
-    def _start_phase(self, run: _CollRun) -> None:
-        if run.k >= len(run.phases):
-            for m in run.members:
-                if math.isnan(self.end[m]):
-                    self._finish(m)
-            return
-        phase = run.phases[run.k]
-        if isinstance(phase, coll_algos.LocalPhase):
-            # Every member copies the same bytes; the phase ends when they all have.
-            t0 = self.tasks[run.members[0]]
-            copy = Task(
-                f"{t0.id}#copy",
-                t0.rank,
-                "copy",
-                "d2d",
-                bytes=2.0 * phase.nbytes,
-                tags={"dtype": t0.tags.get("dtype", "bf16")},
-            )
-            self._after(self.costs.compute.duration(copy), self._next_phase, run)
-            return
-        batch = self._bundle(phase, len(run.members))
-        run.pending = np.bincount(batch.rank_r, minlength=self.graph.world_size)
-        run.bundles_left = len(batch)
-        if run.bundles_left == 0:
-            self._next_phase(run)
-            return
-        if run.k == len(run.phases) - 1:
-            # Members no flow touches are done as soon as the last phase starts.
-            for r, m in run.rank_task.items():
-                if run.pending[r] == 0:
-                    self._finish(m)
-        owner = len(self.owners)
-        self.owners.append(run)
-        for lat in np.unique(batch.latency):
-            sub = batch.select(batch.latency == lat)
-            self._after(float(lat), self._net_add, sub, owner)
-
-    def _next_phase(self, run: _CollRun) -> None:
-        run.k += 1
-        self._start_phase(run)
-
-    def _bundle(self, phase, group_size: int) -> BundleBatch:
-        """Flows of one phase, bundled where that is exact and asked for (counted per phase)."""
-        alpha = self.costs.alpha
-        if isinstance(phase, coll_algos.UniformPhase):
-            fid = self.costs.fidelity
-            want = fid == "bundled" or (fid == "auto" and group_size >= self.costs.bundle_min_ranks)
-            layout = product_layout(self.topo, phase.members) if want else None
-            if layout is not None:
-                batch = bundled_uniform(
-                    self.topo, layout[0], layout[1], phase.per_pair, alpha, phase.pairs, phase.relay
-                )
-                if batch is not None:
-                    self.fidelity_used["bundled"] += 1
-                    return batch
-            mem = phase.members
-            src = np.repeat(mem, len(mem))
-            dst = np.tile(mem, len(mem))
-            keep = pair_mask(self.topo, src, dst, phase.pairs)
-            self.fidelity_used["flow"] += 1
-            return per_flow(
-                self.topo,
-                src[keep],
-                dst[keep],
-                np.full(int(keep.sum()), phase.per_pair),
-                alpha,
-                phase.relay,
-            )
-        self.fidelity_used["flow"] += 1
-        return per_flow(self.topo, phase.src, phase.dst, phase.nbytes, alpha, phase.relay)
-
-    def _copy(self, i: int) -> None:
-        t = self.tasks[i]
-        fitted = getattr(self.costs.compute, "params", {}).get(t.kind)
-        if not self.flow_mode and fitted is not None:  # a calibrated copy engine
-            self._local(i, "copy", fitted[0] + fitted[1] * t.bytes)
-            return
-        route = self.topo.host_route(t.rank, to_host=t.kind == "d2h")
-        if not self.flow_mode:
-            bw = float(self.topo.link_cap[route].min())
-            self._local(i, "copy", self.costs.alpha + t.bytes / bw)
-            return
-        if t.bytes <= 0:
-            self._finish(i)
-            return
-        links = np.asarray(route, dtype=np.int64)
-        batch = BundleBatch(
-            np.ones(1),
-            np.array([float(t.bytes)]),
-            np.array([self.costs.alpha + self.topo.route_latency(route)]),
-            np.zeros(len(links), dtype=np.int64),
-            links,
-            np.ones(len(links)),
-            np.zeros(1, dtype=np.int64),
-            np.array([t.rank]),
-        )
-        run = _CollRun([i], {t.rank: i}, [], t.kind)
-        run.pending = np.bincount(batch.rank_r, minlength=self.graph.world_size)
-        run.bundles_left = 1
-        owner = len(self.owners)
-        self.owners.append(run)
-        self._after(float(batch.latency[0]), self._net_add, batch, owner)
-
-    # -- network event loop ------------------------------------------------------------------
-    def _net_add(self, batch: BundleBatch, owner: int) -> None:
-        self.net.add(batch, owner)
-        self._net_touch()
-
-    def _net_touch(self) -> None:
-        """Recompute rates once per instant, after every change made at this instant."""
-        if self._net_dirty:
-            return
-        self._net_dirty = True
-        ev = self.env.event()
-        ev.callbacks.append(self._net_resolve)
-        ev.succeed()
-
-    def _net_resolve(self, _ev=None) -> None:
-        self._net_dirty = False
-        self.net.recompute()
-        self._net_version += 1
-        t = self.net.next_finish()
-        if math.isfinite(t):
-            v = self._net_version
-            self._after(t - self.env.now, self._net_fire, v)
-
-    def _net_fire(self, version: int) -> None:
-        if version != self._net_version:
-            return
-        finished = self.net.pop_finished()
-        for owner, n_bundles, ranks in finished:
-            run: _CollRun = self.owners[owner]
-            run.bundles_left -= n_bundles
-            assert run.pending is not None
-            np.subtract.at(run.pending, ranks, 1)
-            last = run.k == len(run.phases) - 1 or not run.phases
-            if last:
-                for r in np.unique(ranks):
-                    if run.pending[r] == 0 and int(r) in run.rank_task:
-                        m = run.rank_task[int(r)]
-                        if math.isnan(self.end[m]):
-                            self._finish(m)
-            if run.bundles_left == 0:
-                self.owners[owner] = None
-                if run.phases:
-                    self._next_phase(run)
-                else:
-                    for m in run.members:
-                        if math.isnan(self.end[m]):
-                            self._finish(m)
-        self._net_touch()
 
     # -- diagnostics -------------------------------------------------------------------------
     def _deadlock_report(self) -> str:

@@ -21,6 +21,7 @@ from sim.hardware.topology import Topology
 
 NETWORK_MODES = ("flow", "collective")
 FIDELITIES = ("auto", "flow", "bundled")
+SYMMETRY_MODES = ("auto", "on", "off")
 
 
 @dataclass
@@ -35,6 +36,7 @@ class CostModel:
     dispatch: Dispatch = Dispatch()  # launch latency of ready tasks (sim.hardware.costs.dispatch)
     jitter: Jitter | None = None  # run-to-run noise (costs.jitter); None: the ideal run
     finish_rtol: float = FINISH_RTOL  # flows ending this close (x now) end together
+    symmetry: str = "auto"  # simulate representatives of equivalent ranks (sim.engine.symmetric)
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
@@ -89,6 +91,9 @@ class CostModel:
             raise ConfigError(
                 f"costs.finish_rtol: expected a relative time window in [0, 0.05], got {rtol!r}"
             )
+        symmetry = spec.pop("symmetry", "auto")
+        if symmetry not in SYMMETRY_MODES:
+            raise ConfigError(f"costs.symmetry: expected one of {SYMMETRY_MODES}, got {symmetry!r}")
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
         return cls(
@@ -102,4 +107,5 @@ class CostModel:
             dispatch,
             jitter,
             float(rtol),
+            symmetry,
         )

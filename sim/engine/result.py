@@ -1,0 +1,30 @@
+"""What a simulation returns: per-task times, link bytes, memory, and how the run was made."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.core.graph import TaskGraph
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+
+
+@dataclass
+class SimResult:
+    graph: TaskGraph
+    topology: Topology
+    costs: CostModel
+    start: np.ndarray  # per task, in graph order: launch time on its stream
+    end: np.ndarray
+    sync_wait: np.ndarray  # time a collective member waited for the others
+    link_bytes: np.ndarray  # bytes carried per link instance
+    mem_peak: np.ndarray  # per rank, bytes
+    mem_timeline: list[tuple[float, int, float]]  # (time, rank, bytes in use)
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def makespan(self) -> float:
+        return float(self.end.max() - self.start.min()) if len(self.end) else 0.0
