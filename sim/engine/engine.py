@@ -198,7 +198,7 @@ class Engine:
         self._set_busy(t.rank, t.stream_kind, +1)
         if t.kind in COLLECTIVE_KINDS or t.kind in P2P_KINDS:
             self._arrive(i)
-        elif t.kind in ("d2h", "h2d"):
+        elif t.kind in ("d2h", "h2d") and self.costs.measured(t) is None:
             self._copy(i)
         else:  # compute kinds and d2d run locally
             dur = self.costs.compute.duration(t)
@@ -324,7 +324,7 @@ class Engine:
             # one draw per collective: it is one operation, as slow as it is for everyone
             noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
             for m in members:
-                dur = self.costs.collective.duration(kind, n, coll_algos.payload(self.tasks[m]))
+                dur = self.costs.comm_duration(self.tasks[m], kind, n)
                 self._local(m, "comm", dur * noise)
             return
         self._start_phase(run)
