@@ -345,7 +345,7 @@ class RankTrace:
         c = info.get("collective") or kn.collective_of(name) or "alltoall"
         op.kind = kn.COLLECTIVES[c]
         op.bytes = info.get("bytes", 0.0)
-        if c == "alltoall" and info.get("split") and len(set(info["split"])) > 1:
+        if op.kind == "all_to_all" and info.get("split") and len(set(info["split"])) > 1:
             op.kind, op.split = "all_to_allv", info["split"]
         op.match = ("nccl", *info["key"]) if "key" in info else ("nccl", c)
         if op.kind in ("send", "recv"):  # peers are not recorded: rank-local replay
