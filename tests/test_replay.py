@@ -282,6 +282,11 @@ def test_bad_tables(tmp_path):
     with pytest.raises(ConfigError, match="empty.csv: empty file") as e:
         replay(empty)
     _one_line(e)
+    cut = tmp_path / "cut.csv"
+    cut.write_bytes((EXEC / "trace.csv").read_bytes()[:3000])
+    with pytest.raises(ConfigError, match="cut.csv: the last line is incomplete") as e:
+        replay(cut)
+    _one_line(e)
     header = tmp_path / "header.csv"
     header.write_text("id,rank,stream,kind,start,end\n")
     with pytest.raises(ConfigError, match="header.csv: has no rows"):

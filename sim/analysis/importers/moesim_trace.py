@@ -33,6 +33,14 @@ def read_table(path: str | Path) -> pd.DataFrame:
     what = f"trace {p}"
     if not p.is_file():
         raise ConfigError(f"{what}: not found")
+    if p.suffix != ".parquet":
+        with p.open("rb") as f:  # a CSV cut mid-row still parses: its last line tells
+            f.seek(max(p.stat().st_size - 1, 0))
+            last = f.read(1)
+        if last not in (b"", b"\n"):
+            raise ConfigError(
+                f"{what}: the last line is incomplete (truncated?); expected a moesim trace CSV"
+            )
     try:
         df = pd.read_parquet(p) if p.suffix == ".parquet" else pd.read_csv(p)
     except ImportError as e:
