@@ -159,8 +159,8 @@ class RankTrace:
                 self.host[(e.get("pid"), e.get("tid"))].append(e)
             elif cat in DEVICE_CATS:
                 args = e.get("args") or {}
-                self.device[(args.get("device", e.get("pid")), args.get("stream", e.get("tid")))]\
-                    .append(e)  # fmt: skip
+                lane = (args.get("device", e.get("pid")), args.get("stream", e.get("tid")))
+                self.device[lane].append(e)
 
     def t(self, us: float) -> float:
         return (float(us) - self.base) * 1e-6
@@ -232,7 +232,7 @@ class RankTrace:
             name = e["name"]
             coll = kn.collective_of(name) if name.startswith("gloo:") else None
             if coll:
-                self._gloo_task(lane, n, e, enq.get(id(e)))
+                self._gloo_task(lane, e, enq.get(id(e)))
                 continue
             cuts = self._waits(e, kids, waits_on)
             bounds = [e["ts"], *[c for a, b, _ in cuts for c in (a, b)], e["ts"] + e["dur"]]
@@ -282,7 +282,7 @@ class RankTrace:
         g.setdefault("_id", f"r{self.rank}/gloo{g['tid']}@{g['ts']:.3f}")
         return g["_id"]
 
-    def _gloo_task(self, lane: str, n: int, g: dict, x: dict | None) -> None:
+    def _gloo_task(self, lane: str, g: dict, x: dict | None) -> None:
         c = kn.collective_of(g["name"])
         kind = kn.COLLECTIVES[c]  # type: ignore[index]
         args, xargs = g.get("args") or {}, (x or {}).get("args") or {}
@@ -295,7 +295,7 @@ class RankTrace:
             op.peer = kn.concrete(xargs, 2) if x is not None else None
             if not isinstance(op.peer, int):
                 op.peer = None
-        op.match = ("gloo", c)  # numbered by end order in _number_matches
+        op.match = ("gloo", c)  # numbered in end order by finish()
         op.tags["enqueue"] = x["name"] if x is not None else None
         if x is not None:
             op.tags["_enqueue"] = x
