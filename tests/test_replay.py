@@ -76,6 +76,7 @@ def test_replay_graph_round_trips_and_simulates_elsewhere(tmp_path):
         "trace.csv",
         "trace.chrome.json",
         "graph.json",
+        "summary.json",
     }
     assert (tmp_path / "out" / "summary.json").is_file()
     g = TaskGraph.from_json(tmp_path / "out" / "graph.json")

@@ -190,6 +190,7 @@ def write_outputs(r: Replay, out: str | Path, name: str = "") -> dict[str, str]:
     }
     r.graph.to_json(out / f"{name}graph.json")
     files["graph"] = str(out / f"{name}graph.json")
+    files["summary"] = str(out / f"{name}summary.json")
     r.summary["files"] = files
     atomic_write_text(out / f"{name}summary.json", json.dumps(r.summary, indent=2, default=str))
     return files
