@@ -53,7 +53,9 @@ class RunConfig:
         passes = raw.get("passes") or ["fwd"]
         if isinstance(passes, str):
             passes = [passes]
-        costs = raw.get("costs") or {}
+        costs = dict(raw.get("costs") or {})
+        if isinstance(costs.get("symmetry"), bool):  # YAML 1.1 reads a bare on/off as a bool
+            costs["symmetry"] = "on" if costs["symmetry"] else "off"
         output = raw.get("output") or {}
         parallel = raw.get("parallel")
         fabric = raw.get("fabric") or {}
