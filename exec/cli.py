@@ -82,26 +82,14 @@ def _check_procs(nprocs: int, timeout: float) -> None:
 
 
 def cmd_calibrate(a: argparse.Namespace) -> int:
+    from exec import api
     from exec.errors import require_torch
-    from exec.measure.microbench import Plan, calibrate
-    from sim.analysis.trace import write_table
 
     require_torch()
     _check_procs(a.nprocs, a.timeout)
-    plan = Plan.quick() if a.quick else Plan()
-    if a.shapes_from:
-        from exec.measure.validation import case_graphs
-        from sim.config import RunConfig
-
-        cfg = RunConfig.load(a.shapes_from)
-        graphs = case_graphs(cfg, a.nprocs)
-        if a.strategies:
-            graphs += case_graphs(cfg, a.nprocs, a.strategies)
-        plan = plan.with_shapes_of(graphs)
+    plan = api.calibration_plan(a.nprocs, a.quick, a.shapes_from, a.strategies)
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
-    cal, rows = calibrate(a.nprocs, a.backend, plan, a.timeout)
-    path = cal.save(a.out)
-    write_table(rows, Path(path).with_suffix(".measurements.csv"))
+    cal, path = api.calibrate(a.nprocs, a.backend, plan, a.out, a.timeout)
     for op, p in sorted(cal.compute.items()):
         print(
             f"  {op:12s} alpha {p['alpha'] * 1e6:9.2f} us  beta {p['beta']:.3e}  r2 {p['r2']:.3f}"
@@ -135,9 +123,9 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
 
 
 def cmd_validate(a: argparse.Namespace) -> int:
+    from exec import api
     from exec.errors import require_torch
-    from exec.measure.microbench import Plan, calibrate
-    from exec.measure.validation import case_graphs, validate
+    from exec.measure.validation import validate
     from sim.config import RunConfig
 
     require_torch()
@@ -147,10 +135,9 @@ def cmd_validate(a: argparse.Namespace) -> int:
     calibration = a.calibration
     if calibration is None:
         print(f"no --calibration: calibrating {a.nprocs} ranks first")
-        graphs = case_graphs(cfg, a.nprocs, a.strategies)
-        plan = (Plan.quick() if a.quick else Plan()).with_shapes_of(graphs)
-        cal, _ = calibrate(a.nprocs, a.backend, plan, a.timeout)
-        calibration = str(cal.save(out / "calibration.yaml"))
+        calibration = api.calibrate_for(
+            cfg, a.nprocs, a.backend, out, a.strategies, a.quick, a.timeout
+        )
     print(f"validating on {a.nprocs} ranks ({a.backend})")
     res = validate(
         cfg,
@@ -213,6 +200,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 
 def cmd_exec(a: argparse.Namespace) -> int:
+    from exec import api
     from exec.errors import ExecError, require_torch
     from exec.runtime.launch import under_torchrun
 
@@ -233,55 +221,18 @@ def cmd_exec(a: argparse.Namespace) -> int:
         raise ExecError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
-    graph, cfg = _load(a.graph, nprocs, a.strategy, a.param)
+    graph, cfg = api.load_graph(a.graph, nprocs, a.strategy, a.param)
     out = Path(a.out or (cfg.output.get("dir") if cfg is not None else None) or "out/exec")
     if a.moe:
-        return _run_moe(a, graph, cfg, nprocs, torchrun)
-    return _run_graph(a, graph, nprocs, torchrun, out)
-
-
-def _load(path: str, nprocs: int, strategy: str | None = None, params: list[str] | None = None):
-    """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks
-    (with --strategy / --param applied, as `moesim simulate` does)."""
-    from sim.api import parse_params
-    from sim.config import RunConfig
-    from sim.core.errors import ConfigError
-    from sim.core.graph import TaskGraph
-    from sim.strategies import build
-
-    if str(path).endswith(".json"):
-        if strategy or params:
-            raise ConfigError("--strategy / --param apply to a run config, not to a graph JSON")
-        return TaskGraph.from_json(path), None
-    cfg = RunConfig.load(path).with_overrides(strategy=strategy, params=parse_params(params))
-    # the topology only sizes simulations; here the world is the processes we start
-    layer = cfg.layer(nprocs)
-    return build(cfg.strategy, layer, cfg.strategy_params, cfg.passes), cfg
-
-
-def _run_graph(a: argparse.Namespace, graph, nprocs: int, torchrun: bool, out: Path) -> int:
-    from exec.runtime.launch import check_world, launch, run_under_torchrun
-    from exec.runtime.summary import summarize
-    from sim.analysis.trace import write_chrome_trace, write_table
-    from sim.core.io import atomic_write_text
-
-    check_world(graph, nprocs)
-    if torchrun:
-        res = run_under_torchrun(graph, a.backend, a.timeout, a.warmup)
-        if res is None:  # not rank 0: rank 0 writes and prints
+        check = api.check_layer(graph, cfg, nprocs, a.backend, a.timeout, a.seed, torchrun)
+        if check is None:  # not rank 0 under torchrun: rank 0 prints
             return 0
-    else:
-        res = launch(graph, nprocs, a.backend, a.timeout, a.warmup)
-    summary = summarize(res)
-    summary["files"] = {
-        "trace": str(write_table(res.trace, out / "trace.csv")),
-        "chrome_trace": str(write_chrome_trace(res.trace, out / "trace.chrome.json")),
-    }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
-    if a.json:
-        print(json.dumps(summary, indent=2))
-    else:
-        print(_format(summary))
+        _print_check(check, nprocs, a.backend, a.json)
+        return 0 if check.equal else 1
+    summary = api.run_graph(graph, nprocs, out, a.backend, a.timeout, a.warmup, torchrun)
+    if summary is None:
+        return 0
+    print(json.dumps(summary, indent=2) if a.json else _format(summary))
     return 0
 
 
@@ -299,101 +250,30 @@ def _format(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def _run_layout(a: argparse.Namespace, spec, name: str, params: dict, nprocs: int, torchrun) -> int:
-    """TED with a TP group, or Tutel on sliced experts: checked against the single-process
-    reference of the unsliced layer (there is no `sequential` run of such a layout)."""
-    from exec.layers.layouts import Case, diff_from_reference, layout_job, run_layouts
-    from exec.runtime.launch import call_under_torchrun
-
-    case = Case(spec, name, dict(params))
-    if torchrun:
-        ranks = call_under_torchrun(layout_job, ([case], a.timeout, a.backend), a.backend)
-        if ranks is None:
-            return 0
-    else:
-        ranks = run_layouts([case], nprocs, a.backend, a.timeout)
-    rel = diff_from_reference(case, ranks)
-    equal = all(r <= (1e-5 if what == "y" else 1e-4) for what, r in rel.items())
-    report = {"strategy": case.label, "capacity": spec.capacity, "max_rel_diff": rel}
-    report["equal"] = equal
-    if a.json:
-        print(json.dumps(report, indent=2))
-    else:
+def _print_check(check, nprocs: int, backend: str, as_json: bool) -> None:
+    """A real-layer check (exec.api.LayerCheck) as JSON or as text."""
+    r, spec = check.report, check.spec
+    if as_json:
+        print(json.dumps(r, indent=2))
+        return
+    rel = r["max_rel_diff"]
+    if check.layout:
         print(
-            f"real MoE layer on {nprocs} ranks ({a.backend}): {case.label}, "
+            f"real MoE layer on {nprocs} ranks ({backend}): {r['strategy']}, "
             f"T={spec.tokens} M={spec.model_dim} H={spec.hidden_dim} E={spec.experts} "
             f"k={spec.top_k} C={spec.capacity}"
         )
         print("  max |layout - unsliced reference| / max |reference|")
         for what, d in rel.items():
             print(f"    {what:10s} {d:10.3g}")
-        print(f"  {'equal' if equal else 'DIFFERENT'} within float32 tolerance")
-    return 0 if equal else 1
-
-
-def _run_moe(a: argparse.Namespace, graph, cfg, nprocs: int, torchrun: bool) -> int:
-    from exec.errors import ExecError
-    from exec.layers.moe import MoESpec
-    from exec.layers.run import MoERun, Variant, moe_job, run_moe
-    from exec.runtime.launch import call_under_torchrun
-    from sim.workload.moe import MoELayer
-
-    if cfg is not None:
-        layer = cfg.layer(nprocs)
-        name, params = cfg.strategy, dict(cfg.strategy_params)
-    else:  # a graph from sim.strategies carries its layer and strategy in meta
-        meta = graph.meta
-        if "layer" not in meta or "strategy" not in meta:
-            raise ExecError("--moe needs a run config, or a graph built by sim.strategies")
-        fields = {k: v for k, v in meta["layer"].items() if k not in ("routing", "capacity")}
-        layer = MoELayer(**fields)
-        name = meta["strategy"]
-        params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
-    spec = MoESpec.from_layer(layer, seed=a.seed)
-    from exec.layers.layouts import needs_layouts
-
-    if needs_layouts(name, params, spec):
-        return _run_layout(a, spec, name, params, nprocs, torchrun)
-    variants = [Variant("sequential")]
-    if name != "sequential":
-        variants.append(Variant(name, params))
-    backward = "bwd" in (cfg.passes if cfg is not None else graph.meta.get("passes", []))
-    if torchrun:
-        job_args = (spec, variants, a.timeout, backward, a.backend)
-        ranks = call_under_torchrun(moe_job, job_args, a.backend)
-        if ranks is None:
-            return 0
-        run = MoERun(spec, ranks)
     else:
-        run = run_moe(spec, variants, nprocs, a.backend, a.timeout, backward)
-    label = variants[-1].label
-    diff = run.max_abs_diff(label)
-    rel = run.max_rel_diff(label)
-    # float32: outputs agree to rounding; weight gradients are sums over chunks taken in
-    # another order, so they agree to a few ulps of their magnitude
-    equal = all(r <= (1e-5 if what == "y" else 1e-4) for what, r in rel.items())
-    kept = sum(int((r["variants"]["sequential"]["slot"] >= 0).sum()) for r in run.ranks)
-    total = sum(r["variants"]["sequential"]["slot"].size for r in run.ranks)
-    report = {
-        "strategy": label,
-        "capacity": spec.capacity,
-        "kept_choices": kept,
-        "dropped_choices": total - kept,
-        "max_abs_diff": diff,
-        "max_rel_diff": rel,
-        "equal": equal,
-        "forward_s": {v.label: run.ranks[0]["variants"][v.label]["forward_s"] for v in variants},
-    }
-    if a.json:
-        print(json.dumps(report, indent=2))
-    else:
+        total = r["kept_choices"] + r["dropped_choices"]
         print(
-            f"real MoE layer on {nprocs} ranks ({a.backend}): T={spec.tokens} M={spec.model_dim} "
+            f"real MoE layer on {nprocs} ranks ({backend}): T={spec.tokens} M={spec.model_dim} "
             f"H={spec.hidden_dim} E={spec.experts} k={spec.top_k} C={spec.capacity}, "
-            f"{total - kept} of {total} choices dropped"
+            f"{r['dropped_choices']} of {total} choices dropped"
         )
-        print(f"  max |{label} - sequential|  (absolute, relative to max |sequential|)")
-        for what, d in diff.items():
+        print(f"  max |{r['strategy']} - sequential|  (absolute, relative to max |sequential|)")
+        for what, d in r["max_abs_diff"].items():
             print(f"    {what:10s} {d:10.3g} {rel[what]:10.3g}")
-        print(f"  {'equal' if equal else 'DIFFERENT'} within float32 tolerance")
-    return 0 if equal else 1
+    print(f"  {'equal' if check.equal else 'DIFFERENT'} within float32 tolerance")

@@ -110,7 +110,6 @@ def run(config: Any) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame
-    from sim.engine.engine import simulate
     from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
 
@@ -119,11 +118,12 @@ def run(config: Any) -> RunResult:
     wl = cfg.workload(topo)
     costs = CostModel.build(topo, cfg.costs)
     t0 = time.perf_counter()
-    graph = build(
-        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
-    )
+    # one replica's graph; the others are laid over it only where symmetry cannot stand in
+    # for them (sim.engine.symmetric), so 16,384 GPUs never build 16,384 ranks' tasks
+    one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
     t1 = time.perf_counter()
-    res = simulate(graph, topo, costs)
+    res = _simulate_layout(one, wl.layout, topo, costs)
+    graph = res.graph
     t2 = time.perf_counter()
     df = to_frame(res)
     summary = summarize(res, df)
@@ -131,6 +131,23 @@ def run(config: Any) -> RunResult:
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()
     return RunResult(graph, df, summary)
+
+
+def _simulate_layout(one: TaskGraph, layout: Any, topo: Topology, costs: Any) -> Any:
+    """One replica's graph simulated over every replica of `layout`: on representatives
+    where the replicas and nodes are equivalent (costs.symmetry), else the full graph."""
+    import numpy as np
+
+    from sim.engine.symmetric import simulate_replicas
+    from sim.workload.parallel import replicate
+
+    if layout is None or layout.dp == 1:
+        return simulate_replicas(one, topo, costs)
+    ranks = np.stack([layout.replica_ranks(d) for d in range(layout.dp)])
+    meta = dict(one.meta) | {"layout": layout.as_dict()}
+    return simulate_replicas(
+        one, topo, costs, ranks, full=lambda: replicate(one, layout), prefix="dp0/", meta=meta
+    )
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:

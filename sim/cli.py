@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -154,8 +155,82 @@ def cmd_topology(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_replay(a: argparse.Namespace) -> int:
+    from sim.analysis.replay import format_replay, replay_command
+
+    s = replay_command(a.trace, a.graph, a.topology, a.out)
+    print(json.dumps(s, indent=2, default=str) if a.json else format_replay(s))
+    return 0
+
+
+def cmd_whatif(a: argparse.Namespace) -> int:
+    from sim.analysis.whatif import format_whatif, whatif_command
+
+    r = whatif_command(a.base, a.sets, a.topology, a.nodes, a.out)
+    print(json.dumps(r, indent=2, default=str) if a.json else format_whatif(r))
+    return 0
+
+
+def _add_replay_whatif(sub: Any) -> None:
+    rp = sub.add_parser(
+        "replay",
+        help="replay a measured trace (moesim CSV/Parquet, or PyTorch profiler JSON per rank)",
+    )
+    rp.add_argument(
+        "trace",
+        nargs="+",
+        metavar="TRACE",
+        help="moesim trace CSV/Parquet or executor output dir; or Kineto JSON(.gz), one per "
+        "rank, or their directory",
+    )
+    rp.add_argument(
+        "--graph",
+        metavar="GRAPH.json",
+        help="the task graph the executor ran (default: graph.json beside the trace, else "
+        "inferred from stream order and collective matching)",
+    )
+    rp.add_argument(
+        "--topology", help="topology to replay on (default localhost-cpu; only its size matters)"
+    )
+    rp.add_argument(
+        "--out", metavar="DIR", help="write trace.csv, trace.chrome.json, graph.json, summary.json"
+    )
+    rp.add_argument("--json", action="store_true", help="print the summary as JSON")
+    rp.set_defaults(fn=cmd_replay)
+
+    w = sub.add_parser(
+        "whatif", help="simulate a config, graph or measured trace before and after changes"
+    )
+    w.add_argument(
+        "base",
+        help="run config YAML, task graph JSON (needs --topology), or a measured trace (as for "
+        "replay)",
+    )
+    w.add_argument(
+        "--set",
+        dest="sets",
+        action="append",
+        required=True,
+        metavar="KEY=VALUE",
+        help="repeatable: topology=T, nodes=N, link.<class>.bw=*2, link.*.latency=1e-6, "
+        "compute.speed=*0.5, model.capacity_factor=1.5, model.routing.s=1.5, "
+        "strategy=pipelined, strategy.degree=4, costs.network=flow",
+    )
+    w.add_argument("--topology", help="the cluster of a graph or trace base")
+    w.add_argument("--nodes", type=int, help="node count of a graph base (default: just enough)")
+    w.add_argument(
+        "--out",
+        metavar="DIR",
+        help="write before/ and after/ (trace.csv, trace.chrome.json, summary.json), whatif.json",
+    )
+    w.add_argument("--json", action="store_true", help="print both summaries as JSON")
+    w.set_defaults(fn=cmd_whatif)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="moesim", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        prog="moesim", description=__doc__.splitlines()[0], allow_abbrev=False
+    )
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
@@ -246,6 +321,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.add_argument("--out", help="also write the output to this file")
     c.set_defaults(fn=cmd_collectives)
+    _add_replay_whatif(sub)
 
     from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run
 
@@ -254,15 +330,45 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The error boundary: every user mistake and every refused file or path becomes one
+    line on stderr and exit 2, never a traceback."""
+    import signal
+
+    # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
+    signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
     except MoesimError as e:
-        print(f"moesim: error: {e}", file=sys.stderr)
-        return 2
+        return _fail(str(e))
+    except UnicodeDecodeError as e:
+        return _fail(f"not UTF-8 text ({e.reason} at byte {e.start})")
+    except RecursionError:
+        return _fail("input nested too deeply")
+    except MemoryError:
+        return _fail("out of memory (an input or a size limit too large?)")
+    except BrokenPipeError:  # `moesim ... | head`: the reader left; nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
+        return 0
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        return _fail(f"{e.strerror or e}{where}")
     except KeyboardInterrupt:
         print("moesim: interrupted", file=sys.stderr)
         return 130
+    except Exception as e:  # YAML and other parser errors raised past a loader
+        if type(e).__module__.startswith("yaml"):
+            return _fail(f"not valid YAML ({' '.join(str(e).split())})")
+        raise
+
+
+def _fail(message: str) -> int:
+    print(f"moesim: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

@@ -92,7 +92,7 @@ def test_a_config_without_parallel_keeps_one_ep_group_of_the_world():
 def test_replicas_build_one_replica_and_lay_it_over_the_world():
     r = api.run(_cfg(parallel={"ep": 8}))
     g = r.graph
-    assert g.world_size == 32 and g.meta["parallel"] == {"ep": 8, "dp": 4, "tp": 1, "esp": 1}
+    assert g.world_size == 32 and g.meta["layout"] == {"ep": 8, "dp": 4, "tp": 1, "esp": 1}
     one = api.run(_cfg(nodes=1)).graph  # the replica alone: ranks 0..7
     assert len(g) == 4 * len(one)
     for t in g:
@@ -120,7 +120,7 @@ def test_replicas_sharing_leaf_uplinks_slow_each_other_down():
 def test_ted_takes_its_tp_from_the_layout():
     r = api.run(_cfg(strategy={"name": "ted"}, parallel={"tp": 4, "dp": 2}))
     assert r.graph.meta["tp"] == 4 and r.graph.meta["ep"] == 4
-    assert r.graph.meta["parallel"] == {"ep": 4, "dp": 2, "tp": 4, "esp": 1}
+    assert r.graph.meta["layout"] == {"ep": 4, "dp": 2, "tp": 4, "esp": 1}
     same = api.run(_cfg(strategy={"name": "ted", "tp": 4}, parallel={"dp": 2}))
     assert same.summary["makespan_s"] == r.summary["makespan_s"]
 

@@ -63,6 +63,14 @@ def busy_per_stream(df: pd.DataFrame) -> dict[str, float]:
     return {str(k): float(r.total) / r.ranks for k, r in per.iterrows()}
 
 
+def _add_links(acc: dict[str, float], carried: np.ndarray, cap: float, makespan: float) -> None:
+    if not len(carried):
+        return
+    acc["bytes"] += float(carried.sum())
+    acc["capacity"] += cap * len(carried)
+    acc["peak"] = max(acc.get("peak", 0.0), float(carried.max()) / max(cap * makespan, 1e-30))
+
+
 def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
     makespan = res.makespan
     busy = busy_per_stream(df)
@@ -70,15 +78,16 @@ def summarize(res: SimResult, df: pd.DataFrame) -> dict[str, Any]:
     topo = res.topology
     links: dict[str, dict[str, float]] = defaultdict(lambda: {"bytes": 0.0, "capacity": 0.0})
     carried = res.link_bytes
+    # node links repeat every links_per_node up to trunk_base; leaf-spine trunks come after
+    # them and are a class of their own (counting them as node links reported 2,400%)
     for lid in range(topo.links_per_node):
         cls = topo.local_class[lid]
-        idx = np.arange(lid, topo.num_links, topo.links_per_node)
-        links[cls]["bytes"] += float(carried[idx].sum())
-        links[cls]["capacity"] += float(topo.local_cap[lid]) * len(idx)
-        links[cls]["peak"] = max(
-            links[cls].get("peak", 0.0),
-            float(carried[idx].max()) / max(topo.local_cap[lid] * makespan, 1e-30),
-        )
+        idx = np.arange(lid, topo.trunk_base, topo.links_per_node)
+        _add_links(links[cls], carried[idx], float(topo.local_cap[lid]), makespan)
+    trunk = topo.trunk_class
+    if trunk is not None and topo.num_trunks:
+        idx = np.arange(topo.trunk_base, topo.trunk_base + topo.num_trunks)
+        _add_links(links[trunk.name], carried[idx], float(trunk.eff_bw), makespan)
     link_util = {
         c: {
             "bytes": v["bytes"],

@@ -53,7 +53,9 @@ class RunConfig:
         passes = raw.get("passes") or ["fwd"]
         if isinstance(passes, str):
             passes = [passes]
-        costs = raw.get("costs") or {}
+        costs = dict(raw.get("costs") or {})
+        if isinstance(costs.get("symmetry"), bool):  # YAML 1.1 reads a bare on/off as a bool
+            costs["symmetry"] = "on" if costs["symmetry"] else "off"
         output = raw.get("output") or {}
         parallel = raw.get("parallel")
         fabric = raw.get("fabric") or {}
@@ -166,7 +168,11 @@ class RunConfig:
     def workload(self, topo: Topology) -> Workload:
         """The layer of one data-parallel replica, the parallel layout over the topology's
         GPUs, and the strategy parameters the layout implies (TED's tp)."""
-        W, G = topo.world_size, topo.gpus_per_node
+        return self.workload_for(topo.world_size, topo.gpus_per_node)
+
+    def workload_for(self, W: int, G: int | None = None) -> Workload:
+        """`workload` on W ranks with G per node (None: placement inside nodes unchecked,
+        as for the executor's local processes)."""
         params = dict(self.strategy_params)
         name = self.strategy
         if self.parallel is None:  # the old meaning: one EP group of the whole world

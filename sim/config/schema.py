@@ -135,7 +135,7 @@ class CostsSpec(Strict):
     jitter: JitterSpec | None = None
     calibration: str | None = None
     gemm_shapes: list[dict[str, Any]] | None = None
-    symmetry: Literal["auto", "on", "off"] | None = None
+    symmetry: Literal["auto", "on", "off"] | bool | None = None  # bare on/off: YAML bools
 
 
 class OutputSpec(Strict):

@@ -115,7 +115,7 @@ class Comm:
             # one draw per collective: it is one operation, as slow as it is for everyone
             noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
             for m in members:
-                dur = self.costs.collective.duration(kind, n, coll_algos.payload(self.tasks[m]))
+                dur = self.costs.comm_duration(self.tasks[m], kind, n)
                 self._local(m, "comm", dur * noise)
             return
         self._start_phase(run)

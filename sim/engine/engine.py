@@ -174,7 +174,7 @@ class Engine(Comm):
         self._set_busy(t.rank, t.stream_kind, +1)
         if t.kind in COLLECTIVE_KINDS or t.kind in P2P_KINDS:
             self._arrive(i)
-        elif t.kind in ("d2h", "h2d"):
+        elif t.kind in ("d2h", "h2d") and self.costs.measured(t) is None:
             self._copy(i)
         else:  # compute kinds and d2d run locally
             dur = self.costs.compute.duration(t)

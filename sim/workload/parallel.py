@@ -177,7 +177,7 @@ def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
         )
     if layout.dp == 1:
         return graph
-    out = TaskGraph(layout.world, meta=dict(graph.meta) | {"parallel": layout.as_dict()})
+    out = TaskGraph(layout.world, meta=dict(graph.meta) | {"layout": layout.as_dict()})
     tasks = list(graph)
     for d in range(layout.dp):
         off, pre = d * layout.mp, f"dp{d}/"

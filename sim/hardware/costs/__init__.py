@@ -11,10 +11,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.core.graph import Task
+from sim.hardware.collectives import payload
 from sim.hardware.costs.compute import AlphaBetaCompute, ComputeModel, RooflineCompute
 from sim.hardware.costs.dispatch import Dispatch
 from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
+from sim.hardware.costs.measured import MeasuredCompute, measured
 from sim.hardware.costs.network import CollectiveAlphaBeta
 from sim.hardware.network import FINISH_RTOL
 from sim.hardware.topology import Topology
@@ -97,7 +100,7 @@ class CostModel:
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
         return cls(
-            compute,
+            MeasuredCompute(compute),  # a replayed trace's tasks keep their measured times
             network,
             collective,
             inter,
@@ -109,3 +112,13 @@ class CostModel:
             float(rtol),
             symmetry,
         )
+
+    # -- measured durations (trace replay, sim.hardware.costs.measured) -------------------
+    def measured(self, task: Task) -> float | None:
+        """A replayed task's measured time, which the engine takes over its own costs."""
+        return measured(task)
+
+    def comm_duration(self, task: Task, kind: str, ranks: int) -> float:
+        """Collective-level time of one member: measured if replayed, else alpha-beta."""
+        m = measured(task)
+        return self.collective.duration(kind, ranks, payload(task)) if m is None else m

@@ -1,0 +1,280 @@
+"""The executor's Python API: what `moesim exec`, `calibrate` and `validate` do, as functions.
+
+`exec.cli` only parses arguments, calls these and prints. Every function needs torch (the
+modules it calls import it); importing this module does not.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from exec.layers.moe import MoESpec
+    from exec.measure.microbench import Plan
+    from sim.config import RunConfig
+    from sim.core.graph import TaskGraph
+    from sim.hardware.costs.calibration import Calibration
+
+# float32: outputs agree to rounding; weight gradients are sums over chunks taken in another
+# order, so they agree to a few ulps of their magnitude
+Y_RTOL, GRAD_RTOL = 1e-5, 1e-4
+
+
+# -- calibration ------------------------------------------------------------------------------
+
+
+def calibration_plan(
+    nprocs: int,
+    quick: bool = False,
+    shapes_from: str | Path | None = None,
+    strategies: list[str] | None = None,
+) -> Plan:
+    """The microbenchmark plan; with `shapes_from` (a run config) also the exact GEMM shapes
+    of its validation graphs on `nprocs` ranks (and of `strategies`' graphs)."""
+    from exec.measure.microbench import Plan
+
+    plan = Plan.quick() if quick else Plan()
+    if shapes_from:
+        from exec.measure.validation import case_graphs
+        from sim.config import RunConfig
+
+        cfg = RunConfig.load(shapes_from)
+        graphs = case_graphs(cfg, nprocs)
+        if strategies:
+            graphs += case_graphs(cfg, nprocs, strategies)
+        plan = plan.with_shapes_of(graphs)
+    return plan
+
+
+def calibrate(
+    nprocs: int, backend: str, plan: Plan, out: str | Path, timeout_s: float = 120.0
+) -> tuple[Calibration, Path]:
+    """Run the plan on `nprocs` local ranks, fit the cost model and save it at `out` (the raw
+    measurements beside it, as <out>.measurements.csv); the calibration and its path."""
+    from exec.measure.microbench import calibrate as measure_and_fit
+    from sim.analysis.trace import write_table
+
+    cal, rows = measure_and_fit(nprocs, backend, plan, timeout_s)
+    path = Path(cal.save(out))
+    write_table(rows, path.with_suffix(".measurements.csv"))
+    return cal, path
+
+
+def calibrate_for(
+    cfg: RunConfig,
+    nprocs: int,
+    backend: str,
+    out_dir: str | Path,
+    strategies: list[str] | None = None,
+    quick: bool = False,
+    timeout_s: float = 120.0,
+) -> str:
+    """A calibration for validating `cfg` (its graphs' GEMM shapes profiled exactly), saved
+    as <out_dir>/calibration.yaml; its path."""
+    from exec.measure.microbench import Plan
+    from exec.measure.microbench import calibrate as measure_and_fit
+    from exec.measure.validation import case_graphs
+
+    graphs = case_graphs(cfg, nprocs, strategies)
+    plan = (Plan.quick() if quick else Plan()).with_shapes_of(graphs)
+    cal, _ = measure_and_fit(nprocs, backend, plan, timeout_s)
+    return str(cal.save(Path(out_dir) / "calibration.yaml"))
+
+
+# -- running task graphs ------------------------------------------------------------------------
+
+
+def load_graph(
+    path: str | Path,
+    nprocs: int,
+    strategy: str | None = None,
+    params: list[str] | None = None,
+) -> tuple[TaskGraph, RunConfig | None]:
+    """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks
+    (with --strategy / --param applied, as `moesim simulate` does)."""
+    from sim.api import parse_params
+    from sim.config import RunConfig
+    from sim.core.errors import ConfigError
+    from sim.core.graph import TaskGraph
+    from sim.strategies import build
+
+    if str(path).endswith(".json"):
+        if strategy or params:
+            raise ConfigError("--strategy / --param apply to a run config, not to a graph JSON")
+        return TaskGraph.from_json(path), None
+    cfg = RunConfig.load(path).with_overrides(strategy=strategy, params=parse_params(params))
+    # the topology only sizes simulations; here the world is the processes we start
+    # the topology only sizes simulations; here the world is the processes we start
+    wl = cfg.workload_for(nprocs)
+    return build(cfg.strategy, wl.layer, wl.params, cfg.passes, layout=wl.layout), cfg
+
+
+def run_graph(
+    graph: TaskGraph,
+    nprocs: int,
+    out: str | Path,
+    backend: str = "gloo",
+    timeout_s: float = 60.0,
+    warmup: int = 1,
+    torchrun: bool = False,
+) -> dict[str, Any] | None:
+    """Run the graph on `nprocs` local processes (or, with `torchrun`, as this rank of
+    torchrun's world) and write the measured trace, Chrome trace and summary.json to `out`.
+    The summary, with the files under "files"; None on ranks other than 0 under torchrun."""
+    from exec.runtime.launch import check_world, launch, run_under_torchrun
+    from exec.runtime.summary import summarize
+    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.core.io import atomic_write_text
+
+    check_world(graph, nprocs)
+    if torchrun:
+        res = run_under_torchrun(graph, backend, timeout_s, warmup)
+        if res is None:  # not rank 0: rank 0 writes and prints
+            return None
+    else:
+        res = launch(graph, nprocs, backend, timeout_s, warmup)
+    out = Path(out)
+    summary = summarize(res)
+    summary["files"] = {
+        "trace": str(write_table(res.trace, out / "trace.csv")),
+        "chrome_trace": str(write_chrome_trace(res.trace, out / "trace.chrome.json")),
+    }
+    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    return summary
+
+
+# -- the real MoE layer against its reference -----------------------------------------------------
+
+
+@dataclass
+class LayerCheck:
+    """A strategy's real layer against `sequential` (or, for TED with a TP group and Tutel
+    on sliced experts, `layout`: against the single-process unsliced reference)."""
+
+    report: dict[str, Any]  # strategy, capacity, max_rel_diff, equal, ... (printed as JSON)
+    spec: MoESpec
+    layout: bool
+
+    @property
+    def equal(self) -> bool:
+        return bool(self.report["equal"])
+
+
+def _equal(rel: dict[str, float]) -> bool:
+    return all(r <= (Y_RTOL if what == "y" else GRAD_RTOL) for what, r in rel.items())
+
+
+def check_layer(
+    graph: TaskGraph,
+    cfg: RunConfig | None,
+    nprocs: int,
+    backend: str = "gloo",
+    timeout_s: float = 60.0,
+    seed: int = 0,
+    torchrun: bool = False,
+) -> LayerCheck | None:
+    """Run the real MoE layer of the config's strategy (or of a graph built by
+    sim.strategies, whose meta carries its layer and strategy) forward and backward, and
+    compare outputs and gradients with the reference. None on ranks other than 0 under
+    torchrun."""
+    from exec.errors import ExecError
+    from exec.layers.layouts import needs_layouts
+    from exec.layers.moe import MoESpec
+    from sim.workload.moe import MoELayer
+
+    if cfg is not None:
+        lay = cfg.workload_for(nprocs).layout
+        if lay is not None and lay.dp > 1:
+            raise ExecError(
+                f"parallel.dp {lay.dp}: the real layer (--moe) runs one expert-parallel group; "
+                "run the graph without --moe to execute every replica"
+            )
+        layer = cfg.layer(nprocs)
+        name, params = cfg.strategy, dict(cfg.strategy_params)
+    else:  # a graph from sim.strategies carries its layer and strategy in meta
+        meta = graph.meta
+        if "layer" not in meta or "strategy" not in meta:
+            raise ExecError("--moe needs a run config, or a graph built by sim.strategies")
+        fields = {k: v for k, v in meta["layer"].items() if k not in ("routing", "capacity")}
+        layer = MoELayer(**fields)
+        name = meta["strategy"]
+        params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
+    spec = MoESpec.from_layer(layer, seed=seed)
+    if needs_layouts(name, params, spec):
+        report = _check_layout(spec, name, params, nprocs, backend, timeout_s, torchrun)
+        return None if report is None else LayerCheck(report, spec, layout=True)
+    backward = "bwd" in (cfg.passes if cfg is not None else graph.meta.get("passes", []))
+    report = _check_against_sequential(
+        spec, name, params, nprocs, backend, timeout_s, backward, torchrun
+    )
+    return None if report is None else LayerCheck(report, spec, layout=False)
+
+
+def _check_layout(
+    spec: MoESpec,
+    name: str,
+    params: dict,
+    nprocs: int,
+    backend: str,
+    timeout_s: float,
+    torchrun: bool,
+) -> dict[str, Any] | None:
+    """TED with a TP group, or Tutel on sliced experts: checked against the single-process
+    reference of the unsliced layer (there is no `sequential` run of such a layout)."""
+    from exec.layers.layouts import Case, diff_from_reference, layout_job, run_layouts
+    from exec.runtime.launch import call_under_torchrun
+
+    case = Case(spec, name, dict(params))
+    if torchrun:
+        ranks = call_under_torchrun(layout_job, ([case], timeout_s, backend), backend)
+        if ranks is None:
+            return None
+    else:
+        ranks = run_layouts([case], nprocs, backend, timeout_s)
+    rel = diff_from_reference(case, ranks)
+    report = {"strategy": case.label, "capacity": spec.capacity, "max_rel_diff": rel}
+    report["equal"] = _equal(rel)
+    return report
+
+
+def _check_against_sequential(
+    spec: MoESpec,
+    name: str,
+    params: dict,
+    nprocs: int,
+    backend: str,
+    timeout_s: float,
+    backward: bool,
+    torchrun: bool,
+) -> dict[str, Any] | None:
+    from exec.layers.run import MoERun, Variant, moe_job, run_moe
+    from exec.runtime.launch import call_under_torchrun
+
+    variants = [Variant("sequential")]
+    if name != "sequential":
+        variants.append(Variant(name, params))
+    if torchrun:
+        job_args = (spec, variants, timeout_s, backward, backend)
+        ranks = call_under_torchrun(moe_job, job_args, backend)
+        if ranks is None:
+            return None
+        run = MoERun(spec, ranks)
+    else:
+        run = run_moe(spec, variants, nprocs, backend, timeout_s, backward)
+    label = variants[-1].label
+    rel = run.max_rel_diff(label)
+    kept = sum(int((r["variants"]["sequential"]["slot"] >= 0).sum()) for r in run.ranks)
+    total = sum(r["variants"]["sequential"]["slot"].size for r in run.ranks)
+    return {
+        "strategy": label,
+        "capacity": spec.capacity,
+        "kept_choices": kept,
+        "dropped_choices": total - kept,
+        "max_abs_diff": run.max_abs_diff(label),
+        "max_rel_diff": rel,
+        "equal": _equal(rel),
+        "forward_s": {v.label: run.ranks[0]["variants"][v.label]["forward_s"] for v in variants},
+    }

@@ -1,0 +1,232 @@
+"""Trace replay: a measured trace becomes a task graph with measured durations, simulated.
+
+    r = replay("out/exec/trace.csv", graph="g.json")       # moesim executor trace + its graph
+    r = replay("out/exec/trace.csv")                       # structure inferred from the trace
+    r = replay(["rank0.json.gz", "rank1.json.gz"])         # PyTorch profiler (Kineto), per rank
+    r.summary["makespan_s"], r.summary["replay"]["error"]  # vs the measured makespan
+
+Every task gets its measured time (sim.hardware.costs.measured): `measured_s`, the operation
+(for communication: from the last member's launch to its end, i.e. the measured duration less
+the wait for peers), and `gap_s`, from the moment it was ready (stream predecessor and
+dependencies done, in the measurement) to its start. The engine adds the waits itself, from
+the graph's dependencies and collective rendezvous, so replayed unedited every task ends when
+it ended in the measurement and the makespan is reproduced (to float rounding). What-ifs
+(sim.analysis.whatif) then change the measured times or the hardware under them.
+
+Replays run on `localhost-cpu` by default (one rank per node; only its size matters while
+every task is measured), collective-level communication, no interference, no jitter, no
+dispatch latency: the measurement has all of those in it already.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.analysis.summary import summarize
+from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.core.io import atomic_write_text
+from sim.core.kinds import COMM_KINDS
+from sim.engine.engine import SimResult, simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.costs.dispatch import Dispatch
+from sim.hardware.costs.interference import Interference
+from sim.hardware.costs.measured import GAP_TAG, MEASURED_TAG
+from sim.hardware.topology import Topology
+
+LAUNCH_TAG = "launch_s"  # a task's own measured launch gap, for presenting its start
+
+DEFAULT_TOPOLOGY = "localhost-cpu"
+
+
+@dataclass
+class Replay:
+    graph: TaskGraph  # with measured times in its tasks' tags
+    trace: pd.DataFrame  # the replayed trace
+    summary: dict[str, Any]  # sim.analysis.summary's, plus "replay": the comparison
+    result: SimResult
+
+
+def import_trace(
+    source: str | Path | list[str | Path], graph: str | Path | None = None
+) -> tuple[TaskGraph, dict[str, Any]]:
+    """The replay graph of a trace (measured times in its tags) and what the import saw."""
+    from sim.analysis.importers import load
+
+    g, times, fmt = load(source, graph)
+    info = attach_times(g, times)
+    info["format"] = fmt
+    info["source"] = [str(s) for s in source] if isinstance(source, list) else str(source)
+    g.meta = {**g.meta, "replay": info}
+    return g, info
+
+
+def replay(
+    source: str | Path | list[str | Path],
+    graph: str | Path | None = None,
+    topology: str | None = None,
+) -> Replay:
+    """Import a measured trace and replay it unedited."""
+    g, info = import_trace(source, graph)
+    res = run_graph(g, replay_costs_topology(g, topology))
+    return _result(g, res, info)
+
+
+def replay_graph(graph: TaskGraph, topology: str | None = None) -> Replay:
+    """Replay a graph that already carries measured times (from import_trace)."""
+    info = dict(graph.meta.get("replay") or {})
+    res = run_graph(graph, replay_costs_topology(graph, topology))
+    return _result(graph, res, info)
+
+
+def _result(g: TaskGraph, res: SimResult, info: dict[str, Any]) -> Replay:
+    df = launched(to_frame(res), g)
+    summary = summarize(res, df)
+    measured = info.get("measured_makespan_s")
+    if measured:
+        info = {**info, "error": (res.makespan - measured) / measured}
+    summary["replay"] = info
+    return Replay(g, df, summary, res)
+
+
+def launched(df: pd.DataFrame, graph: TaskGraph) -> pd.DataFrame:
+    """The trace with each measured task starting at its launch, as measured: the engine
+    starts a task when it is ready and counts its launch gap into its time; moved by the
+    task's own measured gap (`launch_s`), rows compare one to one with the measurement
+    (busy time, sync wait)."""
+    timed = [t for t in graph if LAUNCH_TAG in t.tags]
+    shift = df["id"].map({t.id: float(t.tags[LAUNCH_TAG]) for t in timed}).fillna(0.0)
+    shift = shift.clip(upper=df["duration"].clip(lower=0.0))
+    # the engine's rendezvous is the last member's ready time; its launch came `gap_s` later
+    last = (
+        df["id"]
+        .map({t.id: float(t.tags.get(GAP_TAG, 0.0)) for t in timed if t.kind in COMM_KINDS})
+        .fillna(0.0)
+    )
+    df = df.copy()
+    df["start"] = df["start"] + shift
+    df["duration"] = df["end"] - df["start"]
+    wait = (df["sync_wait"] - shift + last).clip(lower=0.0)
+    df["sync_wait"] = wait.where(df["kind"].isin(COMM_KINDS), 0.0).clip(upper=df["duration"])
+    return df
+
+
+def attach_times(graph: TaskGraph, times: dict[str, tuple[float, float]]) -> dict[str, Any]:
+    """Tag every task with its measured time and launch gap (see the module docstring);
+    returns the measured makespan and how many tasks and ranks were timed."""
+    missing = [t for t in graph.tasks if t not in times]
+    if missing:
+        raise ConfigError(f"trace: no times for task {missing[0]!r} ({len(missing)} such)")
+    origin = min(times[t][0] for t in graph.tasks)
+    ready: dict[str, float] = {}
+    prev: dict[str, str] = {}
+    for seq in graph.streams().values():
+        for a, b in zip(seq, seq[1:]):
+            prev[b.id] = a.id
+    for t in graph:  # any order: the ready time needs only measured ends
+        ends = [times[d][1] for d in t.deps]
+        if t.id in prev:
+            ends.append(times[prev[t.id]][1])
+        ready[t.id] = max([origin, *ends])
+    members: dict[str, list[str]] = defaultdict(list)
+    for t in graph:
+        if t.kind in COMM_KINDS:
+            members[t.coll].append(t.id)  # type: ignore[index]
+    for t in graph:
+        start, end = times[t.id]
+        if t.kind in COMM_KINDS:
+            ms = members[t.coll]  # type: ignore[index]
+            r = max(ready[m] for m in ms)  # the rendezvous, in the measurement
+            launch = max(max(times[m][0] for m in ms) - r, 0.0)  # last member's launch gap
+        else:
+            r = ready[t.id]
+            launch = max(start - r, 0.0)
+        total = max(end - r, 0.0)
+        gap = min(launch, total)
+        t.tags[MEASURED_TAG] = total - gap
+        t.tags[GAP_TAG] = gap
+        t.tags[LAUNCH_TAG] = min(max(start - ready[t.id], 0.0), max(end - ready[t.id], 0.0))
+    end = max(times[t][1] for t in graph.tasks)
+    return {
+        "measured_makespan_s": end - origin,
+        "tasks": len(graph),
+        "ranks": len({t.rank for t in graph}),
+    }
+
+
+def replay_costs_topology(graph: TaskGraph, topology: str | None) -> tuple[Topology, CostModel]:
+    """The topology a replay runs on (just big enough for the graph's ranks) and its costs:
+    collective-level communication, nothing added that the measurement already holds."""
+    name = topology or DEFAULT_TOPOLOGY
+    per_node = Topology.load(name, nodes=1).gpus_per_node
+    topo = Topology.load(name, nodes=-(-graph.world_size // per_node))
+    return topo, replay_costs(topo)
+
+
+def replay_costs(topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
+    costs = CostModel.build(topo, {"network": "collective", **(spec or {})})
+    trivial = Interference.from_table({})
+    return replace(costs, interference=trivial, dispatch=Dispatch(), jitter=None)
+
+
+def run_graph(graph: TaskGraph, topo_costs: tuple[Topology, CostModel]) -> SimResult:
+    topo, costs = topo_costs
+    return simulate(graph, topo, costs)
+
+
+def write_outputs(r: Replay, out: str | Path, name: str = "") -> dict[str, str]:
+    """trace.csv, trace.chrome.json, graph.json (the replay graph: `moesim simulate` or
+    `moesim whatif` take it) and summary.json, each written atomically, under `out`."""
+    out = Path(out)
+    files = {
+        "trace": str(write_table(r.trace, out / f"{name}trace.csv")),
+        "chrome_trace": str(write_chrome_trace(r.trace, out / f"{name}trace.chrome.json")),
+    }
+    r.graph.to_json(out / f"{name}graph.json")
+    files["graph"] = str(out / f"{name}graph.json")
+    files["summary"] = str(out / f"{name}summary.json")
+    r.summary["files"] = files
+    atomic_write_text(out / f"{name}summary.json", json.dumps(r.summary, indent=2, default=str))
+    return files
+
+
+def replay_command(
+    trace: str | list[str],
+    graph: str | None = None,
+    topology: str | None = None,
+    out: str | None = None,
+) -> dict[str, Any]:
+    """`moesim replay TRACE... [--graph G] [--topology T] [--out DIR]`: the summary (with
+    "replay": measured makespan, relative error, format, inferred waits)."""
+    src: Any = trace[0] if isinstance(trace, list) and len(trace) == 1 else trace
+    r = replay(src, graph, topology)
+    if out is not None:
+        write_outputs(r, out)
+    return r.summary
+
+
+def format_replay(s: dict[str, Any]) -> str:
+    rep = s.get("replay", {})
+    m = rep.get("measured_makespan_s")
+    lines = [
+        f"replayed {rep.get('tasks')} measured tasks on {rep.get('ranks')} rank(s) "
+        f"({rep.get('format')}, {s['topology']})",
+        f"  makespan (replayed)  {s['makespan_s'] * 1e3:10.3f} ms",
+    ]
+    if m:
+        lines.append(
+            f"  makespan (measured)  {m * 1e3:10.3f} ms   error {rep.get('error', 0.0):+.3%}"
+        )
+    lines.append(f"  exposed comm         {s['exposed_comm_s'] * 1e3:10.3f} ms (mean over ranks)")
+    for stream, t in sorted(s["busy_s"].items()):
+        lines.append(f"  busy {stream:15s} {t * 1e3:10.3f} ms")
+    for name, path in s.get("files", {}).items():
+        lines.append(f"  wrote {name:13s} {path}")
+    return "\n".join(lines)

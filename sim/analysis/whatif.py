@@ -1,0 +1,413 @@
+"""What-if studies: one base, some changes (`--set KEY=VALUE`), simulated before and after.
+
+    before, after, before_trace, after_trace = whatif("my.yaml", ["link.*.bw=*2"])
+    whatif("g.json", ["compute.speed=*0.5"], topology="dgx-a100")
+    whatif("traces/exec-gloo-2r", ["compute.speed=*2"])      # a measured trace, replayed
+
+The base is a run config (YAML path, mapping or RunConfig), a task graph (JSON path or
+TaskGraph; it needs a topology) or a measured trace (anything sim.analysis.replay imports, or
+a replay graph). Keys (sim.analysis.whatif_keys): topology, nodes, a link class's bandwidth or
+latency (`link.nvlink3.bw=*2`, `link.*.latency=1e-6`), compute speed (`compute.speed=*0.5`:
+every compute task twice as long), the layer (`model.capacity_factor=1.5`, `model.routing.s=
+1.5`: Zipf skew, switching a uniform routing to Zipf), the strategy and its parameters
+(`strategy=pipelined`, `strategy.degree=4`) and cost options (`costs.network=collective`).
+
+On a measured trace the measured times stay where nothing changes them: `compute.speed`
+scales the compute tasks' measured times (not their launch gaps); a link bandwidth scales a
+communication task's measured time by how much its bottleneck (the slowest link between its
+members) speeds up, i.e. assumes it was bandwidth-bound; `topology`, `nodes` or `costs.*`
+re-model the communication on that cluster (flows over its links) and keep the measured
+compute. Latency changes need a model: they apply after `topology=` only.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import pandas as pd
+
+from sim.analysis import whatif_keys as keys
+from sim.analysis.replay import (
+    DEFAULT_TOPOLOGY,
+    LAUNCH_TAG,
+    import_trace,
+    launched,
+    replay_costs,
+    replay_costs_topology,
+)
+from sim.analysis.summary import summarize
+from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+from sim.config import RunConfig
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.core.io import atomic_write_text
+from sim.core.kinds import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.costs.dispatch import Dispatch
+from sim.hardware.costs.interference import Interference
+from sim.hardware.costs.measured import GAP_TAG, MEASURED_TAG, MeasuredCompute, ScaledCompute
+from sim.hardware.topology import Topology
+from sim.strategies import Cluster, build, resolve_params
+
+Run = tuple[dict[str, Any], pd.DataFrame]
+
+
+class WhatIf(NamedTuple):
+    before: dict[str, Any]  # summaries as sim.analysis.summary gives them
+    after: dict[str, Any]  # ... plus "whatif": the changes and notes
+    before_trace: pd.DataFrame
+    after_trace: pd.DataFrame
+
+
+def whatif(
+    base: Any,
+    sets: list[str],
+    topology: str | None = None,
+    nodes: int | None = None,
+    costs: dict[str, Any] | None = None,
+) -> WhatIf:
+    """Simulate `base` as it is and with `sets` applied. `topology`, `nodes` and `costs`
+    describe the cluster of a graph or trace base (a run config names its own)."""
+    changes = keys.parse(sets)
+    notes: list[str] = []
+    kind, obj = load_base(base)
+    if kind == "config":
+        if topology or nodes or costs:
+            raise ConfigError("a run config names its cluster: use --set topology=/nodes= instead")
+        (b, bt), (a, at) = _config(obj, changes, notes)
+    elif kind == "replay":
+        (b, bt), (a, at) = _replayed(obj, changes, topology, costs, notes)
+    else:
+        (b, bt), (a, at) = _graph(obj, changes, topology, nodes, costs, notes)
+    a["whatif"] = {"changes": [f"{c.key}={c.text}" for c in changes], "notes": notes}
+    return WhatIf(b, a, bt, at)
+
+
+def load_base(base: Any) -> tuple[str, Any]:
+    """("config", RunConfig) | ("graph", TaskGraph) | ("replay", TaskGraph with times)."""
+    if isinstance(base, RunConfig):
+        return "config", base
+    if isinstance(base, TaskGraph):
+        return _graph_kind(base), base
+    if isinstance(base, dict):
+        if "tasks" in base and "schema_version" in base:
+            return _graph_kind(TaskGraph.from_dict(base))
+        return "config", RunConfig.from_dict(base)
+    if isinstance(base, (list, tuple)):
+        return "replay", import_trace(list(base))[0]
+    p = Path(base)
+    if p.suffix in (".yaml", ".yml"):
+        return "config", RunConfig.load(p)
+    if p.suffix == ".json" and p.is_file():
+        try:
+            doc = json.loads(p.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            doc = None  # the importer says what is wrong with it
+        if isinstance(doc, dict) and "tasks" in doc and "schema_version" in doc:
+            return _graph_kind(TaskGraph.from_dict(doc))
+    return "replay", import_trace(p)[0]
+
+
+def _graph_kind(g: TaskGraph) -> tuple[str, TaskGraph]:
+    return ("replay" if any(MEASURED_TAG in t.tags for t in g) else "graph"), g
+
+
+# -- run configs ---------------------------------------------------------------------------
+def _config(cfg: RunConfig, changes: list[keys.Change], notes: list[str]) -> tuple[Run, Run]:
+    before = _run_config(cfg, [], 1.0)
+    raw = cfg.to_dict()
+    links: list[keys.Change] = []
+    speed = 1.0
+    # the strategy first, so that its parameters apply to the new one
+    for c in sorted(changes, key=lambda c: c.key != "strategy"):
+        k, field = c.key, c.key.split(".", 1)[-1]
+        if k == "topology":
+            raw["topology"] = str(c.value)
+        elif k == "nodes":
+            raw["nodes"] = c.number(raw.get("nodes") or cfg.load_topology().nodes, integer=True)
+        elif k == "strategy":
+            raw["strategy"] = {"name": str(c.value)}
+        elif k.startswith("strategy."):
+            s = raw["strategy"]
+            full = resolve_params(s["name"], {p: v for p, v in s.items() if p != "name"})
+            s[field] = c.plain(full.get(field))
+        elif k.startswith("model.routing."):
+            raw["model"]["routing"] = _routing(raw["model"].get("routing"), c, notes)
+        elif k.startswith("model."):
+            raw["model"][field] = c.plain(raw["model"].get(field))
+        elif k.startswith("costs."):
+            raw.setdefault("costs", {})[field] = c.plain(raw["costs"].get(field))
+        elif k.startswith("link."):
+            links.append(c)
+        elif k == "compute.speed":
+            speed = float(c.number(1.0))
+    after = RunConfig.from_dict(raw, source=f"{cfg.source} with --set")
+    if links and after.costs.get("network") == "collective":
+        notes.append("costs.network is collective: link changes do not enter alpha-beta costs")
+    return before, _run_config(after, links, speed)
+
+
+def _routing(routing: Any, c: keys.Change, notes: list[str]) -> dict[str, Any]:
+    r = {"kind": routing} if isinstance(routing, str) else dict(routing or {"kind": "uniform"})
+    field = c.key.rsplit(".", 1)[1]
+    if field == "s" and r.get("kind") == "uniform":
+        r = {"kind": "zipf", "seed": 0}
+        notes.append("model.routing: uniform switched to zipf (seed 0) to take a skew s")
+    r[field] = c.plain(r.get(field))
+    return r
+
+
+def _run_config(cfg: RunConfig, links: list[keys.Change], speed: float) -> Run:
+    topo = with_links(cfg.load_topology(), links)
+    costs = with_speed(CostModel.build(topo, cfg.costs), speed)
+    wl = cfg.workload(topo)
+    graph = build(
+        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
+    )
+    res = simulate(graph, topo, costs)
+    df = to_frame(res)
+    return summarize(res, df), df
+
+
+def with_links(topo: Topology, links: list[keys.Change]) -> Topology:
+    """`topo` with the link classes' bandwidth / latency changed (`*` = every class)."""
+    if not links:
+        return topo
+    spec = copy.deepcopy(topo.spec)
+    classes = spec["link_classes"]
+    for c in links:
+        _, cls, field = c.key.split(".")
+        if cls != "*" and cls not in classes:
+            raise ConfigError(
+                f"--set {c.key}: topology {topo.name} has no link class {cls!r} "
+                f"(it has: {', '.join(sorted(classes))}; or link.*.{field} for all)"
+            )
+        for name in list(classes) if cls == "*" else [cls]:
+            classes[name][field] = float(c.number(float(classes[name].get(field, 0.0))))
+    return Topology(spec, nodes=topo.nodes, source=topo.source)
+
+
+def with_speed(costs: CostModel, speed: float) -> CostModel:
+    if speed == 1.0:
+        return costs
+    inner = costs.compute.inner if isinstance(costs.compute, MeasuredCompute) else costs.compute
+    return replace(costs, compute=MeasuredCompute(ScaledCompute(inner, speed)))
+
+
+# -- task graphs ---------------------------------------------------------------------------
+CLUSTER_KEYS = ("topology", "nodes", "link.", "compute.speed", "costs.")
+
+
+def _cluster_changes(changes: list[keys.Change], what: str) -> None:
+    for c in changes:
+        if not c.key.startswith(CLUSTER_KEYS):
+            raise ConfigError(
+                f"--set {c.key}: needs a run config base; on {what} only the cluster changes "
+                "(topology, nodes, link.<class>.bw/latency, compute.speed, costs.<field>)"
+            )
+
+
+def _graph(
+    g: TaskGraph,
+    changes: list[keys.Change],
+    topology: str | None,
+    nodes: int | None,
+    costs: dict[str, Any] | None,
+    notes: list[str],
+) -> tuple[Run, Run]:
+    _cluster_changes(changes, "a task graph")
+    if topology is None:
+        raise ConfigError("a task-graph base needs its cluster: give a topology (--topology)")
+    before = _run_graph(g, topology, nodes, dict(costs or {}), [], 1.0)
+    name, n, spec, links, speed = _cluster_after(changes, topology, nodes, costs, g)
+    return before, _run_graph(g, name, n, spec, links, speed)
+
+
+def _cluster_after(changes, topology, nodes, costs, g):
+    name, n, spec, links, speed = topology, nodes, dict(costs or {}), [], 1.0
+    for c in changes:
+        if c.key == "topology":
+            name = str(c.value)
+        elif c.key == "nodes":
+            n = c.number(n or _enough(name, g.world_size), integer=True)
+        elif c.key.startswith("costs."):
+            field = c.key.split(".", 1)[1]
+            spec[field] = c.plain(spec.get(field))
+        elif c.key.startswith("link."):
+            links.append(c)
+        elif c.key == "compute.speed":
+            speed = float(c.number(1.0))
+    return name, n, spec, links, speed
+
+
+def _enough(name: str, world: int) -> int:
+    """Just enough nodes of topology `name` for `world` ranks."""
+    return -(-world // Topology.load(name, nodes=1).gpus_per_node)
+
+
+def _run_graph(g, name, nodes, spec, links, speed) -> Run:
+    topo = with_links(Topology.load(name, nodes=nodes or _enough(name, g.world_size)), links)
+    costs = with_speed(CostModel.build(topo, spec), speed)
+    res = simulate(g, topo, costs)
+    df = to_frame(res)
+    return summarize(res, df), df
+
+
+# -- measured traces -----------------------------------------------------------------------
+def _replayed(
+    g: TaskGraph,
+    changes: list[keys.Change],
+    topology: str | None,
+    costs: dict[str, Any] | None,
+    notes: list[str],
+) -> tuple[Run, Run]:
+    _cluster_changes(changes, "a measured trace")
+    topo, rc = replay_costs_topology(g, topology)
+    before = _run_measured(g, topo, rc)
+    after = copy.deepcopy(g)
+    name, n, spec, links, speed = _cluster_after(
+        changes, topology or DEFAULT_TOPOLOGY, None, costs, g
+    )
+    for t in after:
+        if t.kind in COMPUTE_KINDS and MEASURED_TAG in t.tags:
+            t.tags[MEASURED_TAG] /= speed
+    remodel = any(c.key in ("topology", "nodes") or c.key.startswith("costs.") for c in changes)
+    if remodel:
+        for t in after:  # communication and copies: the new cluster's model
+            if t.kind in COMM_KINDS or t.kind in ("d2h", "h2d"):
+                for tag in (MEASURED_TAG, GAP_TAG, LAUNCH_TAG):
+                    t.tags.pop(tag, None)
+        new = with_links(Topology.load(name, nodes=n or _enough(name, g.world_size)), links)
+        cost = replace(
+            CostModel.build(new, spec),
+            interference=Interference.from_table({}),
+            dispatch=Dispatch(),
+            jitter=None,
+        )
+        notes.append(f"communication re-modelled on {new.name} ({cost.network}); compute measured")
+        return before, _run_measured(after, new, cost)
+    if any(c.key.endswith(".latency") for c in links):
+        raise ConfigError(
+            "--set link.<class>.latency: a measured communication time has no latency part "
+            "to change; re-model the communication with --set topology=... first"
+        )
+    new = with_links(topo, links)
+    if links:
+        _scale_comm(after, topo, new)
+        notes.append("measured communication scaled by its bottleneck link (bandwidth-bound)")
+    return before, _run_measured(after, new, replay_costs(new))
+
+
+def _run_measured(g: TaskGraph, topo: Topology, costs: CostModel) -> Run:
+    res = simulate(g, topo, costs)
+    df = launched(to_frame(res), g)
+    return summarize(res, df), df
+
+
+def _scale_comm(g: TaskGraph, old: Topology, new: Topology) -> None:
+    """Each measured communication (and host copy) time times old / new bottleneck
+    bandwidth between its members (for copies: on its host route)."""
+    cache: dict[tuple, float] = {}
+
+    def ratio(members: tuple[int, ...], copy_kind: str | None = None) -> float:
+        key = (members, copy_kind)
+        if key not in cache:
+            caps = []
+            for topo in (old, new):
+                if copy_kind:
+                    routes = [topo.host_route(members[0], to_host=copy_kind == "d2h")]
+                else:
+                    routes = [topo.route(a, b) for a in members for b in members if a != b]
+                caps.append(min((float(topo.link_cap[r].min()) for r in routes if r), default=0))
+            cache[key] = caps[0] / caps[1] if caps[0] > 0 and caps[1] > 0 else 1.0
+        return cache[key]
+
+    for t in g:
+        if MEASURED_TAG not in t.tags:
+            continue
+        if t.kind in COMM_KINDS:
+            members = tuple(t.group or ()) if t.kind not in ("send", "recv") else (t.rank, t.peer)
+            t.tags[MEASURED_TAG] *= ratio(members)  # type: ignore[arg-type]
+        elif t.kind in COPY_KINDS and t.kind != "d2d":
+            t.tags[MEASURED_TAG] *= ratio((t.rank,), t.kind)
+
+
+# -- the command ---------------------------------------------------------------------------
+def whatif_command(
+    base: str,
+    sets: list[str],
+    topology: str | None = None,
+    nodes: int | None = None,
+    out: str | None = None,
+) -> dict[str, Any]:
+    """`moesim whatif BASE --set K=V ... [--topology T] [--nodes N] [--out DIR]`: before and
+    after summaries; with `out`, each side's trace.csv, trace.chrome.json and summary.json
+    under out/before and out/after, and out/whatif.json (both summaries and the changes)."""
+    r = whatif(base, sets, topology=topology, nodes=nodes)
+    result = {
+        "base": str(base),
+        "changes": r.after["whatif"]["changes"],
+        "notes": r.after["whatif"]["notes"],
+        "before": r.before,
+        "after": r.after,
+    }
+    if out is not None:
+        d = Path(out)
+        for side, s, df in (
+            ("before", r.before, r.before_trace),
+            ("after", r.after, r.after_trace),
+        ):
+            s["files"] = {
+                "trace": str(write_table(df, d / side / "trace.csv")),
+                "chrome_trace": str(write_chrome_trace(df, d / side / "trace.chrome.json")),
+            }
+            atomic_write_text(d / side / "summary.json", json.dumps(s, indent=2, default=str))
+        atomic_write_text(d / "whatif.json", json.dumps(result, indent=2, default=str))
+        result["files"] = {
+            "whatif": str(d / "whatif.json"),
+            "before": str(d / "before"),
+            "after": str(d / "after"),
+        }
+    return result
+
+
+def format_whatif(result: dict[str, Any]) -> str:
+    """Before and after side by side."""
+    b, a = result["before"], result["after"]
+    rows = [
+        ("makespan", b["makespan_s"] * 1e3, a["makespan_s"] * 1e3, "ms"),
+        ("exposed comm", b["exposed_comm_s"] * 1e3, a["exposed_comm_s"] * 1e3, "ms"),
+    ]
+    for stream in sorted(set(b["busy_s"]) | set(a["busy_s"])):
+        bb, aa = b["busy_s"].get(stream, 0.0), a["busy_s"].get(stream, 0.0)
+        rows.append((f"busy {stream}", bb * 1e3, aa * 1e3, "ms"))
+    gib = 2**30
+    rows.append(
+        (
+            "peak activations",
+            b["peak_activation_bytes"] / gib,
+            a["peak_activation_bytes"] / gib,
+            "GiB",
+        )
+    )
+    lines = [
+        f"what-if on {result['base']}: {' '.join(result['changes']) or '(no change)'}",
+        f"  {'':18s} {'before':>15s} {'after':>15s} {'change':>9s}",
+        f"  {'cluster':18s} {_where(b):>15s} {_where(a):>15s}",
+    ]
+    for name, x, y, unit in rows:
+        ch = f"{(y - x) / x:+.1%}" if x else "-"
+        lines.append(f"  {name:18s} {x:12.3f} {unit:3s}{y:12.3f} {unit:3s}{ch:>9s}")
+    lines += [f"  note: {n}" for n in result.get("notes", [])]
+    for name, path in result.get("files", {}).items():
+        lines.append(f"  wrote {name:8s} {path}")
+    return "\n".join(lines)
+
+
+def _where(s: dict[str, Any]) -> str:
+    return f"{s['topology']}x{s['nodes']}"
