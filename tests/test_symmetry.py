@@ -298,22 +298,21 @@ def _golden_params():
 def test_golden_cases_unmoved_with_symmetry_on(name, cfg, monkeypatch):
     """`costs.symmetry: on` (representatives wherever exact, at any size) leaves every golden
     case's makespan, graph and trace digests as recorded (the summary's simulation-effort
-    counters differ by design). The run goes through sim.api.run, whose engine call is
-    routed through the symmetric path here."""
-    import sim.engine.engine as engine_module
+    counters differ by design)."""
+    import sim.engine.symmetric as symmetric
 
-    used = []
+    plans = []
 
-    def symmetric(graph, topo, costs):
-        res = simulate_replicas(graph, topo, replace(costs, symmetry="on"))
-        used.append(res.stats.get("symmetry", {}).get("used", False))
-        return res
+    def recorded(*args, **kwargs):
+        plans.append(plan(*args, **kwargs))
+        return plans[-1]
 
-    monkeypatch.setattr(engine_module, "simulate", symmetric)
-    got, want = outputs.digest(cfg), GOLDEN_WANT[name]
+    monkeypatch.setattr(symmetric, "plan", recorded)
+    forced = {**cfg, "costs": {**cfg.get("costs", {}), "symmetry": "on"}}
+    got, want = outputs.digest(forced), GOLDEN_WANT[name]
     for key in ("makespan_s", "tasks", "graph", "trace", "error"):
         assert got.get(key) == want.get(key), key
-    assert used or "error" in want  # the run went through the symmetric path
+    assert plans or "error" in want  # the run went through the symmetric path
 
 
 def test_golden_cases_use_symmetry_where_they_can():
