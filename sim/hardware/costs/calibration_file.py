@@ -221,7 +221,12 @@ def cost_spec(raw: dict[str, Any]) -> dict[str, Any]:
             for graph_dt, ran in stand_ins.items():
                 if graph_dt not in per and ran in per:
                     per[graph_dt] = per[ran]
-            ab[op] = per
+            # one fit standing for every dtype (a CPU's fp32): a fit for any dtype, which
+            # dtype-blind readers (PipeMoE's selector) understand too
+            only = {id(f) for f in per.values()}
+            ab[op] = (
+                next(iter(per.values())) if set(per) >= set(DTYPE_BYTES) and len(only) == 1 else per
+            )
         spec["alpha_beta"] = ab
     if raw.get("collectives"):
         spec["network"] = "collective"
