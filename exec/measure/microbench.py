@@ -2,8 +2,8 @@
 
 Measuring through the same runner that executes strategies means the fitted costs include
 exactly the overheads a replayed graph pays (thread hand-off, async-op wait, buffer reuse).
-Each benchmark is one graph per category, so that process start-up (about a second) is paid
-a handful of times rather than per size:
+The benchmarks measured alone run as one graph (`chain`: one section after the other), so
+that process start-up (about a second) is paid three times in all rather than per size:
 
 - GEMMs over a grid of (m, n, k) on the compute stream, in every dtype the device runs
   (bf16, fp16, fp32, tf32 on CUDA; on a CPU every dtype runs as fp32, so fp32 alone, and the
@@ -287,6 +287,39 @@ def _overlap_sizes(cal: Calibration, target_s: float, dtype: str) -> dict[str, d
     }
 
 
+def chain(sections: dict[str, TaskGraph]) -> TaskGraph:
+    """The benchmarks one after the other in one graph, so that one launch (a process start
+    per rank) measures them all: ids, collectives and buffers are prefixed by the section's
+    name, and each section's first task on a rank waits for the previous section's last one
+    there (each runs alone, as in its own graph)."""
+    out: TaskGraph | None = None
+    last: dict[int, str] = {}
+    for name, g in sections.items():
+        if out is None:
+            out = TaskGraph(g.world_size, meta={"benchmark": "+".join(sections)})
+        ends: dict[int, str] = {}
+        for t in g:
+            deps = [f"{name}:{d}" for d in t.deps]
+            if t.rank in last and t.rank not in ends:
+                deps.append(last[t.rank])  # the first of this section on its rank
+            tid = f"{name}:{t.id}"
+            out.add(
+                replace(
+                    t,
+                    id=tid,
+                    deps=deps,
+                    coll=None if t.coll is None else f"{name}:{t.coll}",
+                    allocs={f"{name}:{k}": v for k, v in t.allocs.items()},
+                    frees=[f"{name}:{k}" for k in t.frees],
+                )
+            )
+            ends[t.rank] = tid
+        last = {**last, **ends}
+    assert out is not None
+    out.validate()
+    return out
+
+
 def _env_job(rank: int, world: int, graph: TaskGraph, backend: str, timeout_s: float):
     """A rank's run of `graph`, with where it ran (exec.measure.environment)."""
     import torch
@@ -317,23 +350,23 @@ def calibrate(
     """Measure, fit, and return the calibration with all measurement rows."""
     plan = plan or Plan()
     dev = device_type(backend)
+    sections = {
+        "gemm": gemm_graph(nprocs, plan, dev),
+        "memory": memory_graph(nprocs, plan),
+        "copy": copy_graph(nprocs, plan),
+        "comm": comm_graph(nprocs, plan),
+    }
+    g = chain(sections)
+    res, env = _launch_with_env(g, nprocs, backend, timeout_s)
+    bench = res.trace["id"].str.split(":", n=1).str[0]
     rows, gaps = [], []
-    env: dict[str, Any] = {}
-    for name, make in (
-        ("gemm", lambda w, p: gemm_graph(w, p, dev)),
-        ("memory", memory_graph),
-        ("copy", copy_graph),
-        ("comm", comm_graph),
-    ):
-        g = make(nprocs, plan)
-        if name == "gemm":
-            res, env = _launch_with_env(g, nprocs, backend, timeout_s)
-        else:
-            res = launch(g, nprocs, backend, timeout_s)
-        m = measurements(g, res.trace).assign(bench=name)
+    for name in sections:
+        part = res.trace[bench == name]
+        m = measurements(g, part).assign(bench=name)
         rows.append(m)
-        gaps.append(dispatch_gaps(g, res.trace).assign(bench=name))
-        log(f"  measured {name:7s} {len(m):5d} rows in {res.makespan:7.3f} s")
+        gaps.append(dispatch_gaps(g, part).assign(bench=name))
+        span = float(part["end"].max() - part["start"].min()) if len(part) else 0.0
+        log(f"  measured {name:7s} {len(m):5d} rows in {span:7.3f} s")
     alone = pd.concat(rows, ignore_index=True)
     main_dtype = plan.dtypes_for(dev)[0]
     first = Calibration.fit(alone, local_collectives=True)  # only to size the overlap runs
