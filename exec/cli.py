@@ -90,34 +90,8 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     plan = api.calibration_plan(a.nprocs, a.quick, a.shapes_from, a.strategies)
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
     cal, path = api.calibrate(a.nprocs, a.backend, plan, a.out, a.timeout)
-    for op, p in sorted(cal.compute.items()):
-        print(
-            f"  {op:12s} alpha {p['alpha'] * 1e6:9.2f} us  beta {p['beta']:.3e}  r2 {p['r2']:.3f}"
-        )
-    for op, fits in sorted(cal.collectives.items()):
-        for f in fits:
-            print(
-                f"  {op:12s} alpha {f['alpha'] * 1e6:9.2f} us  beta {f['beta']:.3e}  "
-                f"r2 {f['r2']:.3f}  ({f['ranks']} ranks)"
-            )
-    for kind, row in sorted(cal.interference.items()):
-        print(f"  {kind:12s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items()))
-    if cal.jitter:
-        print(
-            "  jitter       p50 / p90 / max of time over its size's median: "
-            + ", ".join(
-                f"{op} {q[len(q) // 2]:.2f}/{q[int(0.9 * (len(q) - 1))]:.2f}/{q[-1]:.1f}"
-                for op, q in sorted(cal.jitter.items())
-                if op in ("gemm", "elementwise", "all_to_all", "d2h")
-            )
-        )
-    if cal.gemm_shapes:
-        print(f"  gemm shapes  {len(cal.gemm_shapes)} profiled exactly")
-    for via, d in sorted(cal.dispatch.items()):
-        print(
-            f"  dispatch {via:6s} mean {d['mean'] * 1e6:8.1f} us  median "
-            f"{d['median'] * 1e6:8.1f} us  ({d['n']} gaps)"
-        )
+    for line in cal.describe():
+        print(line)
     print(f"  wrote {path}")
     return 0
 

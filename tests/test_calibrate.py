@@ -134,7 +134,8 @@ def test_exact_gemm_shapes_override_alpha_beta(tmp_path):
     ]
     rows = pd.concat([rows, pd.DataFrame(prof, columns=rows.columns)], ignore_index=True)
     cal = Calibration.fit(rows)
-    assert cal.gemm_shapes == [{"batch": 2, "m": 64, "n": 32, "k": 16, "seconds": 4e-3}]
+    want = {"batch": 2, "m": 64, "n": 32, "k": 16, "layout": "nn", "seconds": 4e-3}
+    assert cal.gemm_shapes == [want]
     topo = Topology.load("flat-switch", nodes=1)
     costs = CostModel.build(topo, {"calibration": str(cal.save(tmp_path / "c.yaml"))})
     a, b = cal.compute["gemm"]["alpha"], cal.compute["gemm"]["beta"]
@@ -154,16 +155,19 @@ def test_plan_profiles_the_shapes_of_given_graphs():
     layer = MoELayer(batch=1, seq_len=64, model_dim=32, hidden_dim=64, experts=4, world=2)
     g = build("pipelined", layer, {"degree": 2}, ("fwd", "bwd"))
     plan = Plan.quick().with_shapes_of([g])
-    want = {
-        (t.shape["batch"], t.shape["m"], t.shape["n"], t.shape["k"]) for t in g if t.kind == "gemm"
-    }
-    assert set(plan.gemm_shapes) == want and len(want) >= 2  # fc1, fc2 and their grads
-    measured = {
-        (t.shape["batch"], t.shape["m"], t.shape["n"], t.shape["k"])
-        for t in gemm_graph(2, plan)
-        if t.rank == 0
-    }
-    assert want <= measured
+
+    def key(t: Task, dtype: str) -> tuple:
+        s = t.shape
+        return (s["batch"], s["m"], s["n"], s["k"], dtype, s.get("layout", "nn"))
+
+    want = {key(t, "bf16") for t in g if t.kind == "gemm"}
+    assert set(plan.gemm_shapes) == want and len(want) >= 4  # fc1, fc2 and their grads
+    assert {s[5] for s in want} == {"nn", "nt", "tn"}  # forward, dgrad and wgrad layouts
+    # on a CPU the bf16 shapes run (and are tagged) as fp32, their stand-in
+    measured = {key(t, t.tags["dtype"]) for t in gemm_graph(2, plan, "cpu") if t.rank == 0}
+    assert {(*s[:4], "fp32", s[5]) for s in want} <= measured
+    cuda = {t.tags["dtype"] for t in gemm_graph(1, plan, "cuda")}
+    assert cuda == {"bf16", "fp16", "fp32", "tf32"}
 
 
 def test_bad_calibration_files(tmp_path):

@@ -54,3 +54,25 @@ def test_error_against_the_fastest_run():
     s = summarize([a, b])
     assert s["mape_pct"] == pytest.approx(35.0)
     assert s["mape_fastest_run_pct"] == pytest.approx((100 * 0.1 / 1.1 + 50.0) / 2)
+
+
+def test_validation_says_when_it_cannot_be_trusted(monkeypatch):
+    """Run-to-run spread and host load go into the report, with a warning when the spread is
+    larger than the error reported (exec.measure.validation.trustworthiness)."""
+    import exec.measure.validation as v
+
+    monkeypatch.setattr(v.os, "cpu_count", lambda: 4)
+
+    def res(measured, simulated, runs):
+        return {"graph": f"g{measured}", "measured_s": measured, "simulated_s": simulated,
+                "error_pct": 100 * (simulated / measured - 1), "measured_runs_s": runs}  # fmt: skip
+
+    steady = [res(1.0, 1.1, [0.99, 1.0, 1.01]), res(2.0, 1.8, [1.98, 2.0, 2.02])]
+    t = v.trustworthiness(steady, [1.0, 2.0], 3)
+    assert t["warning"] is None and t["spread_pct_median"] == pytest.approx(2.0)
+    assert "run-to-run spread" in t["context"] and "4 CPUs" in t["context"]["host load"]
+    noisy = [res(1.0, 1.05, [0.8, 1.0, 1.4]), res(2.0, 2.1, [1.5, 2.0, 2.6])]
+    t = v.trustworthiness(noisy, [9.0], 3)
+    assert "larger than the error" in t["warning"] and "busy (load 9.0" in t["warning"]
+    assert t["context"]["WARNING"] == t["warning"]
+    assert "spread is unknown" in v.trustworthiness([res(1.0, 1.1, [1.0])], [None], 1)["warning"]

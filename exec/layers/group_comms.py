@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 
 from exec.layers.moe import Comms, wait_work
+from exec.runtime.compat import all_gather_single, reduce_scatter_single
 
 if TYPE_CHECKING:
     from exec.layers.layouts import Case
@@ -54,7 +55,7 @@ class GroupComms(Comms):
         """Members' x stacked along a new first dimension, in member order."""
         x = x.contiguous()
         out = x.new_empty((self.world * x.shape[0], *x.shape[1:]))  # members along dim 0
-        work = dist.all_gather_single(out, x, group=self.groups[stream], async_op=True)
+        work = all_gather_single(out, x, group=self.groups[stream], async_op=True)
         wait_work(work, self.rank, f"all_gather for {what}", self.members, self.timeout_s)
         return out.view(self.world, *x.shape)
 
@@ -62,7 +63,7 @@ class GroupComms(Comms):
         """Sum over members of x [world, ...]; this member keeps row `index`."""
         out = x.new_empty(x.shape[1:])
         x = x.reshape(self.world * x.shape[1], *x.shape[2:]).contiguous()  # members along dim 0
-        work = dist.reduce_scatter_single(out, x, group=self.groups[stream], async_op=True)
+        work = reduce_scatter_single(out, x, group=self.groups[stream], async_op=True)
         wait_work(work, self.rank, f"reduce_scatter for {what}", self.members, self.timeout_s)
         return out
 

@@ -2,14 +2,18 @@
 
 Measuring through the same runner that executes strategies means the fitted costs include
 exactly the overheads a replayed graph pays (thread hand-off, async-op wait, buffer reuse).
-Each benchmark is one graph per category, so that process start-up (about a second) is paid
-a handful of times rather than per size:
+The benchmarks measured alone run as one graph (`chain`: one section after the other), so
+that process start-up (about a second) is paid three times in all rather than per size:
 
-- GEMMs over a grid of (m, n, k) on the compute stream, and at the exact (batch, m, n, k)
+- GEMMs over a grid of (m, n, k) on the compute stream, in every dtype the device runs
+  (bf16, fp16, fp32, tf32 on CUDA; on a CPU every dtype runs as fp32, so fp32 alone, and the
+  file's stand_ins say it stands for the others) and in the three operand layouts autograd runs
+  (forward "nn", dgrad "nt", wgrad "tn"), and at the exact (batch, m, n, k, dtype, layout)
   shapes of the graphs to be simulated when the plan lists them (Plan.with_shapes_of);
 - the memory-bound kernel (what gate / encode / decode / elementwise run as) over sizes;
 - host copies (d2h, h2d) over sizes on the copy stream;
-- each collective over message sizes on the comm stream (all ranks);
+- each collective over message sizes on the comm stream (all ranks; with one rank they only
+  size the interference measurements: a one-rank collective is a local copy, not fitted);
 - each stream kind while the others run beside it (compute beside comm, beside copy, beside
   both; and so on), the victim's operations covered end to end by four times as many of the
   others' (MPipeMoE Sec. II-C, Fig. 3). Rows count as concurrent only when covered for 90% of
@@ -19,24 +23,35 @@ a handful of times rather than per size:
   compute -> communication -> compute chain, the MoE layer's rhythm).
 
 `calibrate()` runs them, turns the traces into measurement rows (exec.measure.timings) and fits a
-sim.hardware.costs.calibration.Calibration.
+sim.hardware.costs.calibration.Calibration, whose meta records where (exec.measure.environment).
 """
 
 from __future__ import annotations
 
-import platform
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import pandas as pd
 
 from exec.measure.timings import dispatch_gaps, measurements
-from exec.runtime.launch import launch
+from exec.runtime.launch import ExecResult, assemble, call_ranks, launch
+from exec.runtime.ops import STAND_INS, run_dtype
 from sim.core.graph import Task, TaskGraph
 from sim.hardware.costs.calibration import Calibration
 from sim.hardware.costs.compute import shape_key
+from sim.hardware.costs.gemm import gemm_layout
 
 MEMORY_KINDS = ("elementwise", "gate", "encode", "decode", "softmax", "layernorm", "attention")
+# what each device runs GEMMs in (the first is the one the overlap measurements use)
+DEVICE_DTYPES = {"cuda": ("bf16", "fp16", "fp32", "tf32"), "cpu": ("fp32",)}
+AUTOGRAD_LAYOUTS = ("nn", "nt", "tn")  # forward x W, dgrad dy W^T, wgrad x^T dy
+ExactShape = tuple[int, int, int, int, str, str]  # batch, m, n, k, dtype, layout
+
+
+def device_type(backend: str) -> str:
+    """gloo runs on the CPU, nccl on GPUs (exec.runtime.runner.default_device)."""
+    return "cuda" if backend == "nccl" else "cpu"
 
 
 @dataclass
@@ -48,24 +63,48 @@ class Plan:
             (m, n, k) for m in (64, 256, 1024) for n, k in ((256, 256), (512, 1024), (1024, 512))
         ]
     )
+    # a GPU needs larger GEMMs than a CPU before the time grows with the work
+    cuda_gemms: list[tuple[int, int, int]] = field(
+        default_factory=lambda: [
+            (m, n, k)
+            for m in (256, 1024, 4096)
+            for n, k in ((1024, 1024), (4096, 2048), (2048, 4096))
+        ]
+    )
+    layouts: tuple[str, ...] = AUTOGRAD_LAYOUTS
+    dtypes: tuple[str, ...] | None = None  # None: every dtype the device runs (DEVICE_DTYPES)
     memory_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 27, 2)])
     copy_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(16, 27, 2)])
     comm_bytes: list[int] = field(default_factory=lambda: [2**k for k in range(10, 25, 2)])
     collectives: tuple[str, ...] = ("all_to_all", "all_gather", "reduce_scatter", "all_reduce")
     reps: int = 5
     overlap_reps: int = 12
-    # (batch, m, n, k) GEMMs to profile exactly: those of the graphs to be simulated
-    gemm_shapes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    # (batch, m, n, k, dtype, layout) GEMMs to profile exactly: those of the graphs to be
+    # simulated, in the graphs' dtypes (each runs in what the device runs it in)
+    gemm_shapes: list[ExactShape] = field(default_factory=list)
 
     def with_shapes_of(self, graphs: list[TaskGraph]) -> Plan:
-        """This plan, also profiling every GEMM shape the graphs run."""
-        shapes = {shape_key(t.shape) for g in graphs for t in g if t.kind == "gemm" and t.shape}
+        """This plan, also profiling every GEMM shape the graphs run. Empty GEMMs (a skewed
+        routing's chunk without tokens: m = 0) run no kernel and are not profiled."""
+        shapes: set[ExactShape] = set()
+        for g in graphs:
+            for t in g:
+                if t.kind != "gemm" or not t.shape:
+                    continue
+                key = shape_key(t.shape)
+                if min(key) >= 1:
+                    dtype = str(t.tags.get("dtype", "fp32"))
+                    shapes.add((*key, dtype, gemm_layout(t.shape)))
         return replace(self, gemm_shapes=sorted(set(self.gemm_shapes) | shapes))
+
+    def dtypes_for(self, device: str) -> tuple[str, ...]:
+        return self.dtypes or DEVICE_DTYPES.get(device, ("fp32",))
 
     @classmethod
     def quick(cls) -> Plan:
         return cls(
             gemms=[(64, 256, 256), (256, 512, 512), (512, 512, 1024)],
+            cuda_gemms=[(256, 1024, 1024), (1024, 4096, 2048), (4096, 2048, 4096)],
             memory_bytes=[2**16, 2**20, 2**23],
             copy_bytes=[2**16, 2**20, 2**23],
             comm_bytes=[2**10, 2**18, 2**22],  # wide enough that the slope beats noise
@@ -84,7 +123,9 @@ class _Builder:
         self.group = list(range(world))
         self.n = 0
 
-    def add(self, stream: str, kind: str, after_previous: bool = False, **kw) -> None:
+    def add(
+        self, stream: str, kind: str, after_previous: bool = False, dtype: str = "fp32", **kw
+    ) -> None:
         """One task per rank; `after_previous` makes it depend on the task added before."""
         cid = f"b{self.n}"
         self.n += 1
@@ -94,27 +135,43 @@ class _Builder:
                 extra["deps"] = [f"r{r}/b{self.n - 2}"]
             if kind in ("all_to_all", "all_gather", "reduce_scatter", "all_reduce"):
                 extra.update(group=self.group, coll=cid)
-            self.g.add(Task(f"r{r}/{cid}", r, stream, kind, tags={"dtype": "fp32"}, **extra))
+            self.g.add(Task(f"r{r}/{cid}", r, stream, kind, tags={"dtype": dtype}, **extra))
 
     def done(self) -> TaskGraph:
         self.g.validate()
         return self.g
 
 
-def gemm_shape(m: int, n: int, k: int, batch: int = 1) -> dict:
-    return {"batch": batch, "m": m, "n": n, "k": k}
+def gemm_shape(m: int, n: int, k: int, batch: int = 1, layout: str = "nn") -> dict:
+    shape: dict[str, Any] = {"batch": batch, "m": m, "n": n, "k": k}
+    if layout != "nn":  # "nn" is what a shape without a layout means
+        shape["layout"] = layout
+    return shape
 
 
-def gemm_graph(world: int, plan: Plan) -> TaskGraph:
+def gemm_graph(world: int, plan: Plan, device: str = "cpu") -> TaskGraph:
+    """The grid in every dtype and layout, then the exact shapes, `reps` times over; each
+    task is tagged with the dtype the device really runs it in (exec.runtime.ops.run_dtype)."""
+    from sim.hardware.costs.gemm import DTYPE_BYTES
+
     b = _Builder(world, "gemm")
+    grid = plan.cuda_gemms if device == "cuda" else plan.gemms
+    todo: list[ExactShape] = [
+        (1, m, n, k, dt, lay)
+        for dt in plan.dtypes_for(device)
+        for lay in plan.layouts
+        for m, n, k in grid
+    ]
+    todo += [(*s[:4], run_dtype(s[4], device), s[5]) for s in plan.gemm_shapes]
     for _ in range(plan.reps):
-        for bt, m, n, k in [(1, *s) for s in plan.gemms] + list(plan.gemm_shapes):
+        for bt, m, n, k, dt, lay in todo:
             b.add(
                 "compute",
                 "gemm",
-                shape=gemm_shape(m, n, k, bt),
+                dtype=dt,
+                shape=gemm_shape(m, n, k, bt, lay),
                 flops=2.0 * bt * m * n * k,
-                bytes=4.0 * bt * (m * k + k * n + m * n),
+                bytes=float(DTYPE_BYTES[dt] * bt * (m * k + k * n + m * n)),
             )
     return b.done()
 
@@ -203,27 +260,84 @@ def handoff_graph(world: int, plan: Plan, sizes: dict[str, dict]) -> TaskGraph:
     return b.done()
 
 
-def _overlap_sizes(cal: Calibration, target_s: float) -> dict[str, dict]:
-    """One operation per stream kind whose alone time is about `target_s`."""
+def _overlap_sizes(cal: Calibration, target_s: float, dtype: str) -> dict[str, dict]:
+    """One operation per stream kind whose alone time is about `target_s` (the GEMM in
+    `dtype`; `cal` fitted with its one-rank collectives, which only size the exchange here)."""
 
-    def invert(op: str, ranks: int, lo: float, hi: float) -> float:
+    def invert(op: str, ranks: int, lo: float, hi: float, dt: str | None = None) -> float:
         for _ in range(60):  # bisection on the monotone fitted model
             mid = (lo * hi) ** 0.5
-            lo, hi = (mid, hi) if cal.predict(op, ranks, mid) < target_s else (lo, mid)
+            pred = cal.predict(op, ranks, mid, dt)
+            lo, hi = (mid, hi) if pred is not None and pred < target_s else (lo, mid)
         return hi
 
     world = max((f["ranks"] for f in cal.collectives.get("all_to_all", [])), default=2)
-    side = int(round(invert("gemm", 1, 1e3, 1e13) ** (1 / 3)))
+    side = int(round(invert("gemm", 1, 1e3, 1e13, dtype) ** (1 / 3)))
+    elem = 2 if dtype in ("bf16", "fp16") else 4
     return {
         "compute": {
             "kind": "gemm",
+            "dtype": dtype,
             "shape": gemm_shape(side, side, side),
             "flops": 2.0 * side**3,
-            "bytes": 12.0 * side * side,
+            "bytes": 3.0 * elem * side * side,
         },
         "comm": {"kind": "all_to_all", "bytes": invert("all_to_all", world, 1e3, 1e9)},
         "copy": {"kind": "d2h", "bytes": invert("d2h", 1, 1e3, 1e9)},
     }
+
+
+def chain(sections: dict[str, TaskGraph]) -> TaskGraph:
+    """The benchmarks one after the other in one graph, so that one launch (a process start
+    per rank) measures them all: ids, collectives and buffers are prefixed by the section's
+    name, and each section's first task on a rank waits for the previous section's last one
+    there (each runs alone, as in its own graph)."""
+    out: TaskGraph | None = None
+    last: dict[int, str] = {}
+    for name, g in sections.items():
+        if out is None:
+            out = TaskGraph(g.world_size, meta={"benchmark": "+".join(sections)})
+        ends: dict[int, str] = {}
+        for t in g:
+            deps = [f"{name}:{d}" for d in t.deps]
+            if t.rank in last and t.rank not in ends:
+                deps.append(last[t.rank])  # the first of this section on its rank
+            tid = f"{name}:{t.id}"
+            out.add(
+                replace(
+                    t,
+                    id=tid,
+                    deps=deps,
+                    coll=None if t.coll is None else f"{name}:{t.coll}",
+                    allocs={f"{name}:{k}": v for k, v in t.allocs.items()},
+                    frees=[f"{name}:{k}" for k in t.frees],
+                )
+            )
+            ends[t.rank] = tid
+        last = {**last, **ends}
+    assert out is not None
+    out.validate()
+    return out
+
+
+def _env_job(rank: int, world: int, graph: TaskGraph, backend: str, timeout_s: float):
+    """A rank's run of `graph`, with where it ran (exec.measure.environment)."""
+    import torch
+
+    from exec.measure.environment import environment
+    from exec.runtime.runner import run_rank
+
+    res = run_rank(graph, rank, backend, None, timeout_s, 1)
+    res.extra["environment"] = environment(torch.device(res.device))
+    return res
+
+
+def _launch_with_env(
+    g: TaskGraph, nprocs: int, backend: str, timeout_s: float
+) -> tuple[ExecResult, dict[str, Any]]:
+    results = call_ranks(_env_job, (g, backend, timeout_s), nprocs, backend, timeout_s)
+    env = dict(results[0].extra.get("environment") or {})
+    return assemble(g, results, backend), env
 
 
 def calibrate(
@@ -235,25 +349,30 @@ def calibrate(
 ) -> tuple[Calibration, pd.DataFrame]:
     """Measure, fit, and return the calibration with all measurement rows."""
     plan = plan or Plan()
+    dev = device_type(backend)
+    sections = {
+        "gemm": gemm_graph(nprocs, plan, dev),
+        "memory": memory_graph(nprocs, plan),
+        "copy": copy_graph(nprocs, plan),
+        "comm": comm_graph(nprocs, plan),
+    }
+    g = chain(sections)
+    res, env = _launch_with_env(g, nprocs, backend, timeout_s)
+    bench = res.trace["id"].str.split(":", n=1).str[0]
     rows, gaps = [], []
-    device = ""
-    for name, make in (
-        ("gemm", gemm_graph),
-        ("memory", memory_graph),
-        ("copy", copy_graph),
-        ("comm", comm_graph),
-    ):
-        g = make(nprocs, plan)
-        res = launch(g, nprocs, backend, timeout_s)
-        device = res.device
-        m = measurements(g, res.trace).assign(bench=name)
+    for name in sections:
+        part = res.trace[bench == name]
+        m = measurements(g, part).assign(bench=name)
         rows.append(m)
-        gaps.append(dispatch_gaps(g, res.trace).assign(bench=name))
-        log(f"  measured {name:7s} {len(m):5d} rows in {res.makespan:7.3f} s")
+        gaps.append(dispatch_gaps(g, part).assign(bench=name))
+        span = float(part["end"].max() - part["start"].min()) if len(part) else 0.0
+        log(f"  measured {name:7s} {len(m):5d} rows in {span:7.3f} s")
     alone = pd.concat(rows, ignore_index=True)
-    first = Calibration.fit(alone)
-    target = 4 * max(first.compute["gemm"]["alpha"], 1e-3)
-    sizes = _overlap_sizes(first, target)
+    main_dtype = plan.dtypes_for(dev)[0]
+    first = Calibration.fit(alone, local_collectives=True)  # only to size the overlap runs
+    gemm_fit = first.fit_of("gemm", main_dtype) or {"alpha": 0.0}
+    target = 4 * max(gemm_fit["alpha"], 1e-3)
+    sizes = _overlap_sizes(first, target, main_dtype)
     g = overlap_graph(nprocs, plan, sizes)
     res = launch(g, nprocs, backend, timeout_s)
     over = measurements(g, res.trace, overlap=COVERED).assign(bench="overlap")
@@ -279,10 +398,11 @@ def calibrate(
     meta = {
         "backend": backend,
         "nprocs": nprocs,
-        "device": device,
-        "host": platform.node(),
-        "machine": platform.machine(),
-        "python": platform.python_version(),
+        "device": str(res.device),
+        **env,
+        "dtypes": list(plan.dtypes_for(dev)),
+        # graph dtypes this device runs as another: the fits of the one stand for the other
+        "stand_ins": dict(STAND_INS.get(dev, {})),
         "rows": len(allrows),
     }
     return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows

@@ -7,7 +7,9 @@ ranks, x, t, stream, others).
   launched is waiting, not transfer);
 - others: '+'-joined stream kinds of this rank's tasks on *other* streams that overlap the
   task for more than `overlap` of its duration ('' = it ran alone);
-- shape: 'batch,m,n,k' of a GEMM ('' otherwise), for the exact-shape table.
+- shape: 'batch,m,n,k' of a GEMM ('' otherwise), for the exact-shape table;
+- dtype: the task's dtype tag (microbenchmarks tag what really ran: exec.runtime.ops.run_dtype);
+- layout: a GEMM's operand layout (sim.hardware.costs.gemm.LAYOUTS; '' otherwise).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from sim.core.graph import TaskGraph
 from sim.core.kinds import COMM_KINDS, stream_kind
 from sim.hardware.collectives import payload
 from sim.hardware.costs.compute import shape_key
+from sim.hardware.costs.gemm import gemm_layout
 
 
 def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) -> pd.DataFrame:
@@ -33,9 +36,10 @@ def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) ->
             busy = (shared > overlap * max(dur, 1e-12)) & (streams != r.stream)
             busy[i] = False
             others = "+".join(sorted({stream_kind(s) for s in streams[busy]}))
-            shape = ""
+            shape = layout = ""
             if t.kind == "gemm" and t.shape:
                 shape = ",".join(str(v) for v in shape_key(t.shape))
+                layout = gemm_layout(t.shape)
             if t.kind in COMM_KINDS:
                 ranks = len(t.group) if t.group else 2
                 x, time_s = payload(t), max(dur - float(r.sync_wait), 0.0)
@@ -52,9 +56,12 @@ def measurements(graph: TaskGraph, trace: pd.DataFrame, overlap: float = 0.1) ->
                     "rank": int(rank),
                     "id": r.id,
                     "shape": shape,
+                    "dtype": str(t.tags.get("dtype", "")),
+                    "layout": layout,
                 }
             )
-    columns = ["op", "ranks", "x", "t", "stream", "others", "rank", "id", "shape"]
+    columns = ["op", "ranks", "x", "t", "stream", "others", "rank", "id", "shape", "dtype"]
+    columns.append("layout")
     return pd.DataFrame(rows, columns=columns)
 
 

@@ -5,11 +5,14 @@ forward only and forward + backward, for the config's layer on `nprocs` ranks. E
 executed `repeats` times and the run with the median makespan is kept (a 2-core machine is
 noisy); the simulator replays it on `topology` (default `localhost-cpu`, one node per rank)
 with the calibration. The report (sim.analysis.validate) gives per-graph makespan error, per-kind
-error and which graph each side ranks fastest.
+error and which graph each side ranks fastest, and says how far it can be trusted: the host's
+load while measuring and the run-to-run spread of each graph's makespan, with a warning when
+the spread is larger than the error the report gives (noise the model cannot be judged by).
 """
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -98,8 +101,10 @@ def validate(
     # every graph is built before anything is measured: a case that cannot be built fails
     # the command at once, not after minutes of measurements
     todo = [(c, case_graph(cfg, layer, c, cluster)) for c in cases(layer.capacity, strategies)]
+    loads = [_load()]
     for case, graph in todo:
         measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
+        loads.append(_load())
         simulated = to_frame(simulate(graph, topo, costs))
         r = compare(case.name, measured, simulated)
         r["measured_runs_s"] = spans
@@ -120,9 +125,13 @@ def validate(
         "measured": f"median makespan of {repeats} runs per graph",
         "simulated": f"{topology} with calibration {calibration}",
     }
+    trust = trustworthiness(results, loads, repeats)
+    context.update(trust.pop("context"))
+    if trust["warning"]:
+        log(f"  WARNING: {trust['warning']}")
     files = write_report(results, out_dir, "moesim validation: simulated vs measured", context)
     summary = {
-        "summary": summarize(results),
+        "summary": {**summarize(results), "trust": trust},
         "results": results,
         "context": context,
         "files": {k: str(v) for k, v in files.items()},
@@ -140,3 +149,64 @@ def _median_run(graph: TaskGraph, nprocs: int, backend: str, repeats: int, timeo
     spans = [r.makespan for r in runs]
     order = np.argsort(spans)
     return runs[int(order[len(order) // 2])].trace, spans
+
+
+BUSY_LOAD = 1.25  # load average per CPU above which the host counts as busy
+
+
+def _load() -> float | None:
+    """The host's 1-minute load average (None where the OS has none)."""
+    try:
+        return os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+
+
+def trustworthiness(
+    results: list[dict[str, Any]], loads: list[float | None], repeats: int
+) -> dict[str, Any]:
+    """How far the comparison can be trusted: the run-to-run spread of each graph's makespan
+    ((max - min) / median over its runs), the host's load while measuring, and a warning when
+    the spread is larger than the error the report gives."""
+    spread = [
+        100.0 * (max(r) - min(r)) / float(np.median(r))
+        for r in (res.get("measured_runs_s") or [res["measured_s"]] for res in results)
+        if len(r) > 1 and np.median(r) > 0
+    ]
+    mape = summarize(results)["mape_pct"]
+    seen = [x for x in loads if x is not None]
+    cpus = os.cpu_count() or 1
+    out: dict[str, Any] = {
+        "spread_pct_median": float(np.median(spread)) if spread else None,
+        "spread_pct_max": max(spread) if spread else None,
+        "load_max": max(seen) if seen else None,
+        "cpus": cpus,
+        "warning": None,
+    }
+    ctx = {}
+    if spread:
+        ctx["run-to-run spread"] = (
+            f"median {out['spread_pct_median']:.1f}%, worst {out['spread_pct_max']:.1f}% of a "
+            f"graph's makespan ((max - min) / median of {repeats} runs)"
+        )
+    if seen:
+        ctx["host load"] = (
+            f"1-minute load average {min(seen):.1f} to {max(seen):.1f} on {cpus} CPUs"
+        )
+    problems = []
+    if spread and out["spread_pct_median"] > mape:
+        problems.append(
+            f"the run-to-run spread (median {out['spread_pct_median']:.1f}%) is larger than the "
+            f"error reported (MAPE {mape:.1f}%): noise, not the model, decides this comparison"
+        )
+    # the load counts this validation's own ranks, whose threads alone bring it near the CPU
+    # count: well above that, something else was running
+    if seen and max(seen) > BUSY_LOAD * cpus:
+        problems.append(f"the host was busy (load {max(seen):.1f} on {cpus} CPUs) while measuring")
+    if not spread:
+        problems.append("one run per graph: the run-to-run spread is unknown (--repeats 3+)")
+    if problems:
+        out["warning"] = "; ".join(problems) + ". Measure again on an idle machine."
+        ctx["WARNING"] = out["warning"]
+    out["context"] = ctx
+    return out

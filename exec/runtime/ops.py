@@ -7,7 +7,13 @@ allocation never shows up in a measured duration.
 
 Sizes follow the graph's conventions (see sim/graph.py and sim/collectives.py):
 
-- gemm with shape {batch, m, n, k}: `bmm([batch, m, k], [batch, k, n])`.
+- gemm with shape {batch, m, n, k, layout}: out[batch, m, n] = A[batch, m, k] @ B[batch, k, n],
+  `layout` (sim.hardware.costs.gemm.LAYOUTS; default "nn") saying how each operand is stored:
+  "n" as written, "t" transposed (A as [k, m], B as [n, k]) and used through a transposed
+  *view*, as autograd does (wgrad x^T dy: "tn"; dgrad dy W^T: "nt"). A materialised transpose
+  would give the operand another leading dimension; when that is not a multiple of 8 elements
+  cuBLAS leaves the tensor cores (a 5x slower weight gradient on an H100 than training has:
+  ../shared/reference/measurements/h100-sxm-2026-11-23, finding 2).
 - gate, encode, decode, elementwise, softmax, layernorm, attention, and any compute task
   without a GEMM shape: a memory-bound copy that moves `task.bytes` in total (half read, half
   written), which is what these kernels cost on a GPU to first order.
@@ -19,9 +25,11 @@ Sizes follow the graph's conventions (see sim/graph.py and sim/collectives.py):
 
 Data types: communication that only moves data uses uint8 so that byte counts are exact;
 reductions and GEMMs use the task's dtype (tags["dtype"]). On CPU every compute dtype runs as
-float32: CPU half-precision matmul is slow or unsupported, and a float32 kernel of the same
-shape is the closer stand-in for timing. fp8 runs as bf16 on CUDA (an fp8 GEMM needs scaling
-factors that the graph does not describe).
+float32 (STAND_INS): CPU half-precision matmul is slow or unsupported, and a float32 kernel of
+the same shape is the closer stand-in for timing. fp8 runs as bf16 on CUDA (an fp8 GEMM needs
+scaling factors that the graph does not describe). tf32 is a float32 GEMM with TF32 tensor
+cores allowed, fp32 one with them refused (set per GEMM: the CUDA executor launches from one
+thread, so the switch cannot leak into another task).
 """
 
 from __future__ import annotations
@@ -36,8 +44,10 @@ import torch.distributed as dist
 
 from exec.errors import ExecError
 from exec.runtime.channels import ChannelPlan
+from exec.runtime.compat import all_gather_single, reduce_scatter_single, set_tf32_matmul
 from sim.core.graph import Task, TaskGraph
 from sim.core.kinds import COMPUTE_KINDS, COPY_KINDS
+from sim.hardware.costs.gemm import gemm_layout
 
 # The memory-bound stand-in kernel never touches more than this: a what-if graph's huge
 # elementwise step is timed on a capped copy rather than exhausting memory (its duration is
@@ -51,6 +61,19 @@ _DTYPES = {
     "bf16": torch.bfloat16,
     "fp8": torch.bfloat16,
 }
+
+
+# The graph dtype each device really runs a GEMM of a given graph dtype in, where that
+# differs (what a calibration measured stands in for the others: sim.hardware.costs.calibration)
+STAND_INS = {
+    "cpu": {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"},
+    "cuda": {"fp8": "bf16"},
+}
+
+
+def run_dtype(dtype: str, device_type: str) -> str:
+    """The graph dtype that a task of `dtype` runs in on this kind of device."""
+    return STAND_INS.get(device_type, {}).get(dtype, dtype)
 
 
 def compute_dtype(task: Task, device: torch.device) -> torch.dtype:
@@ -67,6 +90,7 @@ class Op:
     launch: Callable[[], Any]
     is_comm: bool
     what: str  # for error messages: kind, id, collective, group / peer, stream
+    operands: tuple[torch.Tensor, ...] = ()  # a GEMM's (A, B, out) as launched (tests look)
 
     def __repr__(self) -> str:
         return f"Op({self.what})"
@@ -145,20 +169,49 @@ class OpFactory:
         if task.kind in COPY_KINDS:
             launch = self._copy(task)
         elif task.kind in COMPUTE_KINDS:
+            s = task.shape or {}
+            if {"m", "n", "k"} <= s.keys():
+                return self._gemm(task)
             launch = self._compute(task)
         else:
             launch = self._comm(task)
         return Op(task, launch, task.is_comm, describe(task))
 
-    def _compute(self, task: Task) -> Callable[[], Any]:
+    def _gemm(self, task: Task) -> Op:
         s = task.shape or {}
-        if {"m", "n", "k"} <= s.keys():
-            b, m, n, k = int(s.get("batch", 1)), int(s["m"]), int(s["n"]), int(s["k"])
-            dt = compute_dtype(task, self.device)
+        b, m, n, k = int(s.get("batch", 1)), int(s["m"]), int(s["n"]), int(s["k"])
+        try:
+            layout = gemm_layout(s)
+        except ValueError as e:
+            raise ExecError(f"rank {self.rank}: task {task.id!r}: {e}") from None
+        dt = compute_dtype(task, self.device)
+        # each operand in the memory order its layout names; a "t" operand is the transposed
+        # view of its stored buffer (strides swapped, no copy), as autograd passes it to bmm
+        if layout[0] == "t":
+            a = self._buf(task, "a.t", (b, k, m), dt).transpose(1, 2)
+        else:
             a = self._buf(task, "a", (b, m, k), dt)
+        if layout[1] == "t":
+            w = self._buf(task, "b.t", (b, n, k), dt).transpose(1, 2)
+        else:
             w = self._buf(task, "b", (b, k, n), dt)
-            out = self._buf(task, "out", (b, m, n), dt)
-            return lambda: torch.bmm(a, w, out=out)
+        out = self._buf(task, "out", (b, m, n), dt)
+        launch: Callable[[], Any]
+        if self.device.type == "cuda" and dt == torch.float32:
+            tf32 = str(task.tags.get("dtype", "fp32")) == "tf32"
+
+            def launch() -> Any:
+                set_tf32_matmul(tf32)
+                return torch.bmm(a, w, out=out)
+
+        else:
+
+            def launch() -> Any:
+                return torch.bmm(a, w, out=out)
+
+        return Op(task, launch, False, describe(task), (a, w, out))
+
+    def _compute(self, task: Task) -> Callable[[], Any]:
         # memory-bound: read bytes/2, write bytes/2, in float32 words
         words = min(int(task.bytes), MAX_BUFFER_BYTES) // 8
         if words == 0:
@@ -205,8 +258,7 @@ class OpFactory:
         if kind == "all_gather":
             inp = self._bytes(task, "ag_in", task.bytes)
             out = self._bytes(task, "ag_out", inp.numel() * n)
-            fn = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-            return lambda: fn(out, inp, group=pg, async_op=True)
+            return lambda: all_gather_single(out, inp, group=pg, async_op=True)
         if kind == "broadcast":
             buf = self._bytes(task, "bcast", task.bytes)
             return lambda: dist.broadcast(buf, src=group[0], group=pg, async_op=True)
@@ -220,8 +272,7 @@ class OpFactory:
             per = math.ceil(task.bytes / elem / n)
             inp = self._buf(task, "rs_in", (per * n,), dt)
             out = self._buf(task, "rs_out", (per,), dt)
-            fn = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-            return lambda: fn(out, inp, group=pg, async_op=True)
+            return lambda: reduce_scatter_single(out, inp, group=pg, async_op=True)
         raise ExecError(f"rank {self.rank}: task {task.id!r}: kind {kind!r} is not executable")
 
     def _recv_split(self, task: Task, group: list[int]) -> list[int]:

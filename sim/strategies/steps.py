@@ -88,10 +88,14 @@ class ComputeSteps:
 
 
 def dgrad_shape(shape: dict) -> dict:
-    """dgrad of y = x W: dx = dy W^T, an (m x n) by (n x k) GEMM: same work as forward."""
-    return {"batch": shape["batch"], "m": shape["m"], "n": shape["k"], "k": shape["n"]}
+    """dgrad of y = x W: dx = dy W^T, an (m x n) by (n x k) GEMM: same work as forward; W^T
+    is a transposed view of the stored W (layout "nt", sim.hardware.costs.gemm)."""
+    b, m, n, k = shape["batch"], shape["m"], shape["n"], shape["k"]
+    return {"batch": b, "m": m, "n": k, "k": n, "layout": "nt"}
 
 
 def wgrad_shape(shape: dict) -> dict:
-    """wgrad: dW = x^T dy, a (k x m) by (m x n) GEMM: same work as forward."""
-    return {"batch": shape["batch"], "m": shape["k"], "n": shape["n"], "k": shape["m"]}
+    """wgrad: dW = x^T dy, a (k x m) by (m x n) GEMM: same work as forward; x^T is a
+    transposed view of the stored activation (layout "tn")."""
+    b, m, n, k = shape["batch"], shape["m"], shape["n"], shape["k"]
+    return {"batch": b, "m": k, "n": n, "k": m, "layout": "tn"}

@@ -7,6 +7,7 @@ comes from the topology file or the run config's `costs:` section, never from co
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,8 +49,12 @@ class CostModel:
         spec = dict(spec or {})
         if spec.get("calibration"):  # measured parameters under the config's explicit ones
             from sim.hardware.costs.calibration import Calibration
+            from sim.hardware.costs.calibration_file import CalibrationWarning, foreign
 
             cal = Calibration.load(spec.pop("calibration"))
+            other = foreign(cal.meta, str(topo.gpu.get("model", "")), topo.name)
+            if other:
+                warnings.warn(CalibrationWarning(other), stacklevel=2)
             spec = {**cal.cost_spec(), **spec}
         spec.pop("calibration", None)
         gpu = topo.gpu

@@ -7,24 +7,34 @@ Measurements are rows (a pandas DataFrame) with columns:
   t        seconds, one measured repetition
   stream   compute, comm or copy: which stream kind ran the op
   others   '+'-joined stream kinds that ran concurrently ('' when alone)
+and optionally `dtype` (what the op ran in), `shape` ('batch,m,n,k' of a GEMM) and `layout`.
 
 Fits:
-- per op kind (and per group size for collectives), t = alpha + beta * x by least squares
-  (relative residuals) on the median time per size of the rows measured alone (PipeMoE Eq. 13
-  / 16), constrained to alpha, beta >= 0;
+- per op kind (GEMMs per dtype: a bf16 GEMM runs ~15x faster than an fp32 one on an H100), and
+  per group size for collectives, t = alpha + beta * x by least squares (relative residuals) on
+  the median time per size of the rows measured alone (PipeMoE Eq. 13 / 16), constrained to
+  alpha, beta >= 0, with its quality (r2, mean relative error); a poor fit is a warning that
+  names the op. Collectives of one rank are a local copy, not a network cost: not fitted;
 - interference (MPipeMoE Sec. II-C, Fig. 3): for each stream kind and set of concurrent
-  kinds, the relative speed = median(predicted alone time / measured time), capped at 1;
-- GEMMs measured at exact (batch, m, n, k) shapes (a `shape` column): their median time;
-- jitter (sim.hardware.costs.jitter): per op kind, quantiles of time / median over the repetitions
-  of each size;
+  kinds, the relative speed = median(predicted alone time / measured time), capped at 1
+  (a factor below SPEED_FLOOR is a measuring accident: dropped, with a warning); nothing
+  involving communication when no collective spanned two ranks;
+- GEMMs measured at exact (batch, m, n, k, dtype, layout) shapes: their median time;
+- jitter (sim.hardware.costs.jitter): per op kind, quantiles of time / median over the
+  repetitions of each size;
 - dispatch latency (sim.hardware.costs.dispatch), from `gaps`
   (exec.measure.timings.dispatch_gaps): the mean same-stream and cross-stream wait between
   ready and start.
 
-A calibration file is YAML; `CostModel.build(topo, {"calibration": FILE})` (and `moesim
-simulate --calibration FILE`) lays it under the config's explicit costs: compute becomes
-alpha-beta with the fitted kinds and profiled shapes, collectives are costed at collective
-level with the fitted alpha/beta, and interference, jitter and dispatch latency are replaced.
+Rows with a time that is not a positive number (a collective whose whole duration was waiting
+for a peer) are left out, and counted in a warning.
+
+The file (sim.hardware.costs.calibration_file) is checked before it is written and when it is
+read, by the same rules, so a file moesim writes is one it reads. `CostModel.build(topo,
+{"calibration": FILE})` (and `moesim simulate --calibration FILE`) lays it under the config's
+explicit costs: compute becomes alpha-beta with the fitted kinds and profiled shapes,
+collectives are costed at collective level with the fitted alpha/beta, and interference,
+jitter and dispatch latency are replaced.
 """
 
 from __future__ import annotations
@@ -37,12 +47,23 @@ import numpy as np
 import pandas as pd
 import yaml
 
-from sim.core.errors import ConfigError, yaml_problem
+from sim.core.errors import ConfigError
 from sim.core.io import atomic_write_text
 from sim.core.kinds import COMM_KINDS
+from sim.hardware.costs.calibration_file import (
+    FORMAT,
+    SPEED_FLOOR,
+    check,
+    cost_spec,
+    is_fit,
+    read,
+)
 from sim.hardware.costs.jitter import ratio_quantiles
 
 COLUMNS = ("op", "ranks", "x", "t", "stream", "others")
+PER_DTYPE_OPS = frozenset({"gemm"})  # memory-bound stand-ins and copies move bytes, any dtype
+POOR_R2 = 0.9  # a fit below this, or off by more than POOR_ERROR on average, is a warning
+POOR_ERROR = 0.2
 
 
 def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
@@ -79,15 +100,22 @@ def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return float(a), float(b), float(r2)
 
 
+def _fit(x: np.ndarray, t: np.ndarray) -> dict[str, float]:
+    a, b, r2 = fit_alpha_beta(x, t)
+    err = float(np.mean(np.abs((a + b * x) / t - 1.0)))
+    return {"alpha": a, "beta": b, "r2": r2, "mean_error": err, "sizes": len(x)}
+
+
 @dataclass
 class Calibration:
-    compute: dict[str, dict[str, float]] = field(default_factory=dict)
+    compute: dict[str, dict[str, Any]] = field(default_factory=dict)
     collectives: dict[str, list[dict[str, float]]] = field(default_factory=dict)
     interference: dict[str, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     dispatch: dict[str, dict[str, float]] = field(default_factory=dict)
     gemm_shapes: list[dict[str, Any]] = field(default_factory=list)
     jitter: dict[str, list[float]] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
 
     # -- fitting ---------------------------------------------------------------------------
     @classmethod
@@ -96,51 +124,63 @@ class Calibration:
         rows: pd.DataFrame,
         meta: dict[str, Any] | None = None,
         gaps: pd.DataFrame | None = None,
+        local_collectives: bool = False,
     ) -> Calibration:
-        """`gaps` (exec.measure.timings.dispatch_gaps: via, gap) gives the dispatch latencies."""
+        """`gaps` (exec.measure.timings.dispatch_gaps: via, gap) gives the dispatch latencies;
+        `local_collectives` also fits one-rank collectives (only to size other measurements)."""
         missing = set(COLUMNS) - set(rows.columns)
         if missing:
             raise ConfigError(f"calibration: measurements lack column(s) {sorted(missing)}")
-        rows = rows.assign(others=rows["others"].fillna("").astype(str))
+        cal = cls(meta=dict(meta or {}))
+        rows = rows.reset_index(drop=True)
+        t = pd.to_numeric(rows["t"], errors="coerce")
+        good = np.isfinite(t) & (t > 0)
+        if not good.all():
+            cal.warnings.append(
+                f"{int((~good).sum())} of {len(rows)} measurements had no positive time "
+                f"(a collective that only waited for its peers) and were left out"
+            )
+        rows = rows[good].assign(others=rows["others"].fillna("").astype(str))
+        if "dtype" not in rows.columns:
+            rows = rows.assign(dtype="")
+        rows = rows.assign(dtype=rows["dtype"].fillna("").astype(str))
+        if not local_collectives:
+            local = rows["op"].isin(COMM_KINDS) & (rows["ranks"] < 2)
+            if local.any():
+                cal.meta["local_collectives_not_fitted"] = sorted(set(rows.loc[local, "op"]))
+            rows = rows[~local]
         # one point per size, the median of its repetitions: timings on a shared machine
         # have heavy tails (a descheduled thread), which least squares would chase
-        alone = (
-            rows[rows["others"] == ""].groupby(["op", "ranks", "x"], as_index=False)["t"].median()
-        )
-        cal = cls(meta=dict(meta or {}))
-        for op, sub in alone.groupby("op"):
+        solo = rows[rows["others"] == ""]
+        for op, sub in solo.groupby("op"):
+            op = str(op)
             if op in COMM_KINDS:
                 fits = []
                 for ranks, g in sub.groupby("ranks"):
-                    a, b, r2 = fit_alpha_beta(g["x"].to_numpy(), g["t"].to_numpy())
-                    fits.append({"ranks": int(ranks), "alpha": a, "beta": b, "r2": r2, "n": len(g)})
-                cal.collectives[str(op)] = fits
+                    m = g.groupby("x", as_index=False)["t"].median()
+                    f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
+                    fits.append({"ranks": int(ranks), **f, "n": f.pop("sizes")})
+                    cal._judge(f"{op} ({int(ranks)} ranks)", f)
+                cal.collectives[op] = fits
+            elif op in PER_DTYPE_OPS and (sub["dtype"] != "").all():
+                cal.compute[op] = {}
+                for dt, g in sub.groupby("dtype"):
+                    m = g.groupby("x", as_index=False)["t"].median()
+                    cal.compute[op][str(dt)] = f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
+                    cal._judge(f"{op} ({dt})", f)
             else:
-                a, b, r2 = fit_alpha_beta(sub["x"].to_numpy(), sub["t"].to_numpy())
-                cal.compute[str(op)] = {"alpha": a, "beta": b, "r2": r2, "sizes": len(sub)}
-        # interference: only ops that also ran alone have a baseline to compare with
-        fitted = set(cal.compute) | set(cal.collectives)
-        busy = rows[(rows["others"] != "") & rows["op"].isin(fitted)]
-        for (stream, others), g in busy.groupby(["stream", "others"]):
-            pred = np.array([cal.predict(r.op, int(r.ranks), float(r.x)) for r in g.itertuples()])
-            speed = float(np.median(pred / g["t"].to_numpy()))
-            key = "+".join(sorted(str(others).split("+")))
-            cal.interference.setdefault(str(stream), {})[key] = float(min(max(speed, 1e-3), 1.0))
+                m = sub.groupby("x", as_index=False)["t"].median()
+                cal.compute[op] = f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
+                cal._judge(op, f)
+        cal._fit_interference(rows)
         # run-to-run noise per op kind: the spread of repetitions of one size (costs.jitter)
-        solo = rows[rows["others"] == ""]
         for op, g in solo.groupby("op"):
-            key = g["ranks"].astype(str) + "/" + g["x"].astype(str)
+            key = g["ranks"].astype(str) + "/" + g["x"].astype(str) + "/" + g["dtype"]
             q = ratio_quantiles(g["t"].to_numpy(dtype=float), key.to_numpy())
             if q is not None:
                 cal.jitter[str(op)] = q
         if "shape" in rows.columns:  # GEMMs profiled at exact shapes: their median, alone
-            gemms = rows[(rows["op"] == "gemm") & (rows["others"] == "")]
-            gemms = gemms[gemms["shape"].fillna("").astype(str) != ""]
-            for shape, g in gemms.groupby("shape"):
-                b, m, n, k = (int(v) for v in str(shape).split(","))
-                cal.gemm_shapes.append(
-                    {"batch": b, "m": m, "n": n, "k": k, "seconds": float(g["t"].median())}
-                )
+            cal._fit_shapes(solo)
         if gaps is not None:
             for via, g in gaps.groupby("via"):
                 # the mean, not the median: a makespan adds up every gap, the slow ones too
@@ -151,20 +191,138 @@ class Calibration:
                 }
         return cal
 
-    def predict(self, op: str, ranks: int, x: float) -> float:
-        if op in self.compute:
-            p = self.compute[op]
+    def _judge(self, what: str, f: dict[str, float]) -> None:
+        if f["r2"] < POOR_R2 or f["mean_error"] > POOR_ERROR:
+            self.warnings.append(
+                f"poor fit for {what}: r2 {f['r2']:.2f}, mean error {100 * f['mean_error']:.0f}% "
+                f"over its sizes (a busy machine? calibrate again when it is idle)"
+            )
+
+    def _fit_interference(self, rows: pd.DataFrame) -> None:
+        # only ops that also ran alone have a baseline to compare with; without a collective
+        # over two ranks there is no communication to speak of (one rank's is a local copy)
+        networked = bool(self.collectives)
+        busy = rows[rows["others"] != ""]
+        for (stream, others), g in busy.groupby(["stream", "others"]):
+            key = "+".join(sorted(str(others).split("+")))
+            if not networked and (stream == "comm" or "comm" in key.split("+")):
+                continue
+            pred = []
+            for r in g.itertuples():
+                p = self.predict(r.op, int(r.ranks), float(r.x), r.dtype or None, missing=True)
+                pred.append(np.nan if p is None else p)
+            ratio = np.asarray(pred) / g["t"].to_numpy()
+            ratio = ratio[np.isfinite(ratio)]
+            if len(ratio) == 0:
+                continue
+            speed = float(np.median(ratio))
+            if speed < SPEED_FLOOR:
+                self.warnings.append(
+                    f"interference {stream} beside {key}: speed {speed:.3f} is not plausible "
+                    f"(its operations ran {1 / speed:.0f}x slower than alone); not written"
+                )
+                continue
+            self.interference.setdefault(str(stream), {})[key] = min(speed, 1.0)
+
+    def _fit_shapes(self, solo: pd.DataFrame) -> None:
+        gemms = solo[(solo["op"] == "gemm") & (solo["shape"].fillna("").astype(str) != "")]
+        if "layout" not in gemms.columns:
+            gemms = gemms.assign(layout="")
+        gemms = gemms.assign(layout=gemms["layout"].fillna("").replace("", "nn"))
+        for (shape, dt, layout), g in gemms.groupby(["shape", "dtype", "layout"]):
+            b, m, n, k = (int(v) for v in str(shape).split(","))
+            if min(b, m, n, k) < 1:
+                continue  # an empty GEMM (a skewed chunk without tokens) runs no kernel
+            row: dict[str, Any] = {"batch": b, "m": m, "n": n, "k": k}
+            if dt:
+                row["dtype"] = str(dt)
+            self.gemm_shapes.append(
+                {**row, "layout": str(layout), "seconds": float(g["t"].median())}
+            )
+
+    # -- using it ---------------------------------------------------------------------------
+    def fit_of(self, op: str, dtype: str | None = None) -> dict[str, Any] | None:
+        """The compute fit of `op` for `dtype` (through the file's stand-ins), or None."""
+        entry = self.compute.get(op)
+        if entry is None or is_fit(entry):
+            return entry
+        if dtype is None:
+            return next(iter(entry.values()), None)
+        stand_in = (self.meta.get("stand_ins") or {}).get(dtype, dtype)
+        return entry.get(dtype) or entry.get(stand_in)
+
+    def predict(
+        self, op: str, ranks: int, x: float, dtype: str | None = None, missing: bool = False
+    ) -> float | None:
+        p = self.fit_of(op, dtype)
+        if p is not None:
             return p["alpha"] + p["beta"] * x
         fits = self.collectives.get(op)
         if not fits:
-            raise ConfigError(f"calibration: no fit for {op!r}")
+            if missing:
+                return None
+            raise ConfigError(f"calibration: no fit for {op!r}" + (f" ({dtype})" if dtype else ""))
         best = min(fits, key=lambda f: abs(f["ranks"] - ranks))
         return best["alpha"] + best["beta"] * x
 
-    # -- the file ---------------------------------------------------------------------------
+    def describe(self) -> list[str]:
+        """What `moesim calibrate` prints: every fit with its quality, then the warnings."""
+        lines = []
+
+        def fit_line(name: str, p: dict[str, Any], extra: str = "") -> str:
+            return (
+                f"  {name:18s} alpha {p['alpha'] * 1e6:9.2f} us  beta {p['beta']:.3e}  "
+                f"r2 {p['r2']:6.3f}  mean error {100 * p.get('mean_error', 0.0):4.0f}%{extra}"
+            )
+
+        for op, entry in sorted(self.compute.items()):
+            if is_fit(entry):
+                lines.append(fit_line(op, entry))
+            else:
+                lines += [fit_line(f"{op} {dt}", f) for dt, f in sorted(entry.items())]
+        for op, fits in sorted(self.collectives.items()):
+            lines += [fit_line(op, f, f"  ({f['ranks']} ranks)") for f in fits]
+        local = self.meta.get("local_collectives_not_fitted")
+        if local:
+            lines.append(f"  one-rank {', '.join(local)}: a local copy, not fitted as network")
+        for kind, row in sorted(self.interference.items()):
+            lines.append(
+                f"  {kind:18s} speed " + ", ".join(f"{k}: {v:.2f}" for k, v in row.items())
+            )
+        if self.jitter:
+            lines.append(
+                "  jitter             p50 / p90 / max of time over its size's median: "
+                + ", ".join(
+                    f"{op} {q[len(q) // 2]:.2f}/{q[int(0.9 * (len(q) - 1))]:.2f}/{q[-1]:.1f}"
+                    for op, q in sorted(self.jitter.items())
+                    if op in ("gemm", "elementwise", "all_to_all", "d2h")
+                )
+            )
+        if self.gemm_shapes:
+            lines.append(f"  gemm shapes        {len(self.gemm_shapes)} profiled exactly")
+        for via, d in sorted(self.dispatch.items()):
+            lines.append(
+                f"  dispatch {via:9s} mean {d['mean'] * 1e6:8.1f} us  median "
+                f"{d['median'] * 1e6:8.1f} us  ({d['n']} gaps)"
+            )
+        stand = self.meta.get("stand_ins")
+        if stand:
+            lines.append(
+                "  stand-ins          "
+                + ", ".join(f"{g} runs as {r}" for g, r in sorted(stand.items()))
+                + f" on this {self.meta.get('device_type', 'device')}"
+            )
+        lines += [f"  WARNING: {w}" for w in self.warnings or self.meta.get("warnings", [])]
+        return lines
+
+    # -- the file (checked, upgraded and translated by sim.hardware.costs.calibration_file) ---
     def to_dict(self) -> dict[str, Any]:
+        meta = dict(self.meta)
+        if self.warnings:
+            meta["warnings"] = list(dict.fromkeys([*meta.get("warnings", []), *self.warnings]))
         return {
-            "meta": self.meta,
+            "format": FORMAT,
+            "meta": meta,
             "compute": self.compute,
             "collectives": self.collectives,
             "interference": self.interference,
@@ -174,25 +332,21 @@ class Calibration:
         }
 
     def save(self, path: str | Path) -> Path:
-        atomic_write_text(path, yaml.safe_dump(self.to_dict(), sort_keys=False))
+        """Write the file, after the checks `load` makes (a bad number is an error here)."""
+        raw = self.to_dict()
+        check(raw, f"calibration to write to {path}")
+        atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
         return Path(path)
 
     @classmethod
     def load(cls, path: str | Path) -> Calibration:
-        p = Path(path)
-        try:
-            raw = yaml.safe_load(p.read_text())
-        except FileNotFoundError:
-            raise ConfigError(f"calibration file {p}: not found") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"calibration file {p}: not valid YAML ({yaml_problem(e)})") from None
-        if not isinstance(raw, dict) or not (raw.get("compute") or raw.get("collectives")):
-            raise ConfigError(f"calibration file {p}: expected 'compute' and/or 'collectives'")
+        raw = read(path)
+        meta = dict(raw.get("meta") or {})
         return cls(
             raw.get("compute") or {},
             raw.get("collectives") or {},
             raw.get("interference") or {},
-            raw.get("meta") or {},
+            meta,
             raw.get("dispatch") or {},
             raw.get("gemm_shapes") or [],
             raw.get("jitter") or {},
@@ -200,24 +354,4 @@ class Calibration:
 
     def cost_spec(self) -> dict[str, Any]:
         """The `costs:` overlay this calibration stands for (see CostModel.build)."""
-        spec: dict[str, Any] = {}
-        if self.compute:
-            spec["compute"] = "alpha_beta"
-            spec["alpha_beta"] = {
-                k: {"alpha": v["alpha"], "beta": v["beta"]} for k, v in self.compute.items()
-            }
-        if self.collectives:
-            spec["network"] = "collective"
-            spec["collectives"] = {
-                k: [{"ranks": f["ranks"], "alpha": f["alpha"], "beta": f["beta"]} for f in v]
-                for k, v in self.collectives.items()
-            }
-        if self.interference:
-            spec["interference"] = self.interference
-        if self.gemm_shapes:
-            spec["gemm_shapes"] = self.gemm_shapes
-        if self.jitter:
-            spec["jitter"] = {"quantiles": self.jitter}
-        if self.dispatch:
-            spec["dispatch"] = {k: v["mean"] for k, v in self.dispatch.items()}
-        return spec
+        return cost_spec(self.to_dict())

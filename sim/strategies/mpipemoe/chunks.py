@@ -104,9 +104,11 @@ def _gemm_bytes(s: dict, elem: int) -> float:
 
 
 def _dgrad(s: dict) -> dict:
-    return {"batch": s["batch"], "m": s["m"], "n": s["k"], "k": s["n"]}
+    """dy W^T from a transposed view of W (sim.strategies.layer._t)."""
+    return {"batch": s["batch"], "m": s["m"], "n": s["k"], "k": s["n"], "layout": "nt"}
 
 
 def _wgrad(s: dict) -> dict:
-    return {"batch": s["batch"], "m": s["k"], "n": s["n"], "k": s["m"]}
+    """x^T dy from a transposed view of x (sim.strategies.layer._w)."""
+    return {"batch": s["batch"], "m": s["k"], "n": s["n"], "k": s["m"], "layout": "tn"}
 

@@ -1,0 +1,282 @@
+"""The calibration file: its format, the checks every number passes (when written and when
+read, by the same rules), older formats, and what it stands for as `costs:`.
+
+Format 2 (this one):
+
+  format: 2
+  meta:          who measured what: backend, nprocs, device (type, name, capability, SMs),
+                 host, cpu, python, torch, cuda, nccl versions, when; `stand_ins` maps a graph
+                 dtype to the dtype the device really ran it in (on CPU every dtype runs as
+                 fp32: exec.runtime.ops.STAND_INS); `warnings` from the fit
+  compute:       op -> {alpha, beta, r2, mean_error, sizes}, or for GEMMs dtype -> that
+  collectives:   op -> [{ranks (>= 2), alpha, beta, r2, mean_error, n}]
+  interference:  stream kind -> {other kinds: relative speed in [SPEED_FLOOR, 1]}
+  dispatch:      stream | cross -> {mean, median, n}
+  gemm_shapes:   [{batch, m, n, k, dtype, layout, seconds}]
+  jitter:        op -> quantiles of time / median
+
+Format 1 (no `format` key) had one GEMM fit for every dtype, measured in fp32, and fitted
+one-rank collectives as network costs: on a GPU that made bf16 graphs ~10x too slow. It is
+read with a warning: its GEMM fits and shapes count as fp32 (what was measured; on a CPU fp32
+stands in for every dtype, as it did), one-rank collectives and what was derived from them
+are dropped.
+
+A calibration applied to a topology whose GPU is of another family than the device it was
+measured on (an H100 file on `dgx-a100`, a CPU file on `dgx-h100`) is reported with a warning.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from sim.core.errors import ConfigError, yaml_problem
+from sim.hardware.costs.gemm import DTYPE_BYTES, LAYOUTS
+
+FORMAT = 2
+SPEED_FLOOR = 0.05  # interference speeds below this are measuring accidents, not slowdowns
+STREAM_KINDS = ("compute", "comm", "copy")
+CPU_STAND_INS = {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"}
+
+
+class CalibrationWarning(UserWarning):
+    """A calibration that is usable but stale, foreign or of doubtful quality."""
+
+
+def is_fit(entry: Any) -> bool:
+    """A compute entry is one fit ({alpha, beta, ...}) or a mapping dtype -> fit."""
+    return isinstance(entry, dict) and "alpha" in entry
+
+
+# -- reading ---------------------------------------------------------------------------------
+def read(path: str | Path) -> dict[str, Any]:
+    """The file as a format-2 mapping, checked; older formats upgraded with a warning."""
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"calibration file {p}: not found") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"calibration file {p}: not valid YAML ({yaml_problem(e)})") from None
+    if not isinstance(raw, dict) or not (raw.get("compute") or raw.get("collectives")):
+        raise ConfigError(f"calibration file {p}: expected 'compute' and/or 'collectives'")
+    fmt = raw.get("format", 1)
+    if not isinstance(fmt, int) or fmt > FORMAT:
+        raise ConfigError(
+            f"calibration file {p}: format {fmt!r} is newer than this moesim reads ({FORMAT})"
+        )
+    if fmt < FORMAT:
+        raw = upgrade_v1(raw)
+        warnings.warn(
+            CalibrationWarning(
+                f"calibration file {p} is stale (format {fmt}, from an older moesim): its GEMMs "
+                f"were measured in fp32 only, so they now count for fp32 graphs"
+                + (" (and, on this CPU, for every dtype)" if _is_cpu(raw["meta"]) else "")
+                + "; one-rank collectives are dropped. Run `moesim calibrate` again for "
+                "per-dtype fits."
+            ),
+            stacklevel=2,
+        )
+    check(raw, f"calibration file {p}")
+    return raw
+
+
+def _is_cpu(meta: dict[str, Any]) -> bool:
+    return (
+        meta.get("device_type") == "cpu"
+        or str(meta.get("device", "")).startswith("cpu")
+        or (meta.get("backend") == "gloo")
+    )
+
+
+def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    meta = dict(raw.get("meta") or {})
+    cpu = _is_cpu(meta)
+    if cpu:
+        meta.setdefault("device_type", "cpu")
+        meta.setdefault("stand_ins", dict(CPU_STAND_INS))
+    compute = dict(raw.get("compute") or {})
+    if is_fit(compute.get("gemm")):
+        compute["gemm"] = {"fp32": compute["gemm"]}
+    collectives = {
+        op: [f for f in fits if int(f.get("ranks", 2)) >= 2]
+        for op, fits in (raw.get("collectives") or {}).items()
+    }
+    collectives = {op: fits for op, fits in collectives.items() if fits}
+    inter = raw.get("interference") or {}
+    if not collectives:  # one rank: the comm stream ran local copies, not communication
+        inter = {
+            s: {k: v for k, v in row.items() if "comm" not in k.split("+")}
+            for s, row in inter.items()
+            if s != "comm"
+        }
+    shapes = [{**r, "dtype": r.get("dtype", "fp32")} for r in raw.get("gemm_shapes") or []]
+    return {
+        "format": FORMAT,
+        "meta": meta,
+        "compute": compute,
+        "collectives": collectives,
+        "interference": {s: row for s, row in inter.items() if row},
+        "dispatch": raw.get("dispatch") or {},
+        "gemm_shapes": shapes,
+        "jitter": raw.get("jitter") or {},
+    }
+
+
+# -- the checks ------------------------------------------------------------------------------
+def _number(v: Any, where: str, positive: bool = False) -> float:
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{where}: expected a number, got {v!r}") from None
+    if not math.isfinite(x) or x < 0 or (positive and x == 0):
+        raise ConfigError(f"{where}: expected a finite number {'> 0' if positive else '>= 0'}, "
+                          f"got {v!r}")  # fmt: skip
+    return x
+
+
+def _check_fit(f: Any, where: str) -> None:
+    if not is_fit(f) or "beta" not in f:
+        raise ConfigError(f"{where}: expected a fit {{alpha, beta, ...}}, got {f!r}")
+    a = _number(f["alpha"], f"{where}.alpha")
+    b = _number(f["beta"], f"{where}.beta")
+    if a == 0 and b == 0:
+        raise ConfigError(f"{where}: alpha and beta are both 0 (a cost of nothing)")
+    if "r2" in f and not math.isfinite(float(f["r2"])):
+        raise ConfigError(f"{where}.r2: not a number ({f['r2']!r})")
+
+
+def check(raw: dict[str, Any], where: str) -> None:
+    """Raise ConfigError naming the first number that is not usable."""
+    if not (raw.get("compute") or raw.get("collectives")):
+        raise ConfigError(f"{where}: no compute or collective fits")
+    for op, entry in (raw.get("compute") or {}).items():
+        if is_fit(entry):
+            _check_fit(entry, f"{where}: compute.{op}")
+            continue
+        if not isinstance(entry, dict) or not entry:
+            raise ConfigError(f"{where}: compute.{op}: expected a fit or dtype -> fit")
+        for dt, f in entry.items():
+            if dt not in DTYPE_BYTES:
+                raise ConfigError(f"{where}: compute.{op}.{dt}: unknown dtype")
+            _check_fit(f, f"{where}: compute.{op}.{dt}")
+    for op, fits in (raw.get("collectives") or {}).items():
+        for i, f in enumerate(fits or []):
+            w = f"{where}: collectives.{op}[{i}]"
+            _check_fit(f, w)
+            if int(_number(f.get("ranks"), f"{w}.ranks")) < 2:
+                raise ConfigError(f"{w}: a collective of one rank is a local copy, not a "
+                                  f"network cost")  # fmt: skip
+    for stream, row in (raw.get("interference") or {}).items():
+        if stream not in STREAM_KINDS or not isinstance(row, dict):
+            raise ConfigError(f"{where}: interference.{stream}: unknown stream kind")
+        for key, v in row.items():
+            x = _number(v, f"{where}: interference.{stream}.{key}")
+            if not SPEED_FLOOR <= x <= 1:
+                raise ConfigError(
+                    f"{where}: interference.{stream}.{key}: a relative speed in "
+                    f"[{SPEED_FLOOR}, 1], got {v!r}"
+                )
+    for via, d in (raw.get("dispatch") or {}).items():
+        for k in ("mean", "median"):
+            _number((d or {}).get(k), f"{where}: dispatch.{via}.{k}")
+    for i, r in enumerate(raw.get("gemm_shapes") or []):
+        w = f"{where}: gemm_shapes[{i}]"
+        if not isinstance(r, dict):
+            raise ConfigError(f"{w}: expected batch, m, n, k and seconds, got {r!r}")
+        for k in ("batch", "m", "n", "k"):
+            if _number(r.get(k, 1 if k == "batch" else None), f"{w}.{k}") < 1:
+                raise ConfigError(f"{w}.{k}: a GEMM size is >= 1, got {r.get(k)!r}")
+        _number(r.get("seconds"), f"{w}.seconds", positive=True)
+        if r.get("dtype", "fp32") not in DTYPE_BYTES or r.get("layout", "nn") not in LAYOUTS:
+            raise ConfigError(f"{w}: unknown dtype or layout in {r!r}")
+    for op, q in (raw.get("jitter") or {}).items():
+        w = f"{where}: jitter.{op}"
+        vals = [_number(v, w, positive=True) for v in (q or [])]
+        if len(vals) < 2 or any(b < a for a, b in zip(vals, vals[1:])):
+            raise ConfigError(f"{w}: expected at least 2 positive, non-decreasing factors")
+
+
+# -- as costs --------------------------------------------------------------------------------
+def cost_spec(raw: dict[str, Any]) -> dict[str, Any]:
+    """The `costs:` overlay a (checked, format-2) calibration stands for (CostModel.build).
+
+    A dtype the device ran as another (meta.stand_ins) gets that dtype's fits and shapes."""
+    stand_ins = (raw.get("meta") or {}).get("stand_ins") or {}
+    spec: dict[str, Any] = {}
+    compute = raw.get("compute") or {}
+    if compute:
+        spec["compute"] = "alpha_beta"
+        ab: dict[str, Any] = {}
+        for op, entry in compute.items():
+            if is_fit(entry):
+                ab[op] = {"alpha": entry["alpha"], "beta": entry["beta"]}
+                continue
+            per = {dt: {"alpha": f["alpha"], "beta": f["beta"]} for dt, f in entry.items()}
+            for graph_dt, ran in stand_ins.items():
+                if graph_dt not in per and ran in per:
+                    per[graph_dt] = per[ran]
+            # one fit standing for every dtype (a CPU's fp32): a fit for any dtype, which
+            # dtype-blind readers (PipeMoE's selector) understand too
+            only = {id(f) for f in per.values()}
+            ab[op] = (
+                next(iter(per.values())) if set(per) >= set(DTYPE_BYTES) and len(only) == 1 else per
+            )
+        spec["alpha_beta"] = ab
+    if raw.get("collectives"):
+        spec["network"] = "collective"
+        spec["collectives"] = {
+            k: [{"ranks": f["ranks"], "alpha": f["alpha"], "beta": f["beta"]} for f in v]
+            for k, v in raw["collectives"].items()
+        }
+    if raw.get("interference"):
+        spec["interference"] = raw["interference"]
+    shapes = list(raw.get("gemm_shapes") or [])
+    if shapes:
+
+        def key(r: dict[str, Any], dt: Any) -> tuple:
+            return (r.get("batch", 1), r["m"], r["n"], r["k"], dt, r.get("layout", "nn"))
+
+        have = {key(r, r.get("dtype")) for r in shapes}
+        for r in list(shapes):
+            for graph_dt, ran in stand_ins.items():
+                k = key(r, graph_dt)
+                if r.get("dtype") == ran and k not in have:
+                    shapes.append({**r, "dtype": graph_dt})
+                    have.add(k)
+        spec["gemm_shapes"] = shapes
+    if raw.get("jitter"):
+        spec["jitter"] = {"quantiles": raw["jitter"]}
+    if raw.get("dispatch"):
+        spec["dispatch"] = {k: v["mean"] for k, v in raw["dispatch"].items()}
+    return spec
+
+
+# -- foreign devices -------------------------------------------------------------------------
+_FAMILY = re.compile(r"(?<![A-Za-z0-9])([ABHLTV]\d{2,3}|\d{4}(?=[- ]?Ti)|(?<=RTX[- ])\d{4})")
+
+
+def family(name: str) -> str | None:
+    """'H100' of 'NVIDIA H100 80GB HBM3' and of 'H100-SXM5-80GB'; 'cpu' of a CPU."""
+    if re.search(r"\bcpu\b", name, re.IGNORECASE):
+        return "cpu"
+    m = _FAMILY.search(name)
+    return m.group(1) if m else None
+
+
+def foreign(meta: dict[str, Any], gpu_model: str, topology: str) -> str | None:
+    """A warning when the calibration was measured on another kind of device than the
+    topology's GPU; None when they agree or either is unknown."""
+    measured = "cpu" if _is_cpu(meta) else str(meta.get("device_name") or "")
+    a, b = family(measured), family(gpu_model)
+    if a is None or b is None or a == b:
+        return None
+    return (
+        f"calibration measured on {measured!r} applied to topology {topology!r} "
+        f"({gpu_model}): its compute costs and interference are that device's, not this one's"
+    )
