@@ -90,7 +90,10 @@ class BundleAccumulator:
         if self.n == 0:
             z, zi = np.zeros(0), np.zeros(0, dtype=np.int64)
             return BundleBatch(z, z, z, zi, zi, z, zi, zi)
-        cat = np.concatenate
+
+        def cat(parts: list[np.ndarray]) -> np.ndarray:
+            return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
         return BundleBatch(
             cat(self.count),
             cat(self.nbytes),

@@ -74,7 +74,7 @@ class MaxMinState:
         """Progressive filling over every live bundle; returns the slots whose rate moved."""
         live = np.flatnonzero(t.alive)
         keep = t.alive[t.inc_s]
-        links, il = relabel(t.inc_l[keep])
+        links, il = relabel(t.inc_l[keep], len(self.cap))
         local = np.full(t.n, -1, dtype=np.int64)
         local[live] = np.arange(len(live))
         rate, froze = progressive_filling(
@@ -99,16 +99,12 @@ class MaxMinState:
         for _ in range(MAX_ROUNDS):
             if 4 * len(var) > t.n_alive:
                 break
-            pos, owner, ch = self._solve_var(t, var)
+            pos, owner, old = self._solve_var(t, var)
+            ch = t.base[var] != old
             moved.append(var[ch])
-            links = distinct(t.inc_l[pos[ch[owner]]])
-            used0, top0 = self.used[links], self.top[links]
-            slots, seg = self.refresh(t, links)
-            worse = (self.used[links] < used0 - self.cap[links] * BOTTLENECK_RTOL) | (
-                self.top[links] > top0 * (1 + BOTTLENECK_RTOL)
-            )
-            on_worse = worse[seg]
-            fixed = self._lost(t, links, slots[on_worse], seg[on_worse], in_var)
+            worse = self._account(t, pos[ch[owner]], old[owner[ch[owner]]])
+            wpos, wseg = t.on_links(worse)
+            fixed = self._lost(t, worse, t.inc_s[wpos], wseg, in_var)
             stuck = self._check(t, var, pos, owner)
             grow = distinct(np.concatenate([fixed, self._blockers(t, stuck, in_var)]))
             if not len(grow):
@@ -119,12 +115,37 @@ class MaxMinState:
             in_var[grow] = True
         return distinct(np.concatenate(moved + [self.solve_all(t)]))
 
+    def _account(self, t: FlowTable, pos: np.ndarray, old: np.ndarray) -> np.ndarray:
+        """Link loads and top rates after the bundles of incidences `pos` moved from rates
+        `old` (per incidence); returns the links that got worse for the bundles relying on
+        them: less loaded, or a larger rate on them."""
+        lk, m, new = t.inc_l[pos], t.inc_m[pos], t.base[t.inc_s[pos]]
+        links, il = relabel(lk, len(self.cap))
+        delta = np.bincount(il, weights=m * (new - old), minlength=len(links))
+        self.used[links] += delta
+        top = self.top[links]
+        rise = np.zeros(len(links))
+        np.maximum.at(rise, il, new)
+        # a rate that was the top and fell: the top may have fallen (look again)
+        fell = np.zeros(len(links), dtype=bool)
+        fell[il[(new < old) & (old >= top[il] * (1 - BOTTLENECK_RTOL))]] = True
+        self.top[links] = np.maximum(top, rise)
+        if fell.any():
+            lf = links[fell]
+            fpos, fseg = t.on_links(lf)
+            again = np.zeros(len(lf))
+            np.maximum.at(again, fseg, t.base[t.inc_s[fpos]])
+            self.top[lf] = again
+        return links[
+            (delta < -self.cap[links] * BOTTLENECK_RTOL) | (rise > top * (1 + BOTTLENECK_RTOL))
+        ]
+
     def _solve_var(self, t: FlowTable, var: np.ndarray) -> tuple[np.ndarray, ...]:
         """Progressive filling over `var`, every other bundle's load held. Returns the
-        incidence positions of `var`, which of `var` each belongs to, and which of `var` moved
-        (beyond SAME_RTOL)."""
+        incidence positions of `var`, which of `var` each belongs to, and their rates before
+        (a rate within SAME_RTOL of the old one keeps the old one)."""
         pos, owner = t.incidences(var)
-        links, il = relabel(t.inc_l[pos])
+        links, il = relabel(t.inc_l[pos], len(self.cap))
         m = t.inc_m[pos]
         old = t.base[var]
         mine = np.bincount(il, weights=m * old[owner], minlength=len(links))
@@ -133,7 +154,7 @@ class MaxMinState:
         t.froze[var] = np.where(froze >= 0, links[froze], -1)
         ch = np.abs(rate - old) > SAME_RTOL * np.maximum(rate, old)
         t.base[var[ch]] = rate[ch]
-        return pos, owner, ch
+        return pos, owner, old
 
     def _check(
         self,

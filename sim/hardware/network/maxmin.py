@@ -71,31 +71,36 @@ def filling_by_local_minima(
     """
     rate = np.zeros(n)
     froze_at = np.full(n, -1, dtype=np.int64)
-    rate[np.bincount(inc_b, minlength=n) == 0] = np.inf  # crosses no link
-    used = np.zeros(len(cap))
+    lens = np.bincount(inc_b, minlength=n)
+    rate[lens == 0] = np.inf  # crosses no link
     nl = len(cap)
+    spare = cap.astype(float)
+    level = np.empty(nl)
+    live = np.flatnonzero(lens)  # unfrozen bundles, in the order of their incidences
+    lens = lens[live]
     ib, il, im = inc_b, inc_l, inc_m
-    while len(ib):
+    while len(live):
         load = np.bincount(il, weights=im, minlength=nl)
-        busy = load > 0
-        level = np.full(nl, np.inf)
-        level[busy] = np.maximum(cap[busy] - used[busy], 0.0) / load[busy]
+        level.fill(np.inf)
+        np.divide(np.maximum(spare, 0.0), load, out=level, where=load > 0)
         lv = level[il]
-        new_b = np.empty(len(ib), dtype=bool)
-        new_b[0] = True
-        np.not_equal(ib[1:], ib[:-1], out=new_b[1:])
-        lowest = np.minimum.reduceat(lv, np.flatnonzero(new_b))[np.cumsum(new_b) - 1]
+        starts = np.cumsum(lens) - lens
+        lowest = np.minimum.reduceat(lv, starts)
         higher = np.zeros(nl, dtype=bool)
-        higher[il[lv > lowest * (1 + TIE_RTOL)]] = True
+        higher[il[lv > np.repeat(lowest * (1 + TIE_RTOL), lens)]] = True
         hit = ~higher[il]
-        rate[ib[hit]] = lv[hit]
+        done = np.logical_or.reduceat(hit, starts)
+        froze = live[done]
+        rate[froze] = lowest[done]
+        # one link that froze each bundle: the last hit incidence of each
+        sel = np.repeat(done, lens)
         froze_at[ib[hit]] = il[hit]
-        sel = np.zeros(n, dtype=bool)
-        sel[ib[hit]] = True
-        sel = sel[ib]
-        used += np.bincount(il[sel], weights=im[sel] * rate[ib[sel]], minlength=nl)
+        spare -= np.bincount(
+            il[sel], weights=im[sel] * np.repeat(lowest[done], lens[done]), minlength=nl
+        )
         keep = ~sel
         ib, il, im = ib[keep], il[keep], im[keep]
+        live, lens = live[~done], lens[~done]
     return rate, froze_at
 
 
@@ -137,7 +142,12 @@ def distinct(x: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-def relabel(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(distinct values of x, the index of each element of x among them)."""
+def relabel(x: np.ndarray, bound: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """(distinct values of x, the index of each element of x among them). With `bound` (all
+    values below it) and x longer than it, by marking instead of sorting: O(len(x))."""
+    if bound and len(x) > bound:
+        mark = np.zeros(bound, dtype=bool)
+        mark[x] = True
+        return np.flatnonzero(mark), (np.cumsum(mark) - 1)[x]
     u = distinct(x)
     return u, np.searchsorted(u, x)

@@ -34,6 +34,18 @@ _COLUMNS = {
 _DTYPES = {"owner": np.int64, "froze": np.int64, "alive": bool, "key": np.uint64}
 
 
+def _grouping(owner: np.ndarray) -> slice | np.ndarray:
+    """Order that groups entries by owner, keeping their order within an owner: the identity
+    (no copy) when they already come grouped, as every layout builds them."""
+    if len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all()):
+        return slice(None)
+    return np.argsort(owner, kind="stable")
+
+
+def _append(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.concatenate([a, b]) if len(a) else b
+
+
 class FlowTable:
     """Columns per slot; incidences (slot, link, multiplicity) grouped by slot; ranks per slot."""
 
@@ -65,20 +77,25 @@ class FlowTable:
             col = np.full(k, given.get(name, default), dtype=_DTYPES.get(name, float))
             setattr(self, name, np.concatenate([getattr(self, name), col]))
         # stable sorts keep each bundle's own order of links and ranks
-        o = np.argsort(batch.inc_b, kind="stable")
+        o = _grouping(batch.inc_b)
         b, lk, m = batch.inc_b[o] + self.n, batch.inc_l[o], batch.inc_m[o].astype(float)
-        per_slot = np.bincount(batch.inc_b, minlength=k)
-        self.all_s = np.concatenate([self.all_s, b])
-        self.all_l = np.concatenate([self.all_l, lk])
-        self.all_m = np.concatenate([self.all_m, m])
-        self.all_ptr = np.concatenate([self.all_ptr, self.all_ptr[-1] + np.cumsum(per_slot)])
+        per_slot = np.cumsum(np.bincount(batch.inc_b, minlength=k))
+        shared = self.inc_s is self.all_s  # every incidence binds: one set of arrays serves
+        self.all_s = _append(self.all_s, b)
+        self.all_l = _append(self.all_l, lk)
+        self.all_m = _append(self.all_m, m)
+        self.all_ptr = _append(self.all_ptr, self.all_ptr[-1] + per_slot)
         bind = self.binding[lk]
-        self.inc_s = np.concatenate([self.inc_s, b[bind]])
-        self.inc_l = np.concatenate([self.inc_l, lk[bind]])
-        self.inc_m = np.concatenate([self.inc_m, m[bind]])
-        per_slot = np.bincount(b[bind] - self.n, minlength=k)
-        self.b_ptr = np.concatenate([self.b_ptr, self.b_ptr[-1] + np.cumsum(per_slot)])
-        o = np.argsort(batch.rank_b, kind="stable")
+        if shared and bind.all():
+            self.inc_s, self.inc_l, self.inc_m = self.all_s, self.all_l, self.all_m
+            self.b_ptr = self.all_ptr
+        else:
+            self.inc_s = _append(self.inc_s, b[bind])
+            self.inc_l = _append(self.inc_l, lk[bind])
+            self.inc_m = _append(self.inc_m, m[bind])
+            per_slot = np.cumsum(np.bincount(b[bind] - self.n, minlength=k))
+            self.b_ptr = _append(self.b_ptr, self.b_ptr[-1] + per_slot)
+        o = _grouping(batch.rank_b)
         self.rank_r = np.concatenate([self.rank_r, batch.rank_r[o]])
         self.r_ptr = np.concatenate(
             [self.r_ptr, self.r_ptr[-1] + np.cumsum(np.bincount(batch.rank_b, minlength=k))]
@@ -91,11 +108,15 @@ class FlowTable:
     def rebind(self, binding: np.ndarray) -> None:
         """Keep, as the solver's incidences, those on links where `binding` is set."""
         self.binding = binding
+        self._l_ptr = None
         keep = binding[self.all_l]
+        if keep.all():
+            self.inc_s, self.inc_l, self.inc_m = self.all_s, self.all_l, self.all_m
+            self.b_ptr = self.all_ptr
+            return
         self.inc_s, self.inc_l, self.inc_m = self.all_s[keep], self.all_l[keep], self.all_m[keep]
         per_slot = np.bincount(self.inc_s, minlength=len(self.all_ptr) - 1)
         self.b_ptr = np.concatenate([[0], np.cumsum(per_slot)])
-        self._l_ptr = None
 
     def kill(self, slots: np.ndarray) -> None:
         self.alive[slots] = False
