@@ -20,7 +20,12 @@ from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.network.bundles import BundleBatch
 from sim.hardware.network.flows import FlowNetwork
-from sim.hardware.network.maxmin import max_min_rates, ranges
+from sim.hardware.network.maxmin import (
+    filling_by_local_minima,
+    max_min_rates,
+    progressive_filling,
+    ranges,
+)
 from sim.hardware.topology import Topology
 from sim.strategies import build
 from sim.workload.moe import MoELayer
@@ -128,3 +133,40 @@ def test_skewed_all_to_allv_same_times_incremental_or_from_scratch(monkeypatch, 
     np.testing.assert_allclose(
         runs["local"].link_bytes, runs["scratch"].link_bytes, rtol=1e-9, atol=1e-3
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), n=st.integers(1, 60), nl=st.integers(1, 12))
+def test_filling_by_local_minima_equals_progressive_filling(seed, n, nl):
+    rng = np.random.default_rng(seed)
+    k = rng.integers(1, min(nl, 4) + 1, size=n)
+    inc_b = np.repeat(np.arange(n), k)
+    inc_l = np.concatenate([rng.choice(nl, size=int(x), replace=False) for x in k])
+    inc_m = rng.integers(1, 4, size=len(inc_b)).astype(float)
+    cap = rng.choice([1.0, 2.0, 3.0, 7.5], size=nl)  # few values: ties happen
+    want, _ = progressive_filling(n, inc_b, inc_l, inc_m, cap)
+    got, froze = filling_by_local_minima(n, inc_b, inc_l, inc_m, cap)
+    np.testing.assert_allclose(got, want, rtol=1e-9)
+    # the link that froze a bundle is on its route
+    assert all(froze[b] in inc_l[inc_b == b] for b in range(n))
+
+
+def test_links_in_series_are_represented_by_the_narrowest():
+    """Links 0 and 1 carry the same flows (1 is narrower), link 2 also carries another flow."""
+    topo = SimpleNamespace(link_cap=np.array([5.0, 3.0, 4.0, 9.0]), num_links=4)
+    net = FlowNetwork(topo, lambda: 0.0)
+    batch = BundleBatch(
+        np.ones(2),
+        np.ones(2),
+        np.zeros(2),
+        np.array([0, 0, 0, 1, 1]),
+        np.array([0, 1, 2, 2, 3]),
+        np.ones(5),
+        np.array([0, 1]),
+        np.array([0, 1]),
+    )
+    net.add(batch, 0)
+    net.recompute()
+    assert net.rep.tolist() == [1, 1, 2, 3]
+    np.testing.assert_allclose(net.table.base, [2.0, 2.0])  # link 2 shared by both
+    np.testing.assert_allclose(net.usage, [2.0, 2.0, 4.0, 2.0])
