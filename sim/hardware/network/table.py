@@ -36,7 +36,7 @@ _DTYPES = {"owner": np.int64, "froze": np.int64, "alive": bool, "key": np.uint64
 
 def _grouping(owner: np.ndarray) -> slice | np.ndarray:
     """Order that groups entries by owner, keeping their order within an owner: the identity
-    (no copy) when they already come grouped, as every layout builds them."""
+    (no copy) when they already come grouped, as most layouts build them."""
     if len(owner) < 2 or bool((owner[1:] >= owner[:-1]).all()):
         return slice(None)
     return np.argsort(owner, kind="stable")
@@ -48,6 +48,18 @@ def _append(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 class FlowTable:
     """Columns per slot; incidences (slot, link, multiplicity) grouped by slot; ranks per slot."""
+
+    # the _COLUMNS, one entry per slot
+    count: np.ndarray
+    owner: np.ndarray
+    alive: np.ndarray
+    base: np.ndarray
+    froze: np.ndarray
+    rate: np.ndarray
+    rem: np.ndarray
+    t0: np.ndarray
+    fin: np.ndarray
+    key: np.ndarray
 
     def __init__(self, num_links: int) -> None:
         self.num_links = num_links
