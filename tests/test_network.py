@@ -11,7 +11,7 @@ from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
-from sim.hardware.network import max_min_rates
+from sim.hardware.network.maxmin import max_min_rates
 from sim.hardware.topology import Topology
 from sim.strategies import build
 from sim.workload.moe import MoELayer

@@ -20,7 +20,7 @@ from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
 from sim.hardware.costs.measured import MeasuredCompute, measured
 from sim.hardware.costs.network import CollectiveAlphaBeta
-from sim.hardware.network import FINISH_RTOL
+from sim.hardware.network.flows import FINISH_RTOL
 from sim.hardware.topology import Topology
 
 NETWORK_MODES = ("flow", "collective")
