@@ -108,6 +108,7 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
 
 def run(config: Any) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
+    from sim.analysis.layout_run import simulate_layout
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame
     from sim.hardware.costs import CostModel
@@ -122,7 +123,7 @@ def run(config: Any) -> RunResult:
     # for them (sim.engine.symmetric), so 16,384 GPUs never build 16,384 ranks' tasks
     one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
     t1 = time.perf_counter()
-    res = _simulate_layout(one, wl.layout, topo, costs)
+    res = simulate_layout(one, wl.layout, topo, costs)
     graph = res.graph
     t2 = time.perf_counter()
     df = to_frame(res)
@@ -131,23 +132,6 @@ def run(config: Any) -> RunResult:
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()
     return RunResult(graph, df, summary)
-
-
-def _simulate_layout(one: TaskGraph, layout: Any, topo: Topology, costs: Any) -> Any:
-    """One replica's graph simulated over every replica of `layout`: on representatives
-    where the replicas and nodes are equivalent (costs.symmetry), else the full graph."""
-    import numpy as np
-
-    from sim.engine.symmetric import simulate_replicas
-    from sim.workload.parallel import replicate
-
-    if layout is None or layout.dp == 1:
-        return simulate_replicas(one, topo, costs)
-    ranks = np.stack([layout.replica_ranks(d) for d in range(layout.dp)])
-    meta = dict(one.meta) | {"layout": layout.as_dict()}
-    return simulate_replicas(
-        one, topo, costs, ranks, full=lambda: replicate(one, layout), prefix="dp0/", meta=meta
-    )
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:

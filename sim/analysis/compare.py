@@ -17,12 +17,12 @@ from typing import Any
 import pandas as pd
 import yaml
 
+from sim.analysis.layout_run import simulate_layout
 from sim.analysis.summary import summarize
 from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.io import atomic_write_text
-from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.strategies import Cluster, build, resolve_params
 
@@ -48,8 +48,9 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
         name, params = parse_entry(entry)
         wl = cfg.with_strategy(name, params).workload(topo)
         layer = wl.layer
-        graph = build(name, layer, wl.params, cfg.passes, cluster, layout=wl.layout)
-        res = simulate(graph, topo, costs)
+        one = build(name, layer, wl.params, cfg.passes, cluster)
+        res = simulate_layout(one, wl.layout, topo, costs)
+        graph = res.graph
         s = summarize(res, to_frame(res))
         chosen = {k: v for k, v in s["params"].items() if k != "selector"}
         rows.append(
