@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from sim.core.graph_schema import DTYPES
+from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
 from sim.core.limits import NAMES as LIMIT_NAMES
 from sim.core.schema import PosInt, Strict
 from sim.hardware.costs_schema import (
@@ -149,6 +149,7 @@ class GemmShapeTime(Strict):
     batch: Annotated[int, Field(gt=0, le=2**31)] = 1
     seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
     dtype: Dtype | None = None
+    layout: Literal[GEMM_LAYOUTS] | None = None  # type: ignore[valid-type]
 
 
 CostsSpec.model_rebuild()

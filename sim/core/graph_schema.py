@@ -31,6 +31,8 @@ from sim.core.kinds import (
 
 SCHEMA_VERSION = 1
 DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")  # == sim.hardware.costs.compute.DTYPE_BYTES
+# how a GEMM's operands are stored: A then B, "n" as written, "t" a transposed view
+GEMM_LAYOUTS = ("nn", "nt", "tn", "tt")
 MAX_BYTES = 2.0**60  # one task's bytes (1 EiB): far past any buffer, far below overflow
 MAX_FLOPS = 2.0**80  # one task's flops (~1.2e24)
 MAX_DIM = 2**31  # one GEMM dimension
@@ -49,13 +51,14 @@ Stream = Annotated[
 
 
 class GemmShape(TypedDict):
-    """work = batch * m * n * k (PipeMoE Eq. 13)."""
+    """work = batch * m * n * k (PipeMoE Eq. 13); `layout` how the operands are stored."""
 
     __pydantic_config__ = _CONFIG  # type: ignore[misc]
     m: Dim
     n: Dim
     k: Dim
     batch: NotRequired[Dim]
+    layout: NotRequired[Literal[GEMM_LAYOUTS]]  # type: ignore[valid-type]
 
 
 def _engine_tags(tags: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +197,7 @@ def known_keys(loc: list[str]) -> list[str]:
     if len(loc) == 2 and loc[0] == "tasks":
         return TASK_KEYS
     if len(loc) == 3 and loc[0] == "tasks" and loc[2] == "shape":
-        return ["m", "n", "k", "batch"]
+        return ["m", "n", "k", "batch", "layout"]
     if not loc:
         return list(GraphDoc.__annotations__)
     return []

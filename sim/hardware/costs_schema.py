@@ -13,6 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
+from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
 from sim.core.kinds import COLLECTIVE_KINDS
 from sim.core.schema import Fraction, NonNegFloat, PosInt, Strict
 
@@ -21,6 +22,8 @@ MAX_JITTER_FACTOR = 1e3  # a run 1000x its median is a broken measurement, not n
 
 Seconds = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # a latency, a launch
 CollectiveKind = Literal[tuple(sorted(COLLECTIVE_KINDS))]  # type: ignore[valid-type]
+Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+Layout = Literal[GEMM_LAYOUTS]  # type: ignore[valid-type]
 
 
 class RooflineParams(Strict):
@@ -95,3 +98,35 @@ def check_quantiles(v: dict[str, list[float]]) -> dict[str, list[float]]:
 
 
 Quantiles = dict[str, Annotated[list[JitterFactor], Field(min_length=2)]]
+
+
+Tile = Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=2, max_length=2)]
+Tiles = Annotated[list[Tile], Field(min_length=1)]
+
+
+class GemmModelParams(Strict):
+    """A topology's `gpu.gemm`: output tiles in waves over the SMs against the bytes moved
+    (`sim.hardware.costs.gemm`)."""
+
+    sms: Annotated[int, Field(gt=0, le=100_000)]
+    efficiency: Annotated[dict[Dtype, Fraction], Field(min_length=1)]
+    tiles: Tiles | Annotated[dict[str, Tiles], Field(min_length=1)]  # per dtype, or "default"
+    k_step: Annotated[int, Field(gt=0, le=2**20)] | None = None
+    tile_overhead_k: Annotated[float, Field(ge=0, le=2**31, allow_inf_nan=False)] | None = None
+    launch_s: Seconds | None = None
+    read_efficiency: Fraction
+    write_efficiency: Fraction
+    split_k: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=1)] | None = (
+        None
+    )
+    split_k_s: Seconds | None = None
+    split_k_min_depth: Annotated[int, Field(gt=0, le=2**31)] | None = None
+    unaligned_efficiency: Fraction | None = None
+    alignment_bytes: Annotated[int, Field(gt=0, le=4096)] | None = None
+
+    @field_validator("tiles")
+    @classmethod
+    def _tile_keys(cls, v: object) -> object:
+        if isinstance(v, dict) and not set(v) <= {"default", *DTYPES}:
+            raise ValueError(f"keys must be 'default' or dtypes ({', '.join(DTYPES)})")
+        return v

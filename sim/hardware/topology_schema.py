@@ -19,6 +19,7 @@ from sim.hardware.costs_schema import (
     AlphaBeta,
     Collectives,
     DispatchParams,
+    GemmModelParams,
     Interference,
     RooflineParams,
     Seconds,
@@ -54,6 +55,7 @@ class GpuSpec(Strict):
     alpha_beta: dict[str, AlphaBeta] | None = None
     interference: Interference | None = None
     dispatch: DispatchParams | None = None
+    gemm: GemmModelParams | None = None
 
 
 class LinkEntry(Strict):
