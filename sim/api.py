@@ -57,11 +57,18 @@ def configure(
     topology: str | None = None,
     nodes: int | None = None,
     costs: dict[str, Any] | None = None,
+    limits: dict[str, int] | None = None,
 ) -> RunConfig:
     """`load_config` with the overrides the CLI's run options give (None: keep the config's);
-    `params` and `costs` are merged into the config's strategy parameters and costs."""
+    `params`, `costs` and `limits` are merged into the config's strategy parameters, costs
+    and size limits."""
     return load_config(config).with_overrides(
-        strategy=strategy, params=params or {}, topology=topology, nodes=nodes, costs=costs or {}
+        strategy=strategy,
+        params=params or {},
+        topology=topology,
+        nodes=nodes,
+        costs=costs or {},
+        limits=limits or {},
     )
 
 
@@ -73,30 +80,45 @@ def demo_config() -> RunConfig:
 
 
 def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str)."""
-    import yaml
+    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str),
+    as safely as a file (`sim.core.safeload`: no alias bombs, bounded nesting)."""
+    from sim.core.safeload import load_yaml_text
 
     out = {}
     for item in items or []:
         if "=" not in item:
             raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
-        out[k] = yaml.safe_load(v)
+        out[k] = load_yaml_text(v, f"--param {k}")
     return out
+
+
+def _replicas(costs: Any) -> int:
+    return costs.jitter.replicas if costs.jitter is not None else 1
+
+
+def _finite(summary: dict[str, Any]) -> dict[str, Any]:
+    from sim.core.finite import check_finite
+
+    check_finite(summary, "summary")
+    return summary
 
 
 def build_graph(config: Any) -> TaskGraph:
     """The task graph of a run config's strategy on its cluster (not simulated)."""
+    from sim.core.limits import applied
     from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
 
     cfg = load_config(config)
-    topo = cfg.load_topology()
-    costs = CostModel.build(topo, cfg.costs)
-    wl = cfg.workload(topo)
-    return build(
-        cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
-    )
+    with applied(cfg.size_limits()) as lim:
+        topo = cfg.load_topology()
+        lim.check_run(topo.world_size, cfg.source)  # a graph has a task list per rank
+        costs = CostModel.build(topo, cfg.costs)
+        wl = cfg.workload(topo)
+        return build(
+            cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
+        )
 
 
 def export_graph(config: Any, path: str | Path) -> TaskGraph:
@@ -111,27 +133,39 @@ def run(config: Any) -> RunResult:
     from sim.analysis.layout_run import simulate_layout
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame
+    from sim.core.limits import applied
     from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
 
     cfg = load_config(config)
-    topo = cfg.load_topology()
-    wl = cfg.workload(topo)
-    costs = CostModel.build(topo, cfg.costs)
-    t0 = time.perf_counter()
-    # one replica's graph; the others are laid over it only where symmetry cannot stand in
-    # for them (sim.engine.symmetric), so 16,384 GPUs never build 16,384 ranks' tasks
-    one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
-    t1 = time.perf_counter()
-    res = simulate_layout(one, wl.layout, topo, costs)
-    graph = res.graph
-    t2 = time.perf_counter()
-    df = to_frame(res)
-    summary = summarize(res, df)
+    with applied(cfg.size_limits()) as lim:
+        topo = cfg.load_topology()
+        wl = cfg.workload(topo)
+        costs = CostModel.build(topo, cfg.costs)
+        reps = _replicas(costs)
+        # the ranks actually built: one replica's (the others are folded onto it by symmetry,
+        # or laid over the world only where it does not hold, checked again then)
+        lim.check_run(wl.layer.world, cfg.source, replicas=reps)
+        t0 = time.perf_counter()
+        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
+        lim.check_run(one.world_size, cfg.source, len(one), reps)
+        dp = 1 if wl.layout is None else wl.layout.dp
+        t1 = time.perf_counter()
+        res = simulate_layout(
+            one,
+            wl.layout,
+            topo,
+            costs,
+            before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
+        )
+        graph = res.graph
+        t2 = time.perf_counter()
+        df = to_frame(res)
+        summary = summarize(res, df)
     summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()
-    return RunResult(graph, df, summary)
+    return RunResult(graph, df, _finite(summary))
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
@@ -192,28 +226,32 @@ def replay(
     nodes: int | None = None,
     costs: dict[str, Any] | None = None,
     out_dir: str | Path | None = None,
+    limits: dict[str, int] | None = None,
 ) -> RunResult:
     """Simulate a task graph (or its JSON file, from `moesim graph` or any builder) on a
     topology. `nodes` None: just enough nodes for the graph's ranks (not the preset's
     default). With `out_dir`, the trace table and Chrome trace are written there and listed
-    under the summary's "files"."""
+    under the summary's "files". `limits` raises size limits (`sim.core.limits`)."""
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame, write_chrome_trace, write_table
     from sim.core.graph import TaskGraph
+    from sim.core.limits import DEFAULT, applied
     from sim.engine.engine import simulate
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
-    if not isinstance(graph, TaskGraph):
-        graph = TaskGraph.from_json(graph)
-    if nodes is None:
-        per_node = Topology.load(topology, nodes=1).gpus_per_node
-        nodes = -(-graph.world_size // per_node)
-    topo = Topology.load(topology, nodes=nodes)
-    model = CostModel.build(topo, costs or {})
-    res = simulate(graph, topo, model)
-    df = to_frame(res)
-    summary = summarize(res, df)
+    with applied(DEFAULT.merged(limits)) as lim:
+        if not isinstance(graph, TaskGraph):
+            graph = TaskGraph.from_json(graph)
+        if nodes is None:
+            per_node = Topology.load(topology, nodes=1).gpus_per_node
+            nodes = -(-graph.world_size // per_node)
+        topo = Topology.load(topology, nodes=nodes)
+        model = CostModel.build(topo, costs or {})
+        lim.check_run(graph.world_size, "replay", len(graph), _replicas(model))
+        res = simulate(graph, topo, model)
+        df = to_frame(res)
+        summary = _finite(summarize(res, df))
     if out_dir is not None:
         out = Path(out_dir)
         summary["files"] = {
@@ -243,9 +281,16 @@ def compare(config: Any, strategies: list[str], out_dir: str | Path | None = Non
     `out_dir`, write the table (CSV, Markdown) and a chart there."""
     from sim.analysis.compare import compare as compare_frame
     from sim.analysis.compare import write
+    from sim.core.finite import check_finite
+    from sim.core.limits import applied
 
     cfg = load_config(config)
-    df = compare_frame(cfg, strategies)
+    with applied(cfg.size_limits()) as lim:
+        jitter = cfg.costs.get("jitter")
+        replicas = jitter.get("replicas", 11) if isinstance(jitter, dict) else 1
+        lim.check_run(cfg.load_topology().world_size, cfg.source, replicas=replicas)
+        df = compare_frame(cfg, strategies)
+    check_finite(df.to_dict(orient="records"), "compare")
     title = (
         f"{cfg.topology} x{cfg.load_topology().nodes} nodes, passes {list(cfg.passes)}: "
         f"{len(df)} strategies"
@@ -281,18 +326,24 @@ def collective_sweep(
     nodes: int | None = None,
     fidelity: str | None = None,
     oversubscription: float | None = None,
+    limits: dict[str, int] | None = None,
 ) -> CollectiveSweep:
     """One collective simulated over message sizes min_bytes, min_bytes*factor, ... up to
     max_bytes (`moesim collectives`)."""
     from sim.analysis import collbench
+    from sim.core.finite import check_finite
+    from sim.core.limits import DEFAULT, applied
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
     fabric = {"oversubscription": oversubscription} if oversubscription else None
-    topo = Topology.load(topology, nodes=nodes, fabric=fabric)
-    costs = CostModel.build(topo, {"fidelity": fidelity} if fidelity else {})
-    sizes = collbench.sizes(min_bytes, max_bytes, factor)
-    rows, fid = collbench.run(topo, costs, collective, algo, sizes)
+    with applied(DEFAULT.merged(limits)) as lim:
+        topo = Topology.load(topology, nodes=nodes, fabric=fabric)
+        lim.check_run(topo.world_size, "collectives")
+        costs = CostModel.build(topo, {"fidelity": fidelity} if fidelity else {})
+        sizes = collbench.sizes(min_bytes, max_bytes, factor)
+        rows, fid = collbench.run(topo, costs, collective, algo, sizes)
+    check_finite([r.as_dict() for r in rows], "collectives")
     header = {
         "collective": collective,
         "algo": algo or "default",
@@ -322,11 +373,23 @@ def topology_presets() -> list[str]:
     return list_presets()
 
 
-def load_topology(name: str | Path, nodes: int | None = None) -> Topology:
-    """A preset name or topology YAML, with `nodes` nodes (None: the preset's)."""
+def load_topology(
+    name: str | Path, nodes: int | None = None, limits: dict[str, int] | None = None
+) -> Topology:
+    """A preset name or topology YAML, with `nodes` nodes (None: the preset's); `limits`
+    raises size limits (`sim.core.limits`: max_world)."""
+    from sim.core.limits import DEFAULT, applied
     from sim.hardware.topology import Topology
 
-    return Topology.load(name, nodes=nodes)
+    with applied(DEFAULT.merged(limits)):
+        return Topology.load(name, nodes=nodes)
+
+
+def schema(name: str) -> dict[str, Any]:
+    """The JSON Schema of an input: `config`, `topology` or `graph` (`moesim schema`)."""
+    from sim.config.schemas import input_schema
+
+    return input_schema(name)
 
 
 def describe_topology(topo: Topology) -> str:

@@ -62,16 +62,57 @@ def _config(a: argparse.Namespace):
         topology=a.topology,
         nodes=a.nodes,
         costs=_cost_overrides(a),
+        limits=_limits(a),
     )
+
+
+def _limits(a: argparse.Namespace) -> dict[str, int]:
+    from sim.core.limits import parse
+
+    return parse(a.limit)
+
+
+def _refuse(a: argparse.Namespace, options: dict[str, str], why: str) -> None:
+    """A one-line error naming the given options that do not apply (attribute -> flag)."""
+    given = [flag for attr, flag in options.items() if getattr(a, attr, None) not in (None, False)]
+    if given:
+        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not "
+                          f"apply {why}")
+
+
+def _check_output_file(path: str, what: str) -> None:
+    """An output file's path that cannot be written fails before the work, in one line."""
+    from sim.core.io import check_output_dir
+
+    if path == "":
+        raise ConfigError(f"{what}: expected a file path, got ''")
+    p = Path(path)
+    if p.is_dir():
+        raise ConfigError(f"{what} {p}: is a directory, expected a file path")
+    check_output_dir(p.parent, what)
+    if len(os.fsencode(p.name)) > 255:
+        raise ConfigError(f"{what} {p}: the name {p.name[:40]!r}... is over 255 bytes")
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
     from sim import api
 
     if str(a.config).endswith(".json"):  # a task graph: replayed as it is
+        _refuse(
+            a,
+            {"strategy": "--strategy", "param": "--param"},
+            "to a task graph (it is replayed as it is; they apply to a run config)",
+        )
         if not a.topology:
             raise ConfigError("simulating a graph JSON needs --topology")
-        res = api.replay(a.config, a.topology, a.nodes, _cost_overrides(a), a.out or "out")
+        res = api.replay(
+            a.config,
+            a.topology,
+            a.nodes,
+            _cost_overrides(a),
+            a.out or "out",
+            limits=_limits(a),
+        )
         _emit(res.summary, a.json)
         return 0
     cfg = _config(a)
@@ -83,6 +124,11 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 def cmd_compare(a: argparse.Namespace) -> int:
     from sim import api
 
+    _refuse(
+        a,
+        {"strategy": "--strategy", "param": "--param"},
+        "to compare (name each strategy and its parameters in --strategies)",
+    )
     res = api.compare(_config(a), a.strategies, a.out)
     if a.json:
         print(res.table.to_json(orient="records", indent=2))
@@ -97,6 +143,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
 def cmd_graph(a: argparse.Namespace) -> int:
     from sim import api
 
+    _check_output_file(a.output, "-o/--output")
     graph = api.export_graph(_config(a), a.output)
     print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
     return 0
@@ -117,6 +164,8 @@ def _size(text: str) -> int:
 def cmd_collectives(a: argparse.Namespace) -> int:
     from sim import api
 
+    if a.out is not None:
+        _check_output_file(a.out, "--out")
     sweep = api.collective_sweep(
         a.topology,
         a.collective,
@@ -127,6 +176,7 @@ def cmd_collectives(a: argparse.Namespace) -> int:
         nodes=a.nodes,
         fidelity=a.fidelity,
         oversubscription=a.oversubscription,
+        limits=_limits(a),
     )
     text = sweep.report(as_json=a.json)
     print(text)
@@ -139,12 +189,20 @@ def cmd_topology(a: argparse.Namespace) -> int:
     from sim import api
 
     if a.action == "list":
+        _refuse(
+            a,
+            {"name": "a NAME", "nodes": "--nodes", "routes": "--routes", "draw": "--draw",
+             "limit": "--limit"},
+            "to `topology list` (they apply to `topology show NAME`)",
+        )
         for name in api.topology_presets():
             print(name)
         return 0
     if not a.name:
         raise ConfigError("topology show: name a preset or a YAML file")
-    topo = api.load_topology(a.name, nodes=a.nodes)
+    if a.draw is not None:
+        _check_output_file(a.draw, "--draw")
+    topo = api.load_topology(a.name, nodes=a.nodes, limits=_limits(a))
     print(api.describe_topology(topo))
     if a.draw:
         print(f"  drew {api.draw_topology(topo, a.draw)}")
@@ -155,76 +213,21 @@ def cmd_topology(a: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_replay(a: argparse.Namespace) -> int:
-    from sim.analysis.replay import format_replay, replay_command
+def cmd_schema(a: argparse.Namespace) -> int:
+    from sim import api
 
-    s = replay_command(a.trace, a.graph, a.topology, a.out)
-    print(json.dumps(s, indent=2, default=str) if a.json else format_replay(s))
+    print(json.dumps(api.schema(a.input), indent=2))
     return 0
 
 
-def cmd_whatif(a: argparse.Namespace) -> int:
-    from sim.analysis.whatif import format_whatif, whatif_command
-
-    r = whatif_command(a.base, a.sets, a.topology, a.nodes, a.out)
-    print(json.dumps(r, indent=2, default=str) if a.json else format_whatif(r))
-    return 0
-
-
-def _add_replay_whatif(sub: Any) -> None:
-    rp = sub.add_parser(
-        "replay",
-        help="replay a measured trace (moesim CSV/Parquet, or PyTorch profiler JSON per rank)",
-    )
-    rp.add_argument(
-        "trace",
-        nargs="+",
-        metavar="TRACE",
-        help="moesim trace CSV/Parquet or executor output dir; or Kineto JSON(.gz), one per "
-        "rank, or their directory",
-    )
-    rp.add_argument(
-        "--graph",
-        metavar="GRAPH.json",
-        help="the task graph the executor ran (default: graph.json beside the trace, else "
-        "inferred from stream order and collective matching)",
-    )
-    rp.add_argument(
-        "--topology", help="topology to replay on (default localhost-cpu; only its size matters)"
-    )
-    rp.add_argument(
-        "--out", metavar="DIR", help="write trace.csv, trace.chrome.json, graph.json, summary.json"
-    )
-    rp.add_argument("--json", action="store_true", help="print the summary as JSON")
-    rp.set_defaults(fn=cmd_replay)
-
-    w = sub.add_parser(
-        "whatif", help="simulate a config, graph or measured trace before and after changes"
-    )
-    w.add_argument(
-        "base",
-        help="run config YAML, task graph JSON (needs --topology), or a measured trace (as for "
-        "replay)",
-    )
-    w.add_argument(
-        "--set",
-        dest="sets",
+def _limit_opt(sp: argparse.ArgumentParser) -> None:
+    sp.add_argument(
+        "--limit",
         action="append",
-        required=True,
-        metavar="KEY=VALUE",
-        help="repeatable: topology=T, nodes=N, link.<class>.bw=*2, link.*.latency=1e-6, "
-        "compute.speed=*0.5, model.capacity_factor=1.5, model.routing.s=1.5, "
-        "strategy=pipelined, strategy.degree=4, costs.network=flow",
+        metavar="NAME=N",
+        help="raise a size limit (repeatable): max_world, max_ranks, max_tasks, max_replicas, "
+        "max_matrix (see `limits:` in a run config)",
     )
-    w.add_argument("--topology", help="the cluster of a graph or trace base")
-    w.add_argument("--nodes", type=int, help="node count of a graph base (default: just enough)")
-    w.add_argument(
-        "--out",
-        metavar="DIR",
-        help="write before/ and after/ (trace.csv, trace.chrome.json, summary.json), whatif.json",
-    )
-    w.add_argument("--json", action="store_true", help="print both summaries as JSON")
-    w.set_defaults(fn=cmd_whatif)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -256,6 +259,7 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE",
             help="calibration YAML from `moesim calibrate` (costs.calibration)",
         )
+        _limit_opt(sp)
 
     s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
     s.add_argument("config", help="run config YAML, or task graph JSON (needs --topology)")
@@ -290,6 +294,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", type=int)
     t.add_argument("--routes", action="store_true", help="also print routes from GPU 0")
     t.add_argument("--draw", metavar="FILE.html", help="draw the cluster graph (plotly HTML)")
+    _limit_opt(t)
     t.set_defaults(fn=cmd_topology)
 
     c = sub.add_parser("collectives", help="nccl-tests-style sweep of one collective, simulated")
@@ -320,8 +325,15 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--oversubscription", type=float, help="override the fabric's ratio")
     c.add_argument("--json", action="store_true", help="print JSON instead of the table")
     c.add_argument("--out", help="also write the output to this file")
+    _limit_opt(c)
     c.set_defaults(fn=cmd_collectives)
-    _add_replay_whatif(sub)
+    from sim.cli_studies import add_parsers as add_study_parsers
+
+    add_study_parsers(sub)  # replay, whatif
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
+    sc.add_argument("input", choices=["config", "topology", "graph"])
+    sc.set_defaults(fn=cmd_schema)
 
     from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run
 

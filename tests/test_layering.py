@@ -26,6 +26,7 @@ SIM_LAYERS = [
     "sim.config",
     "sim.analysis",
     "sim.api",
+    "sim.cli_studies",
     "sim.cli",
 ]
 MAX_LINES = 420  # "no module over ~400 lines"

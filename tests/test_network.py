@@ -26,7 +26,7 @@ def star(bw_gpu0: float = 10 * GB, latency: float = 0.0) -> Topology:
             "name": "star",
             "nodes": 1,
             "gpus_per_node": 4,
-            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12},
+            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12, "memory_bytes": 80e9},
             "node": {
                 "devices": {"sw": "nvswitch"},
                 "links": [

@@ -259,7 +259,7 @@ def _nic_of_gpu_len(s):
 
 
 SPEC_ERRORS = [
-    ("zero_bandwidth", _zero_bw, ["hdr", "bw", "> 0"]),
+    ("zero_bandwidth", _zero_bw, ["link_classes.hdr.bw", ">= 1000, got 0"]),
     ("efficiency_above_1", _eff_gt_1, ["pcie4", "efficiency"]),
     ("unknown_device", _unknown_device, ["nvswitch9", "unknown device"]),
     ("unknown_class", _unknown_class, ["nvlink9", "unknown class"]),

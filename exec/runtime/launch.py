@@ -156,8 +156,7 @@ def call_ranks(
 
     if nprocs < 1:
         raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
-    if backend not in ("gloo", "nccl"):
-        raise ExecError(f"backend must be gloo or nccl, got {backend!r}")
+    require_backend(backend)
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
     setup = max(timeout_s, SETUP_TIMEOUT_S)
     store = dist.TCPStore(
@@ -281,9 +280,21 @@ def _report(out: Path, rank: int, e: BaseException) -> None:
     tmp.replace(out / f"rank{rank}.err")
 
 
+def require_backend(backend: str) -> None:
+    """One line instead of a rank's ZeroDivisionError (rank % 0 GPUs) when NCCL has no GPU."""
+    if backend not in ("gloo", "nccl"):
+        raise ExecError(f"backend must be gloo or nccl, got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+            raise ExecError("--backend nccl needs CUDA GPUs; none found (use --backend gloo)")
+
+
 def call_under_torchrun(fn: Callable[..., Any], args: tuple, backend: str = "gloo") -> list | None:
     """`fn(rank, world, *args)` on this torchrun rank; rank 0 gets every rank's result."""
     require_torch()
+    require_backend(backend)
     import torch
     import torch.distributed as dist
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from sim.core.graph import TaskGraph
@@ -12,17 +13,26 @@ from sim.workload.parallel import ParallelLayout, replicate
 
 
 def simulate_layout(
-    one: TaskGraph, layout: ParallelLayout | None, topo: Topology, costs: Any
+    one: TaskGraph,
+    layout: ParallelLayout | None,
+    topo: Topology,
+    costs: Any,
+    before_full: Callable[[], None] | None = None,
 ) -> SimResult:
     """On representatives where the replicas and nodes are equivalent (`costs.symmetry`,
     sim.engine.symmetric), else on the full graph that `replicate` lays over the world; so
-    16,384 GPUs never build 16,384 ranks' tasks where symmetry holds."""
+    16,384 GPUs never build 16,384 ranks' tasks where symmetry holds. `before_full` runs
+    before the full graph is built (the size guards of what it will build)."""
     import numpy as np
 
     if layout is None or layout.dp == 1:
         return simulate_replicas(one, topo, costs)
     ranks = np.stack([layout.replica_ranks(d) for d in range(layout.dp)])
     meta = dict(one.meta) | {"layout": layout.as_dict()}
-    return simulate_replicas(
-        one, topo, costs, ranks, full=lambda: replicate(one, layout), prefix="dp0/", meta=meta
-    )
+
+    def full() -> TaskGraph:
+        if before_full is not None:
+            before_full()
+        return replicate(one, layout)
+
+    return simulate_replicas(one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta)

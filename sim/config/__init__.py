@@ -13,8 +13,12 @@ from typing import Any
 
 import yaml
 
+from sim.config.routing_file import load_matrix_file
 from sim.config.schema import RunSpec
+from sim.core import limits
 from sim.core.errors import ConfigError
+from sim.core.limits import DEFAULT as DEFAULT_LIMITS
+from sim.core.limits import Limits
 from sim.core.schema import check
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
@@ -35,6 +39,7 @@ class RunConfig:
     source: str = "<dict>"
     fabric: dict[str, Any] = field(default_factory=dict)  # overrides of the topology's fabric
     parallel: dict[str, Any] | None = None  # `parallel: {ep, dp, tp, esp}`; None: one EP group
+    limits: dict[str, int] = field(default_factory=dict)  # size limits raised (sim.core.limits)
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
@@ -59,6 +64,7 @@ class RunConfig:
         output = raw.get("output") or {}
         parallel = raw.get("parallel")
         fabric = raw.get("fabric") or {}
+        limits = {k: v for k, v in (raw.get("limits") or {}).items() if v is not None}
         return cls(
             topo,
             nodes,
@@ -71,6 +77,7 @@ class RunConfig:
             source,
             dict(fabric),
             None if parallel is None else dict(parallel),
+            limits,
         )
 
     @classmethod
@@ -94,6 +101,7 @@ class RunConfig:
         topology: str | None = None,
         nodes: int | None = None,
         costs: dict[str, Any] | None = None,
+        limits: dict[str, int] | None = None,
     ) -> RunConfig:
         raw = self.to_dict()
         if strategy is not None and strategy != self.strategy:
@@ -106,6 +114,8 @@ class RunConfig:
             raw["nodes"] = nodes
         if costs:
             raw["costs"] = {**raw.get("costs", {}), **costs}
+        if limits:
+            raw["limits"] = {**raw.get("limits", {}), **limits}
         return RunConfig.from_dict(raw, source=self.source)
 
     def with_strategy(self, name: str, params: dict[str, Any]) -> RunConfig:
@@ -130,40 +140,39 @@ class RunConfig:
             d["parallel"] = dict(self.parallel)
         if self.output:
             d["output"] = dict(self.output)
+        if self.limits:
+            d["limits"] = dict(self.limits)
         return d
+
+    def size_limits(self) -> Limits:
+        """The limits in force for this config's runs: the defaults, with `limits:` raised."""
+        return DEFAULT_LIMITS.merged(self.limits)
 
     # -- resolution ------------------------------------------------------------------------
     def load_topology(self) -> Topology:
         return Topology.load(self.topology, nodes=self.nodes, fabric=self.fabric)
 
     def layer(self, world: int) -> MoELayer:
+        """The layer on `world` GPUs (fields checked by the schema on load; what depends on
+        the world, experts over GPUs and the routing matrix's shape, by MoELayer)."""
         m = dict(self.model)
-        if "experts" in m and "experts_per_gpu" in m:
-            raise ConfigError(
-                f"{self.source}: model: give 'experts' or 'experts_per_gpu', not both"
-            )
         per_gpu = m.pop("experts_per_gpu", None)
         if per_gpu is not None:
-            if not isinstance(per_gpu, int) or per_gpu < 1:
-                raise ConfigError(
-                    f"{self.source}: model.experts_per_gpu: expected a positive integer"
-                )
             m["experts"] = per_gpu * world
-        required = {"batch", "seq_len", "model_dim", "hidden_dim", "experts"}
-        missing = sorted(required - set(m))
-        if missing:
-            raise ConfigError(f"{self.source}: model: missing field(s) {missing}")
         routing = m.pop("routing", None) or {"kind": "uniform"}
         if isinstance(routing, str):
             routing = {"kind": routing}
-        if not isinstance(routing, dict):
-            raise ConfigError(f"{self.source}: model.routing: expected a mapping with 'kind'")
-        cf = m.pop("capacity_factor", 1.0)
-        if not isinstance(cf, (int, float)) or isinstance(cf, bool):
-            raise ConfigError(
-                f"{self.source}: model.capacity_factor: expected a number, got {cf!r}"
-            )
-        return MoELayer(world=world, routing=routing, capacity_factor=float(cf), **m)
+        # the [GPUs, experts] routing matrix is the largest array a layer allocates
+        size_limits = limits.active()
+        size_limits.check(
+            "max_matrix",
+            world * m["experts"],
+            f"{self.source}: routing matrix entries ({world:,} GPUs x {m['experts']:,} experts)",
+        )
+        if routing.get("kind") == "matrix" and "file" in routing:
+            routing = {"kind": "matrix", "tokens": load_matrix_file(routing["file"])}
+        cf = float(m.pop("capacity_factor", 1.0))
+        return MoELayer(world=world, routing=routing, capacity_factor=cf, **m)
 
     def workload(self, topo: Topology) -> Workload:
         """The layer of one data-parallel replica, the parallel layout over the topology's

@@ -12,19 +12,27 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from sim.core.schema import (
-    Fraction,
-    NonNegFloat,
-    NonNegInt,
-    PosFloat,
-    PosInt,
-    Strict,
+from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
+from sim.core.limits import NAMES as LIMIT_NAMES
+from sim.core.schema import PosInt, Strict
+from sim.hardware.costs_schema import (
+    AlphaBeta,
+    Collectives,
+    DispatchParams,
+    Interference,
+    Quantiles,
+    RooflineParams,
+    check_quantiles,
 )
-from sim.hardware.costs.compute import DTYPE_BYTES
 
-Dtype = Literal[tuple(DTYPE_BYTES)]  # type: ignore[valid-type]
-MAX_REPLICAS = 1000  # jitter replicas: each is a whole simulation
+Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 MAX_CAPACITY_FACTOR = 1e4  # beyond this C is the whole batch anyway
+MAX_TOKENS_ENTRY = 2.0**53  # a routing matrix entry (tokens); exact as a float, safe as int64
+# Layer sizes: far past any model, small enough that products of them stay exact integers
+MAX_DIM = 2**24  # model_dim, hidden_dim, seq_len
+MAX_BATCH = 2**20
+MAX_EXPERTS = 2**20
+Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
 
 
 class RoutingSpec(Strict):
@@ -32,9 +40,9 @@ class RoutingSpec(Strict):
     string is its kind."""
 
     kind: Literal["uniform", "zipf", "matrix"]
-    s: NonNegFloat | None = None
-    seed: NonNegInt | None = None
-    tokens: list[list[NonNegFloat]] | None = None
+    s: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
+    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
+    tokens: list[list[Annotated[float, Field(ge=0, le=MAX_TOKENS_ENTRY)]]] | None = None
     file: Annotated[str, Field(min_length=1)] | None = None
 
     @model_validator(mode="after")
@@ -54,16 +62,22 @@ def _kind_only(v: Any) -> Any:
 
 
 class ModelSpec(Strict):
-    batch: PosInt
-    seq_len: PosInt
-    model_dim: PosInt
-    hidden_dim: PosInt
-    experts: PosInt | None = None
-    experts_per_gpu: PosInt | None = None
-    top_k: PosInt = 1
+    batch: Annotated[int, Field(gt=0, le=MAX_BATCH)]
+    seq_len: Dim
+    model_dim: Dim
+    hidden_dim: Dim
+    experts: Annotated[int, Field(gt=0, le=MAX_EXPERTS)] | None = None
+    experts_per_gpu: Annotated[int, Field(gt=0, le=MAX_EXPERTS)] | None = None
+    top_k: Annotated[int, Field(gt=0, le=1024)] = 1
     capacity_factor: Annotated[float, Field(gt=0, le=MAX_CAPACITY_FACTOR)] = 1.0
     dtype: Dtype = "bf16"
     routing: Annotated[RoutingSpec, BeforeValidator(_kind_only)] | None = None
+
+    @model_validator(mode="after")
+    def _experts_once(self) -> ModelSpec:
+        if (self.experts is None) == (self.experts_per_gpu is None):
+            raise ValueError("give 'experts' (in total) or 'experts_per_gpu', exactly one")
+        return self
 
 
 class FabricSpec(Strict):
@@ -83,41 +97,29 @@ class ParallelSpec(Strict):
     esp: PosInt | None = None
 
 
-class RooflineSpec(Strict):
-    flops_efficiency: Fraction | None = None
-    mem_efficiency: Fraction | None = None
-
-
-class AlphaBeta(Strict):
-    alpha: NonNegFloat
-    beta: NonNegFloat
-    source: str | None = None
-
-
-class CollectiveFit(AlphaBeta):
-    ranks: PosInt | None = None
-
-
-class DispatchSpec(Strict):
-    stream: NonNegFloat | None = None
-    cross: NonNegFloat | None = None
-
-
 class JitterSpec(Strict):
-    quantiles: dict[str, Annotated[list[PosFloat], Field(min_length=2)]]
-    seed: NonNegInt = 0
-    replicas: Annotated[int, Field(ge=1, le=MAX_REPLICAS)] = 11
+    quantiles: Quantiles
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
+    replicas: PosInt = 11  # bounded by limits.max_replicas when the run starts
 
     @field_validator("quantiles")
     @classmethod
     def _non_decreasing(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
-        for kind, q in v.items():
-            if any(b < a for a, b in zip(q, q[1:])):
-                raise ValueError(f"quantiles of {kind!r} must be non-decreasing")
-        return v
+        return check_quantiles(v)
 
 
-SpeedRow = dict[str, Fraction]
+class LimitsSpec(Strict):
+    """Size limits of the run (`sim.core.limits`: what each bounds and its default)."""
+
+    model_config = Strict.model_config | {"extra": "forbid"}
+    max_world: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_ranks: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_tasks: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_replicas: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_matrix: Annotated[int, Field(gt=0, le=10**12)] | None = None
+
+
+assert set(LimitsSpec.model_fields) == set(LIMIT_NAMES)
 
 
 class CostsSpec(Strict):
@@ -126,16 +128,31 @@ class CostsSpec(Strict):
     fidelity: Literal["auto", "flow", "bundled"] | None = None
     finish_rtol: Annotated[float, Field(ge=0, le=0.05, allow_inf_nan=False)] | None = None
     bundle_min_ranks: PosInt | None = None
-    alpha: NonNegFloat | None = None
-    roofline: RooflineSpec | None = None
+    alpha: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
+    roofline: RooflineParams | None = None
     alpha_beta: dict[str, AlphaBeta] | None = None
-    collectives: dict[str, AlphaBeta | list[CollectiveFit]] | None = None
-    interference: dict[Literal["compute", "comm", "copy"], SpeedRow] | None = None
-    dispatch: DispatchSpec | None = None
+    collectives: Collectives | None = None
+    interference: Interference | None = None
+    dispatch: DispatchParams | None = None
     jitter: JitterSpec | None = None
-    calibration: str | None = None
-    gemm_shapes: list[dict[str, Any]] | None = None
+    calibration: Annotated[str, Field(min_length=1)] | None = None
+    gemm_shapes: list[GemmShapeTime] | None = None
     symmetry: Literal["auto", "on", "off"] | bool | None = None  # bare on/off: YAML bools
+
+
+class GemmShapeTime(Strict):
+    """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
+
+    m: Annotated[int, Field(gt=0, le=2**31)]
+    n: Annotated[int, Field(gt=0, le=2**31)]
+    k: Annotated[int, Field(gt=0, le=2**31)]
+    batch: Annotated[int, Field(gt=0, le=2**31)] = 1
+    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
+    dtype: Dtype | None = None
+    layout: Literal[GEMM_LAYOUTS] | None = None  # type: ignore[valid-type]
+
+
+CostsSpec.model_rebuild()
 
 
 class OutputSpec(Strict):
@@ -173,3 +190,4 @@ class RunSpec(Strict):
     ) = None
     costs: CostsSpec | None = None
     output: OutputSpec | None = None
+    limits: LimitsSpec | None = None

@@ -5,9 +5,11 @@ the order they were added (program order, as CUDA streams do); `deps` adds cross
 cross-rank-free data dependencies. Communication tasks name a communicator `group` and a
 collective id `coll` that is the same on every member, so both engines can pair them up.
 
-`TaskGraph.validate()` runs on load and on `build()`; the checks themselves (what would
-otherwise surface as a hang) are in `sim.core.graph_checks`, the kinds of tasks and streams in
-`sim.core.kinds`.
+A graph file is read safely (`sim.core.safeload`) and checked field by field against its
+schema (`sim.core.graph_schema`, `moesim schema graph`); `TaskGraph.validate()` runs on load and
+on `build()`: the checks between tasks (what would otherwise surface as a hang) are in
+`sim.core.graph_checks`, the kinds of tasks and streams in `sim.core.kinds`. A graph never grows
+past `limits.max_tasks` tasks (`sim.core.limits`), built or loaded.
 """
 
 from __future__ import annotations
@@ -19,11 +21,11 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import GraphError
+from sim.core import limits
+from sim.core.errors import ConfigError, GraphError
 from sim.core.graph_checks import validate_graph
+from sim.core.graph_schema import SCHEMA_VERSION
 from sim.core.kinds import COMM_KINDS, stream_kind
-
-SCHEMA_VERSION = 1
 
 
 @dataclass
@@ -77,7 +79,6 @@ class Task:
 
 
 _REQUIRED = ("id", "rank", "stream", "kind")
-_FIELDS = {f for f in Task.__dataclass_fields__}
 
 
 def _default(f: Any) -> Any:
@@ -106,11 +107,15 @@ class TaskGraph:
         self.world_size = world_size
         self.meta: dict[str, Any] = dict(meta or {})
         self.tasks: dict[str, Task] = {}
+        # read once: a builder adds 10^5 tasks and the bound must not cost a lookup each
+        self._max_tasks = limits.active().max_tasks
 
     # -- building -------------------------------------------------------------------------
     def add(self, task: Task) -> Task:
         if task.id in self.tasks:
             raise GraphError(f"task {task.id!r}: duplicate task id")
+        if len(self.tasks) >= self._max_tasks:
+            limits.active().check("max_tasks", len(self.tasks) + 1, "task graph: tasks")
         self.tasks[task.id] = task
         return task
 
@@ -137,23 +142,28 @@ class TaskGraph:
         }
 
     @classmethod
-    def from_dict(cls, data: Any, validate: bool = True) -> TaskGraph:
-        if not isinstance(data, dict):
-            raise GraphError("graph: expected a JSON object with 'schema_version' and 'tasks'")
-        version = data.get("schema_version")
-        if version != SCHEMA_VERSION:
-            raise GraphError(
-                f"graph: schema_version {version!r} is not supported (expected {SCHEMA_VERSION})"
-            )
-        ws = data.get("world_size")
-        if not isinstance(ws, int) or ws < 1:
-            raise GraphError(f"graph: world_size must be a positive integer, got {ws!r}")
-        g = cls(ws, data.get("meta") or {})
-        tasks = data.get("tasks")
-        if not isinstance(tasks, list):
-            raise GraphError("graph: 'tasks' must be a list")
-        for i, raw in enumerate(tasks):
-            g.add(_task_from_dict(raw, i))
+    def from_dict(cls, data: Any, validate: bool = True, source: str = "graph") -> TaskGraph:
+        """A graph from its JSON form, checked against the schema (every field, per kind)
+        and then, unless `validate` is false, between tasks."""
+        from sim.core import graph_schema
+        from sim.core.schema import check
+
+        lim = limits.active()
+        tasks = data.get("tasks") if isinstance(data, dict) else None
+        if isinstance(tasks, list):  # before validating 10^7 of them
+            lim.check("max_tasks", len(tasks), f"{source}: tasks")
+        doc = check(
+            graph_schema.adapter(),
+            data,
+            source,
+            error=GraphError,
+            locate=graph_schema.locate(data),
+            known=graph_schema.known_keys,
+        )
+        lim.check("max_ranks", doc["world_size"], f"{source}: world_size")
+        g = cls(doc["world_size"], doc.get("meta") or {})
+        for raw in doc["tasks"]:
+            g.add(Task(**raw))
         if validate:
             g.validate()
         return g
@@ -165,30 +175,17 @@ class TaskGraph:
 
     @classmethod
     def from_json(cls, path: str | Path, validate: bool = True) -> TaskGraph:
+        """A graph file, read safely: a regular UTF-8 file within the input size limit,
+        finite numbers only (`sim.core.safeload`)."""
+        from sim.core.safeload import load_json
+
         try:
-            data = json.loads(Path(path).read_text())
-        except FileNotFoundError as e:
-            raise GraphError(f"graph file {path}: not found") from e
-        except json.JSONDecodeError as e:
-            raise GraphError(f"graph file {path}: not valid JSON ({e})") from e
-        return cls.from_dict(data, validate=validate)
+            data = load_json(path, "graph file")
+        except ConfigError as e:
+            raise GraphError(str(e)) from None
+        return cls.from_dict(data, validate=validate, source=f"graph file {path}")
 
     # -- validation -----------------------------------------------------------------------
     def validate(self) -> None:
         """Raise GraphError for the first problem found (see `sim.core.graph_checks`)."""
         validate_graph(self)
-
-
-def _task_from_dict(raw: Any, index: int) -> Task:
-    if not isinstance(raw, dict):
-        raise GraphError(f"tasks[{index}]: expected an object")
-    missing = [k for k in _REQUIRED if k not in raw]
-    if missing:
-        raise GraphError(f"tasks[{index}] ({raw.get('id', '?')}): missing field(s) {missing}")
-    unknown = set(raw) - _FIELDS
-    if unknown:
-        raise GraphError(f"task {raw['id']!r}: unknown field(s) {sorted(unknown)}")
-    try:
-        return Task(**raw)
-    except TypeError as e:
-        raise GraphError(f"task {raw['id']!r}: {e}") from e

@@ -10,13 +10,16 @@ data and turns every problem of the file into one line:
 from __future__ import annotations
 
 import difflib
+import reprlib
+from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, MoesimError
 
 M = TypeVar("M", bound=BaseModel)
+MAX_PROBLEMS = 12  # problems listed in one error line; the rest are counted
 
 # Finite numbers with ranges, as used across the input models.
 PosInt = Annotated[int, Field(gt=0)]
@@ -32,38 +35,102 @@ class Strict(BaseModel):
     )
 
 
-def check(model: type[M], raw: Any, source: str, prefix: str = "") -> M:
-    """`raw` validated against `model`; every error of it in one ConfigError line."""
+def check(
+    model: type[M] | TypeAdapter,
+    raw: Any,
+    source: str,
+    prefix: str = "",
+    error: type[MoesimError] = ConfigError,
+    locate: Callable[[Sequence[Any]], tuple[str, list[str]]] | None = None,
+    known: Callable[[list[str]], list[str]] | None = None,
+) -> Any:
+    """`raw` validated against `model` (a pydantic model or a TypeAdapter); every error of it
+    (up to MAX_PROBLEMS, then a count) in one `error` line. `locate` may name the start of a
+    location (`tasks.3` -> `task 'x'`): it returns the name and the rest of the path; `known`
+    lists the keys allowed at a path, for the "did you mean" of an unknown key."""
     try:
+        if isinstance(model, TypeAdapter):
+            return model.validate_python(raw)
         return model.model_validate(raw)
     except ValidationError as e:
-        problems = [_describe(err, model, prefix) for err in e.errors(include_url=False)]
-        raise ConfigError(f"{source}: " + "; ".join(problems)) from None
+        if known is None and isinstance(model, type):
+            known = lambda loc: _known_keys(model, loc)  # noqa: E731
+        # a union's members each report a mismatch at the same path: one problem per path
+        by_path: dict[str, list[tuple[str, str]]] = {}
+        for err in e.errors(include_url=False):
+            path, text, got = _describe(err, prefix, locate, known)
+            by_path.setdefault(path, []).append((text, got))
+        problems = [_merge(path, found) for path, found in by_path.items()]
+        shown = problems[:MAX_PROBLEMS]
+        if len(problems) > MAX_PROBLEMS:
+            shown.append(f"... and {len(problems) - MAX_PROBLEMS} more")
+        raise error(f"{source}: " + "; ".join(shown)) from None
 
 
-def _describe(err: dict[str, Any], model: type[BaseModel], prefix: str) -> str:
-    loc = [str(x) for x in err["loc"] if not str(x).startswith("function-")]
+def _merge(path: str, found: list[tuple[str, str]]) -> str:
+    texts = list(dict.fromkeys(t for t, _ in found))
+    got = found[0][1]
+    if len(texts) > 1 and all(t.startswith("expected ") for t in texts):
+        texts = ["expected " + " or ".join(t.removeprefix("expected ") for t in texts)]
+    return f"{path}: {'; '.join(texts)}" + (f", got {got}" if got else "")
+
+
+def _describe(
+    err: dict[str, Any],
+    prefix: str,
+    locate: Callable[[Sequence[Any]], tuple[str, list[str]]] | None,
+    known_keys: Callable[[list[str]], list[str]] | None,
+) -> tuple[str, str, str]:
+    """(path, what is wrong, the value shown after "got" or "")."""
+    raw_loc = [x for x in err["loc"] if not str(x).startswith("function-")]
     # union members and tagged choices add their own names to the location; keep the path
-    loc = [x for x in loc if not _is_union_tag(x)]
-    path = ".".join(([prefix] if prefix else []) + loc) or "(top level)"
+    raw_loc = [x for x in raw_loc if not _is_union_tag(str(x))]
+    loc = [str(x) for x in raw_loc]
+    head = [prefix] if prefix else []
+    rest = loc
+    if locate is not None:
+        name, rest = locate(raw_loc)
+        if name:  # `task 'x': shape.m`
+            head = [f"{name}: {'.'.join(rest)}" if rest else name]
+            rest = []
+    path = ".".join(head + rest) or "(top level)"
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
-        known = _known_keys(model, loc[:-1])
+        known = known_keys(loc[:-1]) if known_keys else []
         close = difflib.get_close_matches(loc[-1], known, n=1) if loc else []
         close = close or [k for k in known if loc and k.startswith(loc[-1])][:1]
         hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {sorted(known)})"
-        return f"{path}: unknown key{hint}"
+        return path, f"unknown key{hint}", ""
     if kind == "missing":
-        return f"{path}: required"
-    return f"{path}: {_message(err)}, got {_short(value)}"
+        return path, "required", ""
+    if kind in ("value_error", "assertion_error"):  # a validator's sentence says it all
+        return path, _message(err), ""
+    return path, _message(err), _short(value)
+
+
+_PRIMITIVES = frozenset({"int", "float", "str", "bool", "list", "dict", "none", "nullable"})
 
 
 def _is_union_tag(part: str) -> bool:
-    return part[:1].isupper() or part in ("int", "float", "str", "bool", "list", "dict", "none")
+    """Whether a location part is a union member's tag that pydantic adds ('AlphaBeta',
+    'list[CollectiveFit]', 'str') rather than a key of the input (a link class 'NVLink')."""
+    return "[" in part or part in _PRIMITIVES or part in _model_names()
+
+
+def _model_names() -> set[str]:
+    names: set[str] = set()
+    todo: list[type] = [BaseModel]
+    while todo:
+        cls = todo.pop()
+        for sub in cls.__subclasses__():
+            if sub.__name__ not in names:
+                names.add(sub.__name__)
+                todo.append(sub)
+    return names
 
 
 def _message(err: dict[str, Any]) -> str:
-    msg = str(err["msg"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
     ctx = err.get("ctx") or {}
     if err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(
@@ -80,8 +147,14 @@ def _message(err: dict[str, Any]) -> str:
     return msg[0].lower() + msg[1:] if msg else "invalid"
 
 
+_REPR = reprlib.Repr()
+_REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 40, 40, 3
+
+
 def _short(value: Any) -> str:
-    text = repr(value)
+    """A value as the error shows it: bounded, so that a huge input (an expanded alias, a
+    10^6-element list) costs nothing to describe."""
+    text = _REPR.repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -113,9 +186,13 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def json_schema(model: type[BaseModel], title: str) -> dict[str, Any]:
+def json_schema(model: type[BaseModel] | TypeAdapter, title: str) -> dict[str, Any]:
     """JSON Schema of an input model, for editors (`moesim schema ...`)."""
-    schema = model.model_json_schema()
+    schema = (
+        model.json_schema(by_alias=True)
+        if isinstance(model, TypeAdapter)
+        else model.model_json_schema(by_alias=True)
+    )
     schema["title"] = title
     schema["$schema"] = "https://json-schema.org/draft/2020-12/schema"
     return schema

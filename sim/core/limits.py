@@ -1,0 +1,112 @@
+"""Size limits: the bounds that keep a run from working for hours or running out of memory.
+
+Every input that makes the simulator do work in proportion to a number (nodes, jitter replicas,
+tasks, a routing matrix) is checked against a limit before that work starts, and the error
+names the limit and how to raise it: `limits: {max_ranks: N}` in a run config, or
+`--limit max_ranks=N` on the command line. The defaults sit well above what the benchmarks
+run (16,384 GPUs as EP 64 x DP 256 simulate as 8 ranks; 2,048 ranks fully simulated take about
+a minute) and well below what exhausts a machine's memory.
+
+`active()` is the set in force: `applied(limits)` sets it for a block (the API does it per run),
+so that code far from the config (the task graph growing in a builder, a topology's link
+arrays) checks the same numbers without passing them through every signature.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+from collections.abc import Iterator
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from sim.core.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Limits:
+    # GPUs of a topology (nodes x gpus_per_node): its link arrays grow with it (~72 links per
+    # 8-GPU node), whether or not every rank is simulated
+    max_world: int = 262_144
+    # ranks whose tasks are built and simulated (a replicated layout builds every replica)
+    max_ranks: int = 16_384
+    # tasks of one graph, built or loaded; tasks x jitter replicas for the work of a run
+    max_tasks: int = 2_000_000
+    # jitter replicas: each is a whole simulation
+    max_replicas: int = 1_000
+    # entries of an array sized by the input (the routing matrix: GPUs x experts)
+    max_matrix: int = 50_000_000
+
+    def check(self, name: str, value: int, what: str) -> None:
+        """ConfigError if `value` is over the limit `name`; `what` says what was counted."""
+        limit = getattr(self, name)
+        if value > limit:
+            raise ConfigError(
+                f"{what}: {value:,} is over the limit of {limit:,} (limits.{name}); raise it "
+                f"with `limits: {{{name}: N}}` in the run config or --limit {name}=N"
+            )
+
+    def check_run(
+        self, ranks: int, source: str, tasks: int | None = None, replicas: int = 1
+    ) -> None:
+        """The guards of one run before its work starts: `ranks` whose tasks are built and
+        simulated, jitter `replicas`, and (once the graph exists) `tasks` x replicas."""
+        self.check("max_ranks", ranks, f"{source}: ranks to build and simulate")
+        self.check("max_replicas", replicas, f"{source}: jitter replicas")
+        if tasks is not None:
+            what = f"{source}: tasks to simulate ({tasks:,} x {replicas} replicas)"
+            self.check("max_tasks", tasks * replicas, what)
+
+    def merged(self, raw: dict[str, Any] | None) -> Limits:
+        """These limits with the given ones replaced (values checked by the caller's schema)."""
+        return replace(self, **(raw or {})) if raw else self
+
+
+NAMES = tuple(f.name for f in fields(Limits))
+DEFAULT = Limits()
+_ACTIVE: contextvars.ContextVar[Limits] = contextvars.ContextVar("moesim_limits", default=DEFAULT)
+
+
+def active() -> Limits:
+    return _ACTIVE.get()
+
+
+@contextlib.contextmanager
+def applied(limits: Limits | None) -> Iterator[Limits]:
+    """`limits` in force inside the block (None: leave the current ones)."""
+    if limits is None:
+        yield active()
+        return
+    previous = _ACTIVE.set(limits)
+    try:
+        yield limits
+    finally:
+        _ACTIVE.reset(previous)
+
+
+def parse(items: list[str] | None, source: str = "--limit") -> dict[str, int]:
+    """`--limit NAME=N` strings as {name: N}: known names, positive integers (1e6, 2_000 and
+    16,384 are read as integers)."""
+    out: dict[str, int] = {}
+    for item in items or []:
+        name, sep, text = item.partition("=")
+        name = name.strip()
+        if not sep or name not in NAMES:
+            raise ConfigError(
+                f"{source} {item!r}: expected NAME=N with NAME one of {', '.join(NAMES)}"
+            )
+        value = _integer(text.strip().replace("_", "").replace(",", ""))
+        if value is None or value < 1:
+            raise ConfigError(f"{source} {name}: expected a positive integer, got {text!r}")
+        out[name] = value
+    return out
+
+
+def _integer(text: str) -> int | None:
+    if text.isdigit():
+        return int(text) if len(text) <= 18 else None
+    try:
+        f = float(text)
+    except ValueError:
+        return None
+    return int(f) if f.is_integer() and 0 < f < 1e18 else None
