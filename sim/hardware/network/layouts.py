@@ -47,8 +47,12 @@ def per_flow(
     src, dst = src[keep].astype(np.int64), dst[keep].astype(np.int64)
     nbytes = nbytes[keep].astype(float)
     G, L = topo.gpus_per_node, topo.links_per_node
-    na, la = np.divmod(src, G)
-    nb, lb = np.divmod(dst, G)
+    if G == 1:  # one GPU per node (a flat switch): no division, one kind of pair
+        na, nb = src, dst
+        la = lb = np.zeros(len(src), dtype=np.int64)
+    else:
+        na, la = np.divmod(src, G)
+        nb, lb = np.divmod(dst, G)
     same = na == nb
     key = same * (G * G) + la * G + lb
     order = np.argsort(key, kind="stable")
