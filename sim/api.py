@@ -97,6 +97,15 @@ def _replicas(costs: Any) -> int:
     return costs.jitter.replicas if costs.jitter is not None else 1
 
 
+def _check_flows(lim: Any, graph: Any, costs: Any, source: str) -> None:
+    from sim.core.limits import skewed_flows
+
+    n = skewed_flows(graph, per_flow=costs.fidelity == "flow" and costs.network == "flow")
+    if costs.network == "flow":
+        lim.check("max_skewed_flows", n, f"{source}: flows simulated one by one (skewed "
+                  "all-to-alls; finish_rtol or a uniform routing make them cheaper)")
+
+
 def _finite(summary: dict[str, Any]) -> dict[str, Any]:
     from sim.core.finite import check_finite
 
@@ -151,6 +160,7 @@ def run(config: Any) -> RunResult:
             cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
         )
         lim.check_run(graph.world_size, cfg.source, len(graph), _replicas(costs))
+        _check_flows(lim, graph, costs, cfg.source)
         t1 = time.perf_counter()
         res = simulate(graph, topo, costs)
         t2 = time.perf_counter()
@@ -234,6 +244,10 @@ def replay(
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
+    if (costs or {}).get("calibration"):
+        from sim.config.routing_file import check_calibration_file
+
+        check_calibration_file(costs["calibration"])  # type: ignore[index]
     with applied(DEFAULT.merged(limits)) as lim:
         if not isinstance(graph, TaskGraph):
             graph = TaskGraph.from_json(graph)
@@ -243,6 +257,7 @@ def replay(
         topo = Topology.load(topology, nodes=nodes)
         model = CostModel.build(topo, costs or {})
         lim.check_run(graph.world_size, "replay", len(graph), _replicas(model))
+        _check_flows(lim, graph, model, "replay")
         res = simulate(graph, topo, model)
         df = to_frame(res)
         summary = _finite(summarize(res, df))
@@ -327,6 +342,7 @@ def collective_sweep(
     from sim.analysis import collbench
     from sim.core.finite import check_finite
     from sim.core.limits import DEFAULT, applied
+    from sim.hardware.collectives import DEFAULT_ALGO
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
@@ -336,6 +352,14 @@ def collective_sweep(
         lim.check_run(topo.world_size, "collectives")
         costs = CostModel.build(topo, {"fidelity": fidelity} if fidelity else {})
         sizes = collbench.sizes(min_bytes, max_bytes, factor)
+        n = topo.world_size
+        name = algo or DEFAULT_ALGO.get(collective, "linear")
+        phases = n if name in ("ring", "pairwise", "hierarchical") else 1  # one per peer
+        lim.check(
+            "max_flows",
+            len(sizes) * n * phases,
+            f"collectives: flows ({len(sizes)} sizes x {n:,} ranks x {phases:,} phases)",
+        )
         rows, fid = collbench.run(topo, costs, collective, algo, sizes)
     check_finite([r.as_dict() for r in rows], "collectives")
     header = {
