@@ -93,17 +93,6 @@ def parse_params(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
-def _replicas(costs: Any) -> int:
-    return costs.jitter.replicas if costs.jitter is not None else 1
-
-
-def _finite(summary: dict[str, Any]) -> dict[str, Any]:
-    from sim.core.finite import check_finite
-
-    check_finite(summary, "summary")
-    return summary
-
-
 def build_graph(config: Any) -> TaskGraph:
     """The task graph of a run config's strategy on its cluster (not simulated)."""
     from sim.core.limits import applied
@@ -130,6 +119,7 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
 
 def run(config: Any) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
+    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.layout_run import simulate_layout
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame
@@ -142,7 +132,7 @@ def run(config: Any) -> RunResult:
         topo = cfg.load_topology()
         wl = cfg.workload(topo)
         costs = CostModel.build(topo, cfg.costs)
-        reps = _replicas(costs)
+        reps = jitter_replicas(costs)
         # the ranks actually built: one replica's (the others are folded onto it by symmetry,
         # or laid over the world only where it does not hold, checked again then)
         lim.check_run(wl.layer.world, cfg.source, replicas=reps)
@@ -150,6 +140,7 @@ def run(config: Any) -> RunResult:
         one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
         lim.check_run(one.world_size, cfg.source, len(one), reps)
         dp = 1 if wl.layout is None else wl.layout.dp
+        check_flows(lim, one, costs, cfg.source)  # one replica's: the others are folded
         t1 = time.perf_counter()
         res = simulate_layout(
             one,
@@ -165,7 +156,7 @@ def run(config: Any) -> RunResult:
     summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()
-    return RunResult(graph, df, _finite(summary))
+    return RunResult(graph, df, finite_summary(summary))
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
@@ -232,6 +223,7 @@ def replay(
     topology. `nodes` None: just enough nodes for the graph's ranks (not the preset's
     default). With `out_dir`, the trace table and Chrome trace are written there and listed
     under the summary's "files". `limits` raises size limits (`sim.core.limits`)."""
+    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame, write_chrome_trace, write_table
     from sim.core.graph import TaskGraph
@@ -240,6 +232,10 @@ def replay(
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
+    if (costs or {}).get("calibration"):
+        from sim.config.routing_file import check_calibration_file
+
+        check_calibration_file(costs["calibration"])  # type: ignore[index]
     with applied(DEFAULT.merged(limits)) as lim:
         if not isinstance(graph, TaskGraph):
             graph = TaskGraph.from_json(graph)
@@ -248,10 +244,11 @@ def replay(
             nodes = -(-graph.world_size // per_node)
         topo = Topology.load(topology, nodes=nodes)
         model = CostModel.build(topo, costs or {})
-        lim.check_run(graph.world_size, "replay", len(graph), _replicas(model))
+        lim.check_run(graph.world_size, "replay", len(graph), jitter_replicas(model))
+        check_flows(lim, graph, model, "replay")
         res = simulate(graph, topo, model)
         df = to_frame(res)
-        summary = _finite(summarize(res, df))
+        summary = finite_summary(summarize(res, df))
     if out_dir is not None:
         out = Path(out_dir)
         summary["files"] = {
@@ -333,6 +330,7 @@ def collective_sweep(
     from sim.analysis import collbench
     from sim.core.finite import check_finite
     from sim.core.limits import DEFAULT, applied
+    from sim.hardware.collectives import DEFAULT_ALGO
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
@@ -342,6 +340,14 @@ def collective_sweep(
         lim.check_run(topo.world_size, "collectives")
         costs = CostModel.build(topo, {"fidelity": fidelity} if fidelity else {})
         sizes = collbench.sizes(min_bytes, max_bytes, factor)
+        n = topo.world_size
+        name = algo or DEFAULT_ALGO.get(collective, "linear")
+        phases = n if name in ("ring", "pairwise", "hierarchical") else 1  # one per peer
+        lim.check(
+            "max_flows",
+            len(sizes) * n * phases,
+            f"collectives: flows ({len(sizes)} sizes x {n:,} ranks x {phases:,} phases)",
+        )
         rows, fid = collbench.run(topo, costs, collective, algo, sizes)
     check_finite([r.as_dict() for r in rows], "collectives")
     header = {

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from sim.core.errors import ConfigError, MoesimError
 
@@ -226,14 +226,24 @@ def _limit_opt(sp: argparse.ArgumentParser) -> None:
         action="append",
         metavar="NAME=N",
         help="raise a size limit (repeatable): max_world, max_ranks, max_tasks, max_replicas, "
-        "max_matrix (see `limits:` in a run config)",
+        "max_matrix, max_flows, max_skewed_flows (see `limits:` in a run config)",
     )
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line, like every other error of the command (the
+    usage it would print first is one `--help` away)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False  # subcommands too: `--str` is not `--strategy`
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"moesim: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="moesim", description=__doc__.splitlines()[0], allow_abbrev=False
-    )
+    p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
@@ -350,6 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
     try:
+        _finite_options(args)
         return args.fn(args)
     except MoesimError as e:
         return _fail(str(e))
@@ -372,6 +383,17 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__module__.startswith("yaml"):
             return _fail(f"not valid YAML ({' '.join(str(e).split())})")
         raise
+
+
+def _finite_options(args: argparse.Namespace) -> None:
+    """No option takes NaN or infinity (argparse's float() reads both): `--timeout nan`
+    would otherwise reach a timer, `--oversubscription inf` a fabric."""
+    import math
+
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag}: expected a finite number, got {value}")
 
 
 def _fail(message: str) -> int:

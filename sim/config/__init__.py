@@ -13,8 +13,8 @@ from typing import Any
 
 import yaml
 
-from sim.config.routing_file import load_matrix_file
-from sim.config.schema import RunSpec
+from sim.config.routing_file import check_calibration_file, load_matrix_file
+from sim.config.schema import RunSpec, check_params
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.limits import DEFAULT as DEFAULT_LIMITS
@@ -46,11 +46,15 @@ class RunConfig:
         """Checked against the schema (`sim.config.schema.RunSpec`) first: every field's
         type, range and spelling, all problems of the file in one line."""
         check(RunSpec, raw, source)
+        calibration = (raw.get("costs") or {}).get("calibration")
+        if calibration:  # read as safely as the config itself, before the cost model does
+            check_calibration_file(calibration)
         topo, nodes, model = raw["topology"], raw.get("nodes"), raw["model"]
         strat = raw.get("strategy") or {"name": "sequential"}
         if isinstance(strat, str):
             strat = {"name": strat}
         params = {k: v for k, v in strat.items() if k != "name"}
+        check_params(params, source)
         try:
             resolve_params(strat["name"], params)
         except ConfigError as e:
@@ -182,6 +186,25 @@ class RunConfig:
     def workload_for(self, W: int, G: int | None = None) -> Workload:
         """`workload` on W ranks with G per node (None: placement inside nodes unchecked,
         as for the executor's local processes)."""
+        wl = self._workload_for(W, G)
+        # a strategy's chunks each hold a [GPUs, experts] slice of the routing matrix and
+        # tasks on every rank: bound both before the builder allocates them
+        degrees = [self.strategy_params.get("degree")]
+        degrees += self.strategy_params.get("candidates") or []
+        r = max((d for d in degrees if isinstance(d, int) and not isinstance(d, bool)), default=1)
+        if r > 1:
+            P, E = wl.layer.world, wl.layer.experts
+            lim = limits.active()
+            lim.check(
+                "max_matrix",
+                r * P * E,
+                f"{self.source}: routing matrix entries of {r:,} chunks ({P:,} GPUs x {E:,} "
+                "experts each)",
+            )
+            lim.check("max_tasks", r * P, f"{self.source}: tasks ({r:,} chunks on {P:,} ranks)")
+        return wl
+
+    def _workload_for(self, W: int, G: int | None = None) -> Workload:
         params = dict(self.strategy_params)
         name = self.strategy
         if self.parallel is None:  # the old meaning: one EP group of the whole world

@@ -1,6 +1,8 @@
-"""A routing matrix file (`model.routing: {kind: matrix, file: ...}`), read like every input:
-a regular file within the size limit (`sim.core.safeload`), then a 2-D array of finite,
-non-negative token counts. CSV, .npy (no pickles) or JSON, as `sim.workload.moe` reads them.
+"""Files a run config names besides itself: a routing matrix (`model.routing: {kind: matrix,
+file: ...}`) and a calibration (`costs.calibration`), read like every input (`sim.core.safeload`:
+a regular file within the size limit, UTF-8, bounded YAML). The matrix must be a 2-D array of
+finite, non-negative token counts (CSV, .npy without pickles, or JSON, as `sim.workload.moe`
+reads them).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from sim.core.errors import ConfigError
-from sim.core.safeload import load_json, read_bytes, read_text
+from sim.core.safeload import load_json, load_yaml, read_bytes, read_text
 
 MAX_ENTRY = 2.0**53  # tokens; exact as a float, safe to cast to int64
 
@@ -39,3 +41,9 @@ def load_matrix_file(file: str) -> np.ndarray:
             f"{what} {path}: entries must be finite token counts in [0, 2^53]"
         )
     return m
+
+
+def check_calibration_file(file: str) -> None:
+    """A calibration file that is a FIFO, binary, an alias bomb or nested too deeply fails
+    here in one line; its fields are the calibration reader's (sim.hardware.costs)."""
+    load_yaml(Path(str(file)), "calibration file")

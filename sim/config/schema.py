@@ -10,14 +10,23 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator, model_validator
+from pydantic import (
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    TypeAdapter,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
+from sim.core.errors import ConfigError
 from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
 from sim.core.limits import NAMES as LIMIT_NAMES
-from sim.core.schema import PosInt, Strict
+from sim.core.schema import PosInt, Strict, short
 from sim.hardware.costs_schema import (
-    AlphaBeta,
     Collectives,
+    ComputeFits,
     DispatchParams,
     Interference,
     Quantiles,
@@ -117,6 +126,8 @@ class LimitsSpec(Strict):
     max_tasks: Annotated[int, Field(gt=0, le=10**12)] | None = None
     max_replicas: Annotated[int, Field(gt=0, le=10**12)] | None = None
     max_matrix: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_flows: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_skewed_flows: Annotated[int, Field(gt=0, le=10**12)] | None = None
 
 
 assert set(LimitsSpec.model_fields) == set(LIMIT_NAMES)
@@ -130,7 +141,7 @@ class CostsSpec(Strict):
     bundle_min_ranks: PosInt | None = None
     alpha: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
     roofline: RooflineParams | None = None
-    alpha_beta: dict[str, AlphaBeta] | None = None
+    alpha_beta: ComputeFits | None = None
     collectives: Collectives | None = None
     interference: Interference | None = None
     dispatch: DispatchParams | None = None
@@ -166,11 +177,61 @@ def _named(v: Any) -> Any:
     return {"name": v} if isinstance(v, str) else v
 
 
+Name = Annotated[str, Field(min_length=1, max_length=256)]
+# The types of strategy parameters, by name (a name means the same thing in every strategy
+# that takes it); which names a strategy takes and which values it accepts are its own checks
+# (`sim.strategies.resolve_params` and the builders), run when the config is resolved.
+PARAM_TYPES: dict[str, TypeAdapter] = {
+    name: TypeAdapter(t, config=ConfigDict(strict=True, allow_inf_nan=False))
+    for name, t in {
+        "degree": Annotated[int, Field(gt=0, le=2**20)] | Literal["auto"],
+        "candidates": Annotated[list[Annotated[int, Field(gt=0, le=2**20)]], Field(min_length=1)]
+        | None,
+        "order": Name,
+        "algo": Name | None,
+        "parallel": Name,
+        "reuse": Name,
+        "tp": Annotated[int, Field(gt=0, le=2**20)],
+        "group_size": Annotated[int, Field(gt=0, le=2**20)],
+        "shadow": Literal["auto", "none"] | list[Annotated[int, Field(ge=0, le=2**20)]],
+    }.items()
+}
+
+
 class StrategySpec(Strict):
-    """`name` plus the strategy's own parameters (checked against its DEFAULTS on load)."""
+    """`name` plus the strategy's own parameters (typed by PARAM_TYPES: `check_params`)."""
 
     model_config = Strict.model_config | {"extra": "allow"}
-    name: str
+    name: Name
+
+
+def check_params(params: dict[str, Any], source: str) -> None:
+    """Each strategy parameter of a known name has its type (ConfigError naming it)."""
+    problems = []
+    for key, value in params.items():
+        adapter = PARAM_TYPES.get(key)
+        if adapter is None:
+            continue  # unknown to every strategy: resolve_params names it
+        try:
+            adapter.validate_python(value)
+        except ValidationError:
+            hint = _PARAM_HINTS.get(key, "valid")
+            problems.append(f"strategy.{key}: expected {hint}, got {short(value)}")
+    if problems:
+        raise ConfigError(f"{source}: " + "; ".join(problems))
+
+
+_PARAM_HINTS = {
+    "degree": "a positive integer or 'auto'",
+    "candidates": "a list of positive integers",
+    "tp": "a positive integer",
+    "group_size": "a positive integer",
+    "shadow": "'auto', 'none' or a list of expert ids",
+    "algo": "an algorithm name",
+    "order": "a name",
+    "parallel": "a name",
+    "reuse": "a name",
+}
 
 
 def _listed(v: Any) -> Any:

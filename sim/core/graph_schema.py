@@ -161,7 +161,7 @@ class GraphDoc(TypedDict):
     schema_version: Literal[SCHEMA_VERSION]  # type: ignore[valid-type]
     world_size: Annotated[int, Field(ge=1)]
     meta: NotRequired[GraphMeta | None]
-    tasks: list[Task]
+    tasks: Annotated[list[Task], Field(min_length=1)]  # an empty graph simulates nothing
 
 
 TASK_KEYS = list(TaskFields.__annotations__)

@@ -34,8 +34,15 @@ class Limits:
     max_tasks: int = 2_000_000
     # jitter replicas: each is a whole simulation
     max_replicas: int = 1_000
-    # entries of an array sized by the input (the routing matrix: GPUs x experts)
+    # entries of an array sized by the input (the routing matrix: GPUs x experts, per chunk)
     max_matrix: int = 50_000_000
+    # flows of a collectives sweep: sizes x ranks x phases (a ring has a phase per rank): a
+    # ring all-reduce over 2,048 ranks takes ~40 s per size on one core
+    max_flows: int = 2**25
+    # flows simulated one by one, summed over a run's all-to-alls: a skewed exchange (or
+    # fidelity: flow) has P(P-1) of them, each finish re-solving shared rates; one forward
+    # all-to-all pair over 256 GPUs (130,560 flows) takes minutes (benchmarks/skewed_scale.py)
+    max_skewed_flows: int = 2**17
 
     def check(self, name: str, value: int, what: str) -> None:
         """ConfigError if `value` is over the limit `name`; `what` says what was counted."""
@@ -110,3 +117,23 @@ def _integer(text: str) -> int | None:
     except ValueError:
         return None
     return int(f) if f.is_integer() and 0 < f < 1e18 else None
+
+
+def skewed_flows(graph: Any, per_flow: bool = False) -> int:
+    """Flows that a run of `graph` simulates one by one: P(P-1) per all-to-allv whose splits
+    are not all equal (a uniform exchange is simulated as bundles), and per all-to-all too
+    when `per_flow` (costs.fidelity: flow)."""
+    members: dict[str, list[Any]] = {}
+    for t in graph:
+        if t.kind == "all_to_allv" or (per_flow and t.kind == "all_to_all"):
+            members.setdefault(t.coll, []).append(t)
+    total = 0
+    for tasks in members.values():
+        p = len(tasks[0].group or ())
+        if per_flow or tasks[0].kind == "all_to_all":
+            total += p * (p - 1)
+            continue
+        sizes = {v for t in tasks for i, v in enumerate(t.split or ()) if t.group[i] != t.rank}
+        if len(sizes) > 1:
+            total += p * (p - 1)
+    return total

@@ -99,13 +99,17 @@ def _describe(
         known = known_keys(loc[:-1]) if known_keys else []
         close = difflib.get_close_matches(loc[-1], known, n=1) if loc else []
         close = close or [k for k in known if loc and k.startswith(loc[-1])][:1]
-        hint = f" (did you mean {close[0]!r}?)" if close else f" (known: {sorted(known)})"
+        hint = (
+            f" (did you mean {close[0]!r}?)"
+            if close
+            else f" (known: {', '.join(sorted(known))})" if known else ""
+        )
         return path, f"unknown key{hint}", ""
     if kind == "missing":
         return path, "required", ""
     if kind in ("value_error", "assertion_error"):  # a validator's sentence says it all
         return path, _message(err), ""
-    return path, _message(err), _short(value)
+    return path, _message(err), short(value)
 
 
 _PRIMITIVES = frozenset({"int", "float", "str", "bool", "list", "dict", "none", "nullable"})
@@ -151,7 +155,7 @@ _REPR = reprlib.Repr()
 _REPR.maxstring, _REPR.maxother, _REPR.maxlevel = 40, 40, 3
 
 
-def _short(value: Any) -> str:
+def short(value: Any) -> str:
     """A value as the error shows it: bounded, so that a huge input (an expanded alias, a
     10^6-element list) costs nothing to describe."""
     text = _REPR.repr(value)

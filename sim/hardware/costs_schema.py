@@ -14,8 +14,8 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationInfo, field_validator
 
 from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
-from sim.core.kinds import COLLECTIVE_KINDS
-from sim.core.schema import Fraction, NonNegFloat, PosInt, Strict
+from sim.core.kinds import ALL_KINDS, COLLECTIVE_KINDS, COMPUTE_KINDS, COPY_KINDS
+from sim.core.schema import Fraction, PosInt, Strict
 
 STREAM_KINDS = ("compute", "comm", "copy")
 MAX_JITTER_FACTOR = 1e3  # a run 1000x its median is a broken measurement, not noise
@@ -23,6 +23,10 @@ MAX_JITTER_FACTOR = 1e3  # a run 1000x its median is a broken measurement, not n
 Seconds = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # a latency, a launch
 CollectiveKind = Literal[tuple(sorted(COLLECTIVE_KINDS))]  # type: ignore[valid-type]
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
+# the task kinds a compute model costs (alpha_beta keys): compute kernels and copies
+ComputeKind = Literal[tuple(sorted(COMPUTE_KINDS | COPY_KINDS))]  # type: ignore[valid-type]
+# jitter quantiles: per task kind, or per stream kind as the fallback of its kinds
+JitterKind = Literal[tuple(sorted(ALL_KINDS | set(STREAM_KINDS)))]  # type: ignore[valid-type]
 Layout = Literal[GEMM_LAYOUTS]  # type: ignore[valid-type]
 
 
@@ -35,15 +39,21 @@ class RooflineParams(Strict):
 
 
 class AlphaBeta(Strict):
-    """t = alpha + beta * work (PipeMoE Eq. 13 for compute, Eq. 16 for collectives)."""
+    """t = alpha + beta * work (PipeMoE Eq. 13 for compute, Eq. 16 for collectives): alpha
+    a start-up below a second, beta seconds per unit of work (a flop, a byte) below 1e-3
+    (slower than 1 KB/s is a broken fit, not a machine)."""
 
-    alpha: NonNegFloat
-    beta: NonNegFloat
+    alpha: Seconds
+    beta: Annotated[float, Field(ge=0, le=1e-3, allow_inf_nan=False)]
     source: str | None = None
 
 
 class CollectiveFit(AlphaBeta):
     ranks: PosInt | None = None
+
+
+# per compute or copy kind (`gemm`, `elementwise`, `d2h`, ...): one fit, or one per dtype
+ComputeFits = dict[ComputeKind, AlphaBeta | Annotated[dict[Dtype, AlphaBeta], Field(min_length=1)]]
 
 
 # per collective kind: one fit for every group size, or fits per group size
@@ -97,7 +107,7 @@ def check_quantiles(v: dict[str, list[float]]) -> dict[str, list[float]]:
     return v
 
 
-Quantiles = dict[str, Annotated[list[JitterFactor], Field(min_length=2)]]
+Quantiles = dict[JitterKind, Annotated[list[JitterFactor], Field(min_length=2)]]
 
 
 Tile = Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=2, max_length=2)]

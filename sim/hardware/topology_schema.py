@@ -16,8 +16,8 @@ from pydantic import Field, model_validator
 from sim.core.graph_schema import DTYPES
 from sim.core.schema import Fraction, PosInt, Strict
 from sim.hardware.costs_schema import (
-    AlphaBeta,
     Collectives,
+    ComputeFits,
     DispatchParams,
     GemmModelParams,
     Interference,
@@ -52,7 +52,7 @@ class GpuSpec(Strict):
         Field(min_length=1),
     ]
     roofline: RooflineParams | None = None
-    alpha_beta: dict[str, AlphaBeta] | None = None
+    alpha_beta: ComputeFits | None = None
     interference: Interference | None = None
     dispatch: DispatchParams | None = None
     gemm: GemmModelParams | None = None
@@ -86,8 +86,8 @@ class FabricSpec(Strict):
     type: Literal[FABRIC_TYPES]  # type: ignore[valid-type]
     class_: Name = Field(alias="class")
     attach: Annotated[list[Name], Field(min_length=1)] | None = None
-    nodes_per_leaf: PosInt | None = None
-    nodes_per_unit: PosInt | None = None
+    nodes_per_leaf: Annotated[int, Field(gt=0, le=10**6)] | None = None
+    nodes_per_unit: Annotated[int, Field(gt=0, le=10**6)] | None = None
     oversubscription: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
     planes: Literal["single", "multi"] | None = None
 

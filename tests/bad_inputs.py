@@ -1,0 +1,638 @@
+"""The bad-input corpus: valid seed inputs (run configs, topologies, task graphs), mutations of
+them, hostile files and command lines, and how to run one case through `moesim` in-process.
+
+Shared by the hypothesis tests (tests/test_bad_inputs.py, a sample in CI) and the fuzz
+benchmark (benchmarks/fuzz_inputs.py, thousands of cases). A mutation knows whether it must
+be refused ("reject": wrong type, NaN or infinity, a negative size, an unknown key, a missing
+required key, a fraction for an integer) or may be valid ("any": zero, a huge number, a
+deleted optional key); either way the command must end, in one line, without a traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import io
+import json
+import os
+import re
+import signal
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path as FilePath  # `Path` reads as a file here; DocPath below is not
+from typing import Any
+
+import yaml
+
+ROOT = FilePath(__file__).resolve().parents[1]
+
+# -- seeds ------------------------------------------------------------------------------------
+
+_MODEL = {
+    "batch": 2,
+    "seq_len": 256,
+    "model_dim": 256,
+    "hidden_dim": 512,
+    "experts_per_gpu": 1,
+    "top_k": 2,
+    "capacity_factor": 1.2,
+    "dtype": "bf16",
+    "routing": {"kind": "zipf", "s": 1.2, "seed": 0},
+}
+
+CONFIGS: dict[str, dict[str, Any]] = {
+    "pipelined": {
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": _MODEL,
+        "strategy": {"name": "pipelined", "degree": 2, "order": "tutel"},
+        "passes": ["fwd", "bwd"],
+        "costs": {
+            "compute": "roofline",
+            "network": "flow",
+            "fidelity": "auto",
+            "finish_rtol": 1e-3,
+            "alpha": 2e-6,
+            "roofline": {"flops_efficiency": 0.7, "mem_efficiency": 0.8, "launch_s": 5e-6},
+            "interference": {"compute": {"comm": 0.9}, "comm": {"compute": 0.95}},
+            "dispatch": {"stream": 1e-5, "cross": 1e-4},
+            "symmetry": "auto",
+        },
+        "output": {"trace_format": "csv", "chrome_trace": False, "max_trace_ranks": 4},
+        "limits": {"max_ranks": 1024},
+    },
+    "layout": {
+        "topology": "dgx-a100",
+        "nodes": 2,
+        "fabric": {"type": "fat_tree", "nodes_per_leaf": 1, "oversubscription": 2.0},
+        "parallel": {"ep": 8, "dp": 2},
+        "model": {**_MODEL, "routing": {"kind": "uniform"}},
+        "strategy": "sequential",
+        "passes": "fwd",
+    },
+    "alpha_beta": {
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": {k: v for k, v in _MODEL.items() if k != "routing"},
+        "strategy": {"name": "mpipemoe", "degree": 2, "reuse": "S1"},
+        "passes": ["fwd", "bwd"],
+        "costs": {
+            "compute": "alpha_beta",
+            "alpha_beta": {"gemm": {"alpha": 1e-5, "beta": 1e-13}},
+            "network": "collective",
+            "collectives": {"all_to_all": [{"ranks": 8, "alpha": 1e-5, "beta": 1e-10}]},
+            "jitter": {"quantiles": {"gemm": [0.9, 1.0, 1.3]}, "seed": 0, "replicas": 3},
+        },
+    },
+    "matrix": {
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": {
+            **{k: v for k, v in _MODEL.items() if k != "experts_per_gpu"},
+            "experts": 8,
+            "routing": {"kind": "matrix", "tokens": [[64.0] * 8 for _ in range(8)]},
+        },
+        "strategy": {"name": "tutel", "degree": 2},
+    },
+}
+
+
+def seed_topology() -> dict[str, Any]:
+    """Every section a topology may have: a node of 4 GPUs, 2 nodes on a fat-tree, GEMM
+    alpha-beta and collective fits, dispatch latencies."""
+    spec = yaml.safe_load((ROOT / "topologies" / "pipemoe-2080ti.yaml").read_text())
+    spec["nodes"] = 2
+    spec["fabric"] = {"type": "fat_tree", "class": "edr", "nodes_per_leaf": 1,
+                      "oversubscription": 2.0}  # fmt: skip
+    spec["gpu"]["dispatch"] = {"stream": 1e-5, "cross": 5e-5}
+    spec["gpu"]["roofline"]["launch_s"] = 5e-6
+    return spec
+
+
+TOPOLOGY_CONFIG = {
+    "topology": "topo.yaml",
+    "model": {**_MODEL, "batch": 1},
+    "strategy": {"name": "pipelined", "degree": 2},
+}
+
+
+def seed_graph() -> dict[str, Any]:
+    """Two ranks; every task field set somewhere: GEMMs with shapes and allocations, an
+    all-to-all, an all-to-allv with splits, a send/recv pair, frees, tags."""
+    ab = {"group": [0, 1]}
+    tasks = [
+        {"id": "g0", "rank": 0, "stream": "compute", "kind": "gemm", "flops": 8.4e6,
+         "bytes": 1000.0, "shape": {"m": 64, "n": 128, "k": 256, "batch": 2},
+         "allocs": {"act0": 4096.0}, "tags": {"phase": "fwd", "chunk": 0, "dtype": "bf16"}},
+        {"id": "g1", "rank": 1, "stream": "compute", "kind": "gemm", "flops": 4.2e6,
+         "shape": {"m": 64, "n": 128, "k": 256}},
+        {"id": "a0", "rank": 0, "stream": "comm", "kind": "all_to_all", "deps": ["g0"],
+         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear"},
+        {"id": "a1", "rank": 1, "stream": "comm", "kind": "all_to_all", "deps": ["g1"],
+         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear"},
+        {"id": "v0", "rank": 0, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
+         "split": [100.0, 200.0], "recv_split": [100.0, 300.0]},
+        {"id": "v1", "rank": 1, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
+         "split": [300.0, 400.0], "recv_split": [200.0, 400.0]},
+        {"id": "s0", "rank": 0, "stream": "comm", "kind": "send", "peer": 1, "coll": "p2p",
+         "bytes": 512.0},
+        {"id": "r1", "rank": 1, "stream": "comm", "kind": "recv", "peer": 0, "coll": "p2p",
+         "bytes": 512.0},
+        {"id": "e0", "rank": 0, "stream": "compute", "kind": "elementwise", "deps": ["v0"],
+         "bytes": 64.0, "frees": ["act0"]},
+        {"id": "c0", "rank": 0, "stream": "copy", "kind": "d2h", "deps": ["e0"], "bytes": 256.0},
+    ]  # fmt: skip
+    return {
+        "schema_version": 1,
+        "world_size": 2,
+        "meta": {"strategy": "hand-built", "passes": ["fwd"], "note": "corpus"},
+        "tasks": tasks,
+    }
+
+
+# -- mutations --------------------------------------------------------------------------------
+
+# Where anything goes: free-form tags and graph metadata (except the keys the engine reads).
+FREE = [r"^tasks\.\d+\.tags\.(?!dtype$|count_bytes$)", r"^meta\.(?!passes)"]
+# Mappings whose keys are names the input chooses (a new key with a valid value is valid).
+NAMED = [r"^tasks\.\d+\.allocs$"]
+# Keys whose deletion must be refused.
+REQUIRED = [
+    r"^(topology|model)$",
+    r"^model\.(batch|seq_len|model_dim|hidden_dim|experts_per_gpu|experts)$",
+    r"^model\.routing\.(kind|tokens)$",
+    r"^strategy\.name$",
+    r"^costs\.(alpha_beta\.\w+|collectives\.\w+\.\d+)\.(alpha|beta)$",
+    r"^costs\.jitter\.quantiles$",
+    r"^(name|gpus_per_node|gpu|node|link_classes)$",
+    r"^gpu\.(mem_bw|peak_flops|memory_bytes)$",
+    r"^gpu\.alpha_beta\.\w+\.(alpha|beta)$",
+    r"^collectives\.\w+\.\d+\.(alpha|beta)$",
+    r"^link_classes\.\w+\.bw$",
+    r"^fabric\.(type|class)$",
+    r"^node\.links\.\d+\.(a|b|class)$",
+    r"^(schema_version|world_size|tasks)$",
+    r"^tasks\.\d+\.(id|rank|stream|kind|group|coll|split|peer)$",
+    r"^tasks\.\d+\.shape\.(m|n|k)$",
+]
+# Integer fields: a fraction there must be refused, not truncated.
+INTEGER = [
+    r"^nodes$",
+    r"^model\.(batch|seq_len|model_dim|hidden_dim|experts|experts_per_gpu|top_k)$",
+    r"^model\.routing\.seed$",
+    r"^strategy\.degree$",
+    r"^parallel\.\w+$",
+    r"^costs\.jitter\.(seed|replicas)$",
+    r"^output\.max_trace_ranks$",
+    r"^limits\.\w+$",
+    r"^(gpus_per_node|schema_version|world_size)$",
+    r"^fabric\.nodes_per_(leaf|unit)$",
+    r"^collectives\.\w+\.\d+\.ranks$",
+    r"^costs\.collectives\.\w+\.\d+\.ranks$",
+    r"^tasks\.\d+\.(rank|peer|group\.\d+)$",
+    r"^tasks\.\d+\.shape\.\w+$",
+]
+
+# Strings that may be anything (names, descriptions, where outputs go).
+FREE_STRINGS = [
+    r"^(name|description)$",
+    r"^gpu\.model$",
+    r"\.source$",
+    r"^output\.dir$",
+    r"^tasks\.\d+\.(id|frees\.\d+)$",
+]
+
+OPS = ("type", "nan", "inf", "negative", "fraction", "zero", "huge", "delete", "unknown_key",
+       "misspell", "not_a_mapping", "bad_string", "empty", "duplicate")  # fmt: skip
+_WRONG = {"str": "abc", "list": [1, "x"], "dict": {"x": 1}, "bool": True, "num": 5}
+
+
+@dataclass
+class Mutant:
+    doc: Any
+    path: str
+    op: str
+    expect: str  # "reject" or "any"
+
+
+def _matches(patterns: list[str], path: str) -> bool:
+    return any(re.search(p, path) for p in patterns)
+
+
+DocPath = tuple  # keys and indices from the document's root; () is the document itself
+
+
+def paths(doc: Any, prefix: DocPath = ()) -> list[DocPath]:
+    """Every path in `doc`, in a stable order."""
+    out = [prefix]
+    if isinstance(doc, dict):
+        for k, v in doc.items():
+            out += paths(v, (*prefix, k))
+    elif isinstance(doc, list):
+        for i, v in enumerate(doc):
+            out += paths(v, (*prefix, i))
+    return out
+
+
+def dotted(path: DocPath) -> str:
+    return ".".join(map(str, path))
+
+
+def _get(doc: Any, path: DocPath) -> tuple[Any, Any, Any]:
+    """(parent, key, value) of a path; parent None for the document."""
+    parent, key, node = None, None, doc
+    for key in path:
+        parent, node = node, node[key]
+    return parent, key, node
+
+
+def _kind(v: Any) -> str:
+    if isinstance(v, bool):
+        return "bool"
+    if isinstance(v, (int, float)):
+        return "num"
+    if isinstance(v, str):
+        return "str"
+    return "list" if isinstance(v, list) else "dict" if isinstance(v, dict) else "none"
+
+
+def mutate(seed: Any, where: DocPath, op: str, variant: int = 0) -> Mutant | None:
+    """`op` applied at `where` of a copy of `seed`, or None where it does not apply."""
+    doc = copy.deepcopy(seed)
+    parent, key, value = _get(doc, where)
+    path = dotted(where)
+    free = _matches(FREE, path)
+    kind = _kind(value)
+
+    def put(new: Any) -> None:
+        if parent is None:
+            nonlocal doc
+            doc = new
+        else:
+            parent[key] = new
+
+    expect = "reject"
+    if op == "type":
+        choices = [k for k in _WRONG if k != kind and not (kind == "num" and k == "bool")]
+        if kind == "none" or not choices:
+            return None
+        put(copy.deepcopy(_WRONG[choices[variant % len(choices)]]))
+    elif op in ("nan", "inf", "negative", "fraction", "zero", "huge"):
+        if kind != "num":
+            return None
+        if op == "nan":
+            put(float("nan"))
+        elif op == "inf":
+            put(float("inf") if variant % 2 == 0 else float("-inf"))
+        elif op == "negative":
+            put(-abs(value) - 1)
+        elif op == "fraction":
+            if not isinstance(value, int):
+                return None
+            put(value + 0.5)
+            expect = "reject" if _matches(INTEGER, path) else "any"
+        elif op == "zero":
+            put(0)
+            expect = "any"
+        else:
+            put(10**30 if variant % 2 == 0 else 1e300)
+            expect = "any"
+    elif op == "delete":
+        if parent is None:
+            return None
+        del parent[key]
+        expect = "reject" if _matches(REQUIRED, path) else "any"
+    elif op in ("unknown_key", "misspell"):
+        if kind != "dict":
+            return None
+        inner = f"{path}.x" if path else "x"
+        free = _matches(FREE, inner) or _matches(NAMED, path)
+        if op == "unknown_key":
+            value["bogus_key"] = 1
+        else:
+            keys = [k for k in value if isinstance(k, str) and len(k) > 3]
+            if not keys:
+                return None
+            k = keys[variant % len(keys)]
+            value[k[:-2] + k[-1]] = value.pop(k)  # drop the second-to-last letter
+    elif op == "bad_string":
+        if kind != "str":
+            return None
+        put("bogus_value" if variant % 2 == 0 else "")
+        expect = "any" if _matches(FREE_STRINGS, path) else "reject"
+    elif op in ("empty", "duplicate"):
+        if kind not in ("list", "dict") or not value:
+            return None
+        if op == "empty":
+            put([] if kind == "list" else {})
+        elif kind == "list":
+            value.append(copy.deepcopy(value[variant % len(value)]))
+        else:
+            return None
+        expect = "any"
+    elif op == "not_a_mapping":
+        if parent is not None:
+            return None
+        put([1, 2, 3] if variant % 2 == 0 else "just a string")
+    else:
+        raise ValueError(op)
+    return Mutant(doc, path, op, "any" if free else expect)
+
+
+# -- files and cases --------------------------------------------------------------------------
+
+
+@dataclass
+class Case:
+    """A command line to run in a fresh directory holding `files` (name -> bytes, or a
+    special: "fifo", "dir", "sparse:<bytes>", "link:<target>")."""
+
+    name: str
+    argv: list[str]
+    files: dict[str, Any] = field(default_factory=dict)
+    expect: str = "reject"
+
+    def materialise(self, where: FilePath) -> None:
+        for name, content in self.files.items():
+            p = where / name
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if content == "fifo":
+                os.mkfifo(p)
+            elif content == "dir":
+                p.mkdir()
+            elif isinstance(content, str) and content.startswith("sparse:"):
+                with open(p, "wb") as f:
+                    f.truncate(int(content.split(":", 1)[1]))
+            elif isinstance(content, str) and content.startswith("link:"):
+                os.symlink(content.split(":", 1)[1], p)
+            else:
+                p.write_bytes(content)
+
+
+def yaml_bytes(doc: Any) -> bytes:
+    return yaml.safe_dump(doc, sort_keys=False, allow_unicode=True).encode()
+
+
+def json_bytes(doc: Any) -> bytes:
+    return json.dumps(doc).encode()  # NaN / Infinity written as JSON's non-standard literals
+
+
+def config_case(name: str, doc: Any, expect: str = "reject") -> Case:
+    return Case(name, ["simulate", "cfg.yaml", "--out", "out", "--json"],
+                {"cfg.yaml": yaml_bytes(doc)}, expect)  # fmt: skip
+
+
+def topology_case(name: str, doc: Any, expect: str = "reject", show: bool = False) -> Case:
+    files = {"topo.yaml": yaml_bytes(doc), "cfg.yaml": yaml_bytes(TOPOLOGY_CONFIG)}
+    argv = (["topology", "show", "topo.yaml", "--routes"] if show
+            else ["simulate", "cfg.yaml", "--out", "out", "--json"])  # fmt: skip
+    return Case(name, argv, files, expect)
+
+
+def graph_case(name: str, doc: Any, expect: str = "reject") -> Case:
+    argv = ["simulate", "g.json", "--topology", "dgx-a100", "--nodes", "1", "--out", "out",
+            "--json"]  # fmt: skip
+    return Case(name, argv, {"g.json": json_bytes(doc)}, expect)
+
+
+BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"{c}: &{c} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n"
+    for p, c in zip("abcdefgh", "bcdefghi")
+)
+
+
+def hostile_cases() -> list[Case]:
+    """Files no input should be: FIFOs, directories, devices, binary, UTF-16, alias bombs,
+    deep nesting, duplicate keys, huge or empty files; and command lines that make no sense."""
+    cfg = yaml_bytes(CONFIGS["pipelined"])
+    small = {"cfg.yaml": cfg}
+    out: list[Case] = []
+    sim = ["simulate", "cfg.yaml", "--out", "out"]
+    for what, argv, name in (
+        ("config", sim, "cfg.yaml"),
+        ("graph", ["simulate", "cfg.json", "--topology", "dgx-a100"], "cfg.json"),
+        ("topology", ["topology", "show", "cfg.yaml"], "cfg.yaml"),
+        ("calibration", ["simulate", "ok.yaml", "--calibration", "cfg.yaml", "--out", "out"],
+         "cfg.yaml"),
+        ("replay_calibration", ["simulate", "g.json", "--topology", "dgx-a100", "--calibration",
+                                "cfg.yaml"], "cfg.yaml"),
+    ):
+        base = {"ok.yaml": cfg} if what == "calibration" else {}
+        if what == "replay_calibration":
+            base = {"g.json": json_bytes(seed_graph())}
+        for label, content in (
+            ("fifo", "fifo"),
+            ("directory", "dir"),
+            ("binary", bytes(range(256)) * 4),
+            ("utf16", cfg.decode().encode("utf-16")),
+            ("latin1", "name: caf\xe9\n".encode("latin-1")),
+            ("empty", b""),
+            ("sparse_300MB", "sparse:300000000"),
+            ("dangling_link", "link:nowhere.yaml"),
+            ("self_link", f"link:{name}"),
+            ("deep_nesting", b"[" * 100_000),
+            ("deep_mapping", "".join(" " * i + "a:\n" for i in range(200)).encode()),
+            ("alias_bomb", BOMB.encode()),
+            ("duplicate_key", cfg + b"\nnodes: 3\n" if what != "graph" else b'{"a": 1, "a": 2}'),
+            ("not_yaml", b"{[}: :\n\t- ::"),
+            ("scalar", b"42\n"),
+        ):
+            files = {**base, name: content}
+            out.append(Case(f"{what}_{label}", list(argv), files))
+        out.append(Case(f"{what}_missing", list(argv), dict(base)))
+    out.append(Case("config_dev_zero", ["simulate", "/dev/zero"], {}))
+    out.append(Case("graph_dev_zero", ["simulate", "/dev/zero.json", "--topology", "dgx-a100"]))
+    out.append(Case("bomb_at_nodes", sim, {"cfg.yaml": (
+        BOMB + yaml_bytes({**CONFIGS["pipelined"], "nodes": "PLACE"}).decode()
+    ).replace("PLACE", "*i").encode()}))
+    out.append(Case("bomb_at_passes", sim, {"cfg.yaml": (
+        BOMB + yaml_bytes({**CONFIGS["pipelined"], "passes": "PLACE"}).decode()
+    ).replace("PLACE", "*h").encode()}))
+    out.append(Case("graph_nan_literal", ["simulate", "g.json", "--topology", "dgx-a100"],
+                    {"g.json": json_bytes(seed_graph()).replace(b"1000.0", b"NaN")}))
+    out.append(Case("graph_trailing_garbage", ["simulate", "g.json", "--topology", "dgx-a100"],
+                    {"g.json": json_bytes(seed_graph()) + b" }"}))
+    out.append(Case("graph_deep_json", ["simulate", "g.json", "--topology", "dgx-a100"],
+                    {"g.json": b"[" * 100_000 + b"]" * 100_000}))
+    out.append(Case("routing_file_fifo", sim, {"m.csv": "fifo", "cfg.yaml": yaml_bytes(
+        {**CONFIGS["matrix"], "model": {**CONFIGS["matrix"]["model"],
+                                        "routing": {"kind": "matrix", "file": "m.csv"}}})}))
+    for label, content in (("object", b'{"a": 1}'), ("nan", b"[[NaN, 1]]"),
+                           ("ragged", b"[[1, 2], [3]]"), ("strings", b'[["a"]]'),
+                           ("huge", b"[[1e300]]"), ("negative", b"[[-1]]")):
+        out.append(Case(f"routing_file_{label}", sim, {"m.json": content, "cfg.yaml": yaml_bytes(
+            {**CONFIGS["matrix"], "model": {**CONFIGS["matrix"]["model"],
+                                            "routing": {"kind": "matrix", "file": "m.json"}}})}))
+    out += [Case(n, a, dict(small)) for n, a in _bad_command_lines()]
+    return out
+
+
+def _bad_command_lines() -> list[tuple[str, list[str]]]:
+    sim = ["simulate", "cfg.yaml", "--out", "out"]
+    return [
+        ("nodes_zero", sim + ["--nodes", "0"]),
+        ("nodes_negative", sim + ["--nodes", "-3"]),
+        ("nodes_huge", sim + ["--nodes", "1000000000"]),
+        ("nodes_100k", sim + ["--nodes", "100000"]),
+        ("nodes_not_int", sim + ["--nodes", "2.5"]),
+        ("param_not_yaml", sim + ["--param", "degree=["]),
+        ("param_no_equals", sim + ["--param", "degree"]),
+        ("param_wrong_type", sim + ["--param", "degree=abc"]),
+        ("param_list", sim + ["--param", "degree=[1, 2]"]),
+        ("param_unknown", sim + ["--param", "depth=3"]),
+        ("param_bomb", sim + ["--param", "degree=" + BOMB.replace("\n", "\n")]),
+        ("strategy_unknown", sim + ["--strategy", "bogus"]),
+        ("limit_zero", sim + ["--limit", "max_ranks=0"]),
+        ("limit_unknown", sim + ["--limit", "max_rank=10"]),
+        ("limit_small", sim + ["--limit", "max_tasks=10"]),
+        ("replay_strategy", ["simulate", "cfg.json", "--topology", "dgx-a100", "--strategy", "x"]),
+        ("replay_no_topology", ["simulate", "cfg.json"]),
+        ("compare_param", ["compare", "cfg.yaml", "--strategies", "sequential", "--param",
+                           "degree=2", "--out", "cmp"]),
+        ("compare_bad_entry", ["compare", "cfg.yaml", "--strategies", "pipelined:degree=x",
+                               "--out", "cmp"]),
+        ("topology_list_nodes", ["topology", "list", "--nodes", "3"]),
+        ("topology_show_no_name", ["topology", "show"]),
+        ("topology_nodes_huge", ["topology", "show", "dgx-a100", "--nodes", "10000000"]),
+        ("out_proc", ["simulate", "cfg.yaml", "--out", "/proc/x"]),
+        ("out_dev_null", ["simulate", "cfg.yaml", "--out", "/dev/null/x"]),
+        ("out_is_file", ["simulate", "cfg.yaml", "--out", "cfg.yaml"]),
+        ("out_long_name", ["simulate", "cfg.yaml", "--out", "x" * 300]),
+        ("graph_out_empty", ["graph", "cfg.yaml", "-o", ""]),
+        ("graph_out_dir", ["graph", "cfg.yaml", "-o", "."]),
+        ("collectives_factor_one", ["collectives", "-b", "1K", "-e", "1M", "-f", "1"]),
+        ("collectives_factor_zero", ["collectives", "-f", "0"]),
+        ("collectives_min_zero", ["collectives", "-b", "0", "-e", "1K"]),
+        ("collectives_min_over_max", ["collectives", "-b", "1M", "-e", "1K"]),
+        ("collectives_bad_size", ["collectives", "-b", "1X"]),
+        ("collectives_over_nan", ["collectives", "--oversubscription", "nan"]),
+        ("collectives_over_switch", ["collectives", "--oversubscription", "2"]),
+        ("collectives_bad_algo", ["collectives", "--algo", "bogus"]),
+        ("collectives_nodes_zero", ["collectives", "--nodes", "0"]),
+        ("collectives_ring_16k", ["collectives", "--nodes", "2048", "-c", "all_reduce"]),
+        ("degree_huge", sim + ["--param", "degree=1048576"]),
+        ("experts_huge", sim + ["--nodes", "100", "--param", "degree=2"]),
+        ("unknown_command", ["frobnicate"]),
+        ("unknown_option", ["simulate", "cfg.yaml", "--frobnicate"]),
+        ("abbreviated_option", ["simulate", "cfg.yaml", "--str", "sequential"]),
+        ("schema_unknown", ["schema", "bogus"]),
+    ]
+
+
+def extreme_cases() -> list[Case]:
+    """Valid inputs at the edges of their ranges: each must end in time, and with finite
+    numbers if it runs."""
+    big = {**_MODEL, "batch": 2**20, "seq_len": 2**24, "model_dim": 2**24,
+           "hidden_dim": 2**24, "capacity_factor": 1e4}  # fmt: skip
+    many_experts = {**_MODEL, "experts_per_gpu": 2**16, "routing": "uniform"}
+    slow = seed_topology()
+    for c in slow["link_classes"].values():
+        c.update(bw=1e3, latency=0.999, msg_cost=0.999)
+    flops = seed_graph()
+    flops["tasks"][0].update(flops=2.0**80, bytes=2.0**60)
+    flops["tasks"][6]["bytes"] = flops["tasks"][7]["bytes"] = 2.0**60
+    return [
+        config_case("extreme_model", {**CONFIGS["pipelined"], "model": big}, "any"),
+        config_case("extreme_experts", {**CONFIGS["layout"], "parallel": None, "nodes": 1,
+                                        "fabric": None, "model": many_experts}, "any"),
+        config_case("extreme_matrix", {**CONFIGS["matrix"], "model": {
+            **CONFIGS["matrix"]["model"], "routing": {"kind": "matrix",
+                                                      "tokens": [[2.0**53] * 8] * 8}}}, "any"),
+        topology_case("extreme_slow_links", slow, "any"),
+        graph_case("extreme_sizes", flops, "any"),
+    ]  # fmt: skip
+
+
+def exec_cases() -> list[Case]:
+    """The executor's options (needs torch; each starts no process, or fails before it does)."""
+    cfg = {"cfg.yaml": yaml_bytes({**CONFIGS["pipelined"], "topology": "localhost-cpu"}),
+           "g.json": json_bytes(seed_graph())}  # fmt: skip
+    return [
+        Case("exec_nprocs_zero", ["exec", "g.json", "--nprocs", "0"], cfg),
+        Case("exec_timeout_negative", ["exec", "g.json", "--nprocs", "2", "--timeout", "-1"], cfg),
+        Case("exec_timeout_nan", ["exec", "g.json", "--nprocs", "2", "--timeout", "nan"], cfg),
+        Case("exec_warmup_negative", ["exec", "g.json", "--nprocs", "2", "--warmup", "-1"], cfg),
+        Case("exec_nccl_without_gpus", ["exec", "g.json", "--nprocs", "2", "--backend", "nccl"],
+             cfg),
+        Case("exec_world_mismatch", ["exec", "g.json", "--nprocs", "3"], cfg),
+        Case("exec_graph_strategy", ["exec", "g.json", "--nprocs", "2", "--strategy", "x"], cfg),
+        Case("exec_fifo", ["exec", "f.json", "--nprocs", "2"], {**cfg, "f.json": "fifo"}),
+    ]
+
+
+# -- running one case -------------------------------------------------------------------------
+
+
+class Timeout(Exception):
+    pass
+
+
+def _alarm(signum: int, frame: Any) -> None:
+    raise Timeout
+
+
+@dataclass
+class Outcome:
+    rc: int | None
+    stdout: str
+    stderr: str
+    raised: str = ""  # an exception that escaped main(): its type and message
+    timed_out: bool = False
+
+    def verdict(self, expect: str) -> str:
+        """traceback | hang | nonsense_accepted | nonfinite_output | memory_error |
+        messy_rejection | clean_rejection | accepted."""
+        if self.timed_out:
+            return "hang"
+        if self.raised or "Traceback" in self.stderr:
+            return "traceback"
+        if self.rc == 0:
+            if re.search(r"\b(NaN|-?Infinity)\b", self.stdout):
+                return "nonfinite_output"
+            return "nonsense_accepted" if expect == "reject" else "accepted"
+        if "out of memory" in self.stderr:
+            return "memory_error"
+        lines = self.stderr.strip().splitlines()
+        if self.rc == 2 and len(lines) == 1 and lines[0].startswith("moesim: error: "):
+            return "clean_rejection"
+        return "messy_rejection"
+
+
+@contextlib.contextmanager
+def _cwd(where: FilePath) -> Iterator[None]:
+    old = os.getcwd()
+    os.chdir(where)
+    try:
+        yield
+    finally:
+        os.chdir(old)
+
+
+def run_case(case: Case, where: FilePath, timeout_s: float = 30.0) -> Outcome:
+    """`moesim <case.argv>` in-process in `where` (created and filled), with an alarm."""
+    from sim.cli import main
+
+    where.mkdir(parents=True, exist_ok=True)
+    case.materialise(where)
+    out, err = io.StringIO(), io.StringIO()
+    rc: int | None = None
+    raised, timed_out = "", False
+    old = signal.signal(signal.SIGALRM, _alarm)
+    signal.setitimer(signal.ITIMER_REAL, timeout_s)
+    try:
+        with _cwd(where), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                rc = main(list(case.argv))
+            except SystemExit as e:
+                rc = e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+                if not isinstance(e.code, int) and e.code is not None:
+                    print(e.code, file=err)
+    except Timeout:
+        timed_out = True
+    except BaseException as e:  # noqa: BLE001 - the point is to catch what escapes
+        raised = f"{type(e).__name__}: {str(e)[:300]}"
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # main() installs its own
+    return Outcome(rc, out.getvalue(), err.getvalue(), raised, timed_out)
