@@ -33,9 +33,7 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from sim.core.errors import ConfigError, yaml_problem
+from sim.core.errors import ConfigError
 from sim.hardware.costs.gemm import DTYPE_BYTES, LAYOUTS
 
 FORMAT = 2
@@ -56,13 +54,10 @@ def is_fit(entry: Any) -> bool:
 # -- reading ---------------------------------------------------------------------------------
 def read(path: str | Path) -> dict[str, Any]:
     """The file as a format-2 mapping, checked; older formats upgraded with a warning."""
+    from sim.core.safeload import load_yaml  # regular file, UTF-8, no alias bombs
+
     p = Path(path)
-    try:
-        raw = yaml.safe_load(p.read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"calibration file {p}: not found") from None
-    except yaml.YAMLError as e:
-        raise ConfigError(f"calibration file {p}: not valid YAML ({yaml_problem(e)})") from None
+    raw = load_yaml(p, "calibration file")
     if not isinstance(raw, dict) or not (raw.get("compute") or raw.get("collectives")):
         raise ConfigError(f"calibration file {p}: expected 'compute' and/or 'collectives'")
     fmt = raw.get("format", 1)
