@@ -62,6 +62,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, B.Case]]:
         ("topology:show", topo, lambda nm, d, e: B.topology_case(nm, d, e, show=True), 0.1),
         ("graph", B.seed_graph(), B.graph_case, 0.2),
         ("graph:built", _built_graph(), B.graph_case, 0.15),
+        ("calibration", B.seed_calibration(), B.calibration_case, 0.1),
     ]
     out: list[tuple[str, B.Case]] = []
     for family, doc, make, share in families:

@@ -342,7 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_study_parsers(sub)  # replay, whatif
 
     sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
-    sc.add_argument("input", choices=["config", "topology", "graph"])
+    sc.add_argument("input", choices=["config", "topology", "graph", "calibration"])
     sc.set_defaults(fn=cmd_schema)
 
     from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run

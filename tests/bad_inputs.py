@@ -150,6 +150,35 @@ def seed_graph() -> dict[str, Any]:
     }
 
 
+def seed_calibration() -> dict[str, Any]:
+    """A format-2 calibration file with every section, as `moesim calibrate` writes it on an
+    A100 (so that applying it to `dgx-a100` raises no foreign-device warning)."""
+    fit = {"r2": 0.99, "mean_error": 0.03, "sizes": 5}
+    return {
+        "format": 2,
+        "meta": {"backend": "nccl", "nprocs": 2, "device": "cuda:0", "device_type": "cuda",
+                 "device_name": "NVIDIA A100-SXM4-80GB", "torch": "2.4.0", "rows": 120,
+                 "dtypes": ["bf16", "fp32"], "stand_ins": {}},
+        "compute": {
+            "gemm": {"bf16": {"alpha": 1e-5, "beta": 4e-15, **fit},
+                     "fp32": {"alpha": 1e-5, "beta": 5e-14, **fit}},
+            "elementwise": {"alpha": 4e-6, "beta": 1e-12, **fit},
+            "d2h": {"alpha": 8e-6, "beta": 4e-11, **fit},
+        },
+        "collectives": {
+            "all_to_all": [{"ranks": 2, "alpha": 2e-5, "beta": 5e-12, "r2": 0.98, "n": 6}],
+            "all_gather": [{"ranks": 2, "alpha": 2e-5, "beta": 6e-12, "r2": 0.97, "n": 6}],
+        },
+        "interference": {"compute": {"comm": 0.9, "comm+copy": 0.85}, "comm": {"compute": 0.95},
+                         "copy": {"compute": 0.97}},
+        "dispatch": {"stream": {"mean": 6e-6, "median": 5e-6, "n": 40},
+                     "cross": {"mean": 2e-5, "median": 1.5e-5, "n": 40}},
+        "gemm_shapes": [{"batch": 1, "m": 64, "n": 128, "k": 256, "dtype": "bf16",
+                         "layout": "nn", "seconds": 1.2e-5}],
+        "jitter": {"gemm": [0.98, 1.0, 1.04], "all_to_all": [0.9, 1.0, 1.3]},
+    }  # fmt: skip
+
+
 # -- mutations --------------------------------------------------------------------------------
 
 # Where anything goes: free-form tags and graph metadata (except the keys the engine reads).
@@ -174,6 +203,9 @@ REQUIRED = [
     r"^(schema_version|world_size|tasks)$",
     r"^tasks\.\d+\.(id|rank|stream|kind|group|coll|split|peer)$",
     r"^tasks\.\d+\.shape\.(m|n|k)$",
+    r"^compute\.\w+(\.\w+)?\.(alpha|beta)$",
+    r"^gemm_shapes\.\d+\.(m|n|k|seconds)$",
+    r"^dispatch\.\w+\.(mean|median)$",
 ]
 # Integer fields: a fraction there must be refused, not truncated.
 INTEGER = [
@@ -191,7 +223,13 @@ INTEGER = [
     r"^costs\.collectives\.\w+\.\d+\.ranks$",
     r"^tasks\.\d+\.(rank|peer|group\.\d+)$",
     r"^tasks\.\d+\.shape\.\w+$",
+    r"^format$",
+    r"^gemm_shapes\.\d+\.(batch|m|n|k)$",
+    r"^compute\.\w+(\.\w+)?\.sizes$",
+    r"^(collectives\.\w+\.\d+|dispatch\.\w+)\.n$",
 ]
+# Numbers that may be negative: a fit worse than the mean has r2 < 0.
+SIGNED = [r"\.r2$"]
 
 # Strings that may be anything (names, descriptions, where outputs go).
 FREE_STRINGS = [
@@ -286,6 +324,7 @@ def mutate(seed: Any, where: DocPath, op: str, variant: int = 0) -> Mutant | Non
             put(float("inf") if variant % 2 == 0 else float("-inf"))
         elif op == "negative":
             put(-abs(value) - 1)
+            expect = "any" if _matches(SIGNED, path) else "reject"
         elif op == "fraction":
             if not isinstance(value, int):
                 return None
@@ -393,6 +432,12 @@ def graph_case(name: str, doc: Any, expect: str = "reject") -> Case:
     argv = ["simulate", "g.json", "--topology", "dgx-a100", "--nodes", "1", "--out", "out",
             "--json"]  # fmt: skip
     return Case(name, argv, {"g.json": json_bytes(doc)}, expect)
+
+
+def calibration_case(name: str, doc: Any, expect: str = "reject") -> Case:
+    files = {"cal.yaml": yaml_bytes(doc), "cfg.yaml": yaml_bytes(CONFIGS["pipelined"])}
+    argv = ["simulate", "cfg.yaml", "--calibration", "cal.yaml", "--out", "out", "--json"]
+    return Case(name, argv, files, expect)
 
 
 BOMB = "a: &a [x, x, x, x, x, x, x, x, x, x]\n" + "".join(

@@ -45,6 +45,7 @@ def test_seed_topology_and_graph_run():
     assert _check(B.topology_case("topo", B.seed_topology(), "any")).rc == 0
     assert _check(B.topology_case("show", B.seed_topology(), "any", show=True)).rc == 0
     assert _check(B.graph_case("graph", B.seed_graph(), "any")).rc == 0
+    assert _check(B.calibration_case("cal", B.seed_calibration(), "any")).rc == 0
 
 
 def _mutants(seed, make):
@@ -84,6 +85,12 @@ def test_mutated_topologies(case):
 @_SETTINGS
 @given(_mutants(B.seed_graph(), B.graph_case))
 def test_mutated_graphs(case):
+    _check(case)
+
+
+@_SETTINGS
+@given(_mutants(B.seed_calibration(), B.calibration_case))
+def test_mutated_calibration_files(case):
     _check(case)
 
 
@@ -194,7 +201,7 @@ def test_a_summary_with_infinity_never_leaves_run(monkeypatch):
         api.run(B.CONFIGS["layout"])
 
 
-@pytest.mark.parametrize("name", ["config", "topology", "graph"])
+@pytest.mark.parametrize("name", ["config", "topology", "graph", "calibration"])
 def test_schema_subcommand_prints_json_schema(capsys, name):
     from sim.cli import main
 

@@ -1,6 +1,7 @@
 """The JSON Schemas of moesim's inputs, for editors and validators (`moesim schema NAME`):
-the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`) and the
-task graph (`sim.core.graph_schema`)."""
+the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`), the
+task graph (`sim.core.graph_schema`) and the calibration file
+(`sim.hardware.calibration_schema`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.schema import json_schema
 
-INPUTS = ("config", "topology", "graph")
+INPUTS = ("config", "topology", "graph", "calibration")
 
 
 def input_schema(name: str) -> dict[str, Any]:
@@ -25,4 +26,8 @@ def input_schema(name: str) -> dict[str, Any]:
         from sim.core.graph_schema import adapter
 
         return json_schema(adapter(), "moesim task graph")
+    if name == "calibration":
+        from sim.hardware.calibration_schema import CalibrationFile
+
+        return json_schema(CalibrationFile, "moesim calibration file")
     raise ConfigError(f"schema {name!r}: expected one of {', '.join(INPUTS)}")

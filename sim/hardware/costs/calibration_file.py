@@ -27,18 +27,22 @@ measured on (an H100 file on `dgx-a100`, a CPU file on `dgx-h100`) is reported w
 
 from __future__ import annotations
 
-import math
 import re
 import warnings
 from pathlib import Path
 from typing import Any
 
+from sim.core import schema
 from sim.core.errors import ConfigError
-from sim.hardware.costs.gemm import DTYPE_BYTES, LAYOUTS
+from sim.hardware.calibration_schema import (
+    FORMAT,
+    SPEED_FLOOR,
+    CalibrationFile,
+    CalibrationFileV1,
+)
+from sim.hardware.costs.gemm import DTYPE_BYTES
 
-FORMAT = 2
-SPEED_FLOOR = 0.05  # interference speeds below this are measuring accidents, not slowdowns
-STREAM_KINDS = ("compute", "comm", "copy")
+__all__ = ["FORMAT", "SPEED_FLOOR", "CalibrationWarning", "check", "cost_spec", "read"]
 CPU_STAND_INS = {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"}
 
 
@@ -58,14 +62,20 @@ def read(path: str | Path) -> dict[str, Any]:
 
     p = Path(path)
     raw = load_yaml(p, "calibration file")
-    if not isinstance(raw, dict) or not (raw.get("compute") or raw.get("collectives")):
-        raise ConfigError(f"calibration file {p}: expected 'compute' and/or 'collectives'")
+    if not isinstance(raw, dict):
+        raise ConfigError(f"calibration file {p}: expected a mapping with 'compute' and/or "
+                          f"'collectives', got {type(raw).__name__}")  # fmt: skip
     fmt = raw.get("format", 1)
-    if not isinstance(fmt, int) or fmt > FORMAT:
+    if type(fmt) is not int or fmt < 1:
+        raise ConfigError(f"calibration file {p}: format: expected an integer >= 1, got {fmt!r}")
+    if fmt > FORMAT:
         raise ConfigError(
-            f"calibration file {p}: format {fmt!r} is newer than this moesim reads ({FORMAT})"
+            f"calibration file {p}: format {fmt} is newer than this moesim reads ({FORMAT})"
         )
     if fmt < FORMAT:
+        if "format" in raw:
+            raise ConfigError(f"calibration file {p}: format 1 files have no 'format' key")
+        schema.check(CalibrationFileV1, raw, f"calibration file {p} (format 1)")
         raw = upgrade_v1(raw)
         warnings.warn(
             CalibrationWarning(
@@ -90,6 +100,7 @@ def _is_cpu(meta: dict[str, Any]) -> bool:
 
 
 def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
+    """A format-1 mapping (already checked against CalibrationFileV1) as format 2."""
     meta = dict(raw.get("meta") or {})
     cpu = _is_cpu(meta)
     if cpu:
@@ -99,7 +110,7 @@ def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
     if is_fit(compute.get("gemm")):
         compute["gemm"] = {"fp32": compute["gemm"]}
     collectives = {
-        op: [f for f in fits if int(f.get("ranks", 2)) >= 2]
+        op: [f for f in fits if f["ranks"] >= 2]
         for op, fits in (raw.get("collectives") or {}).items()
     }
     collectives = {op: fits for op, fits in collectives.items() if fits}
@@ -124,77 +135,10 @@ def upgrade_v1(raw: dict[str, Any]) -> dict[str, Any]:
 
 
 # -- the checks ------------------------------------------------------------------------------
-def _number(v: Any, where: str, positive: bool = False) -> float:
-    try:
-        x = float(v)
-    except (TypeError, ValueError):
-        raise ConfigError(f"{where}: expected a number, got {v!r}") from None
-    if not math.isfinite(x) or x < 0 or (positive and x == 0):
-        raise ConfigError(f"{where}: expected a finite number {'> 0' if positive else '>= 0'}, "
-                          f"got {v!r}")  # fmt: skip
-    return x
-
-
-def _check_fit(f: Any, where: str) -> None:
-    if not is_fit(f) or "beta" not in f:
-        raise ConfigError(f"{where}: expected a fit {{alpha, beta, ...}}, got {f!r}")
-    a = _number(f["alpha"], f"{where}.alpha")
-    b = _number(f["beta"], f"{where}.beta")
-    if a == 0 and b == 0:
-        raise ConfigError(f"{where}: alpha and beta are both 0 (a cost of nothing)")
-    if "r2" in f and not math.isfinite(float(f["r2"])):
-        raise ConfigError(f"{where}.r2: not a number ({f['r2']!r})")
-
-
-def check(raw: dict[str, Any], where: str) -> None:
-    """Raise ConfigError naming the first number that is not usable."""
-    if not (raw.get("compute") or raw.get("collectives")):
-        raise ConfigError(f"{where}: no compute or collective fits")
-    for op, entry in (raw.get("compute") or {}).items():
-        if is_fit(entry):
-            _check_fit(entry, f"{where}: compute.{op}")
-            continue
-        if not isinstance(entry, dict) or not entry:
-            raise ConfigError(f"{where}: compute.{op}: expected a fit or dtype -> fit")
-        for dt, f in entry.items():
-            if dt not in DTYPE_BYTES:
-                raise ConfigError(f"{where}: compute.{op}.{dt}: unknown dtype")
-            _check_fit(f, f"{where}: compute.{op}.{dt}")
-    for op, fits in (raw.get("collectives") or {}).items():
-        for i, f in enumerate(fits or []):
-            w = f"{where}: collectives.{op}[{i}]"
-            _check_fit(f, w)
-            if int(_number(f.get("ranks"), f"{w}.ranks")) < 2:
-                raise ConfigError(f"{w}: a collective of one rank is a local copy, not a "
-                                  f"network cost")  # fmt: skip
-    for stream, row in (raw.get("interference") or {}).items():
-        if stream not in STREAM_KINDS or not isinstance(row, dict):
-            raise ConfigError(f"{where}: interference.{stream}: unknown stream kind")
-        for key, v in row.items():
-            x = _number(v, f"{where}: interference.{stream}.{key}")
-            if not SPEED_FLOOR <= x <= 1:
-                raise ConfigError(
-                    f"{where}: interference.{stream}.{key}: a relative speed in "
-                    f"[{SPEED_FLOOR}, 1], got {v!r}"
-                )
-    for via, d in (raw.get("dispatch") or {}).items():
-        for k in ("mean", "median"):
-            _number((d or {}).get(k), f"{where}: dispatch.{via}.{k}")
-    for i, r in enumerate(raw.get("gemm_shapes") or []):
-        w = f"{where}: gemm_shapes[{i}]"
-        if not isinstance(r, dict):
-            raise ConfigError(f"{w}: expected batch, m, n, k and seconds, got {r!r}")
-        for k in ("batch", "m", "n", "k"):
-            if _number(r.get(k, 1 if k == "batch" else None), f"{w}.{k}") < 1:
-                raise ConfigError(f"{w}.{k}: a GEMM size is >= 1, got {r.get(k)!r}")
-        _number(r.get("seconds"), f"{w}.seconds", positive=True)
-        if r.get("dtype", "fp32") not in DTYPE_BYTES or r.get("layout", "nn") not in LAYOUTS:
-            raise ConfigError(f"{w}: unknown dtype or layout in {r!r}")
-    for op, q in (raw.get("jitter") or {}).items():
-        w = f"{where}: jitter.{op}"
-        vals = [_number(v, w, positive=True) for v in (q or [])]
-        if len(vals) < 2 or any(b < a for a, b in zip(vals, vals[1:])):
-            raise ConfigError(f"{w}: expected at least 2 positive, non-decreasing factors")
+def check(raw: Any, where: str) -> None:
+    """Raise ConfigError naming every number of the file that is not usable, in one line
+    (sim.hardware.calibration_schema: the same rules when written and when read)."""
+    schema.check(CalibrationFile, raw, where)
 
 
 # -- as costs --------------------------------------------------------------------------------
