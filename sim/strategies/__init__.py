@@ -14,14 +14,14 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.strategies import fastermoe, lancet, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
 from sim.workload import dp_span
 from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
-    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
+    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet)
 }
 
 
@@ -62,6 +62,8 @@ def build(
         from sim.strategies.model import build_model
 
         graph = build_model(blocks, layer, graph, passes)
+        if hasattr(STRATEGIES[name], "model_pass"):  # passes over the whole model (Lancet)
+            graph = STRATEGIES[name].model_pass(graph, full, cluster)
     if layout is None:
         return graph
     return dp_span.spread(replicate(graph, layout), layout.mp)
