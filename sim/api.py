@@ -105,9 +105,8 @@ def build_graph(config: Any) -> TaskGraph:
         lim.check_run(topo.world_size, cfg.source)  # a graph has a task list per rank
         costs = CostModel.build(topo, cfg.costs)
         wl = cfg.workload(topo)
-        return build(
-            cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), layout=wl.layout
-        )
+        kw = {"layout": wl.layout, "blocks": wl.blocks}  # blocks: a model around the layers
+        return build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), **kw)
 
 
 def export_graph(config: Any, path: str | Path) -> TaskGraph:
@@ -137,7 +136,8 @@ def run(config: Any) -> RunResult:
         # or laid over the world only where it does not hold, checked again then)
         lim.check_run(wl.layer.world, cfg.source, replicas=reps)
         t0 = time.perf_counter()
-        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
+        cluster = Cluster(topo, costs)
+        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, cluster, blocks=wl.blocks)
         lim.check_run(one.world_size, cfg.source, len(one), reps)
         dp = 1 if wl.layout is None else wl.layout.dp
         check_flows(lim, one, costs, cfg.source)  # one replica's: the others are folded

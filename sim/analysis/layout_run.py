@@ -9,6 +9,7 @@ from sim.core.graph import TaskGraph
 from sim.engine.result import SimResult
 from sim.engine.symmetric import simulate_replicas
 from sim.hardware.topology import Topology
+from sim.workload import dp_span
 from sim.workload.parallel import ParallelLayout, replicate
 
 
@@ -33,6 +34,6 @@ def simulate_layout(
     def full() -> TaskGraph:
         if before_full is not None:
             before_full()
-        return replicate(one, layout)
+        return dp_span.spread(replicate(one, layout), layout.mp)  # gradient reductions
 
     return simulate_replicas(one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta)

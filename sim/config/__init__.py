@@ -22,6 +22,7 @@ from sim.core.limits import Limits
 from sim.core.schema import check
 from sim.hardware.topology import Topology
 from sim.strategies import resolve_params
+from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
 
@@ -49,7 +50,7 @@ class RunConfig:
         calibration = (raw.get("costs") or {}).get("calibration")
         if calibration:  # read as safely as the config itself, before the cost model does
             check_calibration_file(calibration)
-        topo, nodes, model = raw["topology"], raw.get("nodes"), raw["model"]
+        topo, nodes, model = raw["topology"], raw.get("nodes"), expand_preset(raw["model"])
         strat = raw.get("strategy") or {"name": "sequential"}
         if isinstance(strat, str):
             strat = {"name": strat}
@@ -160,6 +161,7 @@ class RunConfig:
         """The layer on `world` GPUs (fields checked by the schema on load; what depends on
         the world, experts over GPUs and the routing matrix's shape, by MoELayer)."""
         m = dict(self.model)
+        m.pop("blocks", None)  # the model around the layers: `Workload.blocks`
         per_gpu = m.pop("experts_per_gpu", None)
         if per_gpu is not None:
             m["experts"] = per_gpu * world
@@ -202,6 +204,11 @@ class RunConfig:
                 "experts each)",
             )
             lim.check("max_tasks", r * P, f"{self.source}: tasks ({r:,} chunks on {P:,} ranks)")
+        spec = self.model.get("blocks")
+        if spec is not None:
+            dp = 1 if wl.layout is None else wl.layout.dp
+            blocks = BlockModel.from_spec(dict(spec), wl.layer.model_dim, dp)
+            wl = Workload(wl.layer, wl.layout, wl.params, blocks)
         return wl
 
     def _workload_for(self, W: int, G: int | None = None) -> Workload:
@@ -252,3 +259,4 @@ class Workload:
     layer: MoELayer
     layout: ParallelLayout | None  # None only where the strategy's own check will refuse
     params: dict[str, Any]
+    blocks: BlockModel | None = None  # `model.blocks`: the transformer around the layers

@@ -70,6 +70,27 @@ def _kind_only(v: Any) -> Any:
     return {"kind": v} if isinstance(v, str) else v
 
 
+class BlocksSpec(Strict):
+    """`model.blocks`: a transformer of `n` blocks around the MoE layers
+    (`sim.workload.blocks`)."""
+
+    n: Annotated[int, Field(gt=0, le=4096)]
+    heads: Annotated[int, Field(gt=0, le=MAX_DIM)]
+    moe_every: Annotated[int, Field(gt=0, le=4096)] = 2
+    first_dense: Annotated[int, Field(ge=0, le=4096)] = 0
+    ffn_hidden: Dim | None = None
+    shared: Annotated[int, Field(ge=0, le=1024)] = 0
+    flash: bool = False
+
+
+def _preset(v: Any) -> Any:
+    from sim.workload.blocks import PRESETS, expand_preset
+
+    if isinstance(v, dict) and "preset" in v and v["preset"] not in PRESETS:
+        raise ValueError(f"preset: unknown preset {v['preset']!r} (known: {sorted(PRESETS)})")
+    return expand_preset(v)
+
+
 class ModelSpec(Strict):
     batch: Annotated[int, Field(gt=0, le=MAX_BATCH)]
     seq_len: Dim
@@ -81,6 +102,7 @@ class ModelSpec(Strict):
     capacity_factor: Annotated[float, Field(gt=0, le=MAX_CAPACITY_FACTOR)] = 1.0
     dtype: Dtype = "bf16"
     routing: Annotated[RoutingSpec, BeforeValidator(_kind_only)] | None = None
+    blocks: BlocksSpec | None = None
 
     @model_validator(mode="after")
     def _experts_once(self) -> ModelSpec:
@@ -243,7 +265,7 @@ class RunSpec(Strict):
     nodes: PosInt | None = None
     fabric: FabricSpec | None = None
     parallel: ParallelSpec | None = None
-    model: ModelSpec
+    model: Annotated[ModelSpec, BeforeValidator(_preset)]
     strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = None
     passes: (
         Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)]

@@ -28,6 +28,7 @@ from sim.engine.result import SimResult
 from sim.engine.symmetry import Symmetry
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
+from sim.workload import dp_span
 
 SYMMETRY_MIN_RANKS = 64  # `auto`: below this a full run is cheap and symmetry buys nothing
 _NOT_TRIED = ("off (costs.symmetry)", "auto: fewer than")
@@ -189,9 +190,9 @@ def _graphs(
     to_global = ranks[0]
     same = np.array_equal(to_global, np.arange(len(to_global))) and not prefix
     whole = TaskGraph(world, dict(graph.meta) | meta)
-    groups: dict[int, list[int]] = {}
+    groups: dict[tuple[int, bool], list[int]] = {}
     for t in graph:
-        whole.add(t if same else _relabel(t, to_global, groups, prefix))
+        whole.add(t if same else _relabel(t, ranks, groups, prefix))
     is_rep = np.zeros(len(to_global), dtype=bool)
     is_rep[reps] = True
     reduced = TaskGraph(world, dict(whole.meta))
@@ -208,12 +209,19 @@ def _graphs(
     return whole, reduced, np.fromiter((where[k] for k in keys), dtype=np.int64, count=len(keys))
 
 
-def _relabel(t: Task, to_global: np.ndarray, groups: dict[int, Any], prefix: str) -> Task:
+def _relabel(t: Task, ranks: np.ndarray, groups: dict[tuple[int, bool], Any], prefix: str) -> Task:
+    to_global = ranks[0]
     group = None
     if t.group is not None:
-        group = groups.get(id(t.group))
+        key = (id(t.group), dp_span.spans(t))
+        group = groups.get(key)
         if group is None:
-            group = groups[id(t.group)] = [int(to_global[x]) for x in t.group]
+            # a gradient reduction's members are its members in every replica (dp_span)
+            group = groups[key] = (
+                dp_span.global_group(t.group, ranks)
+                if key[1]
+                else [int(to_global[x]) for x in t.group]
+            )
     return replace(
         t,
         id=prefix + t.id,

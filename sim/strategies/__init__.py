@@ -14,12 +14,14 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.strategies import fastermoe, lancet, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.workload import dp_span
+from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
-    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
+    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet)
 }
 
 
@@ -49,9 +51,19 @@ def build(
     passes: tuple[str, ...],
     cluster: Cluster | None = None,
     layout: ParallelLayout | None = None,
+    blocks: BlockModel | None = None,
 ) -> TaskGraph:
     """The strategy's graph of one data-parallel replica (`layer.world` ranks), laid over
-    every replica of `layout` (None or dp = 1: the replica is the world)."""
+    every replica of `layout` (None or dp = 1: the replica is the world). With `blocks`, the
+    graph of the whole model, its MoE layers the strategy's (`sim.strategies.model`)."""
     full = resolve_params(name, params)
     graph = STRATEGIES[name].build(layer, full, passes, cluster)
-    return graph if layout is None else replicate(graph, layout)
+    if blocks is not None:
+        from sim.strategies.model import build_model
+
+        graph = build_model(blocks, layer, graph, passes)
+        if hasattr(STRATEGIES[name], "model_pass"):  # passes over the whole model (Lancet)
+            graph = STRATEGIES[name].model_pass(graph, full, cluster)
+    if layout is None:
+        return graph
+    return dp_span.spread(replicate(graph, layout), layout.mp)

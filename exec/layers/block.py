@@ -1,0 +1,167 @@
+"""A real transformer block on torch.distributed: pre-norm attention, then the MoE layer.
+
+    h = x + proj(attention(qkv(LN1(x))));   y = h + MoE(LN2(h))
+
+The attention and norm weights are replicated (seeded alike on every rank); the MoE layer is
+`exec.layers.moe.DistMoE` run with any registered strategy. Each rank holds B sequences of L
+tokens (T = B*L rows). The routing of a rank depends only on its own tokens (capacity is per
+rank and expert), so a single process that holds every expert computes every rank's block
+exactly (`reference`): the check that the distributed block, forward and backward, is the
+plain computation on the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from exec.layers.moe import (
+    ACTIVATIONS,
+    Comms,
+    DistMoE,
+    MoESpec,
+    decode,
+    encode,
+    make_expert,
+    make_gate,
+    make_output_grad,
+    make_tokens,
+    route,
+)
+
+ATTN_PARAMS = ("ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b")
+EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
+
+
+@dataclass(frozen=True)
+class BlockSpec:
+    moe: MoESpec  # moe.tokens = batch * seq_len rows per rank
+    batch: int
+    heads: int
+
+    @property
+    def seq_len(self) -> int:
+        return self.moe.tokens // self.batch
+
+
+def make_attention(spec: BlockSpec) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(spec.moe.seed * 1_000_003 + 300_000)
+    M = spec.moe.model_dim
+    return {
+        "ln1_w": 1 + 0.1 * torch.randn(M, generator=g),
+        "ln1_b": 0.1 * torch.randn(M, generator=g),
+        "wqkv": torch.randn(M, 3 * M, generator=g) / math.sqrt(M),
+        "bqkv": 0.1 * torch.randn(3 * M, generator=g),
+        "wo": torch.randn(M, M, generator=g) / math.sqrt(M),
+        "bo": 0.1 * torch.randn(M, generator=g),
+        "ln2_w": 1 + 0.1 * torch.randn(M, generator=g),
+        "ln2_b": 0.1 * torch.randn(M, generator=g),
+    }
+
+
+def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
+    """Causal multi-head self-attention of LN1(x), the op sequence the simulator models:
+    QKV projection, scores, softmax, context, output projection."""
+    B, L, H, M = spec.batch, spec.seq_len, spec.heads, spec.moe.model_dim
+    d = M // H
+    z = F.layer_norm(x, (M,), w["ln1_w"], w["ln1_b"])
+    q, k, v = (z @ w["wqkv"] + w["bqkv"]).view(B, L, 3, H, d).permute(2, 0, 3, 1, 4)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(d)
+    mask = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
+    p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
+    ctx = (p @ v).permute(0, 2, 1, 3).reshape(B * L, M)
+    return ctx @ w["wo"] + w["bo"]
+
+
+def block(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec, moe: Any) -> torch.Tensor:
+    """The block with `moe(z) -> y` as its FFN."""
+    h = x + attention(x, w, spec)
+    z = F.layer_norm(h, (spec.moe.model_dim,), w["ln2_w"], w["ln2_b"])
+    return h + moe(z)
+
+
+class DistBlock(torch.nn.Module):
+    def __init__(self, spec: BlockSpec, rank: int, comms: Comms, device: torch.device):
+        super().__init__()
+        self.spec = spec
+        self.attn = torch.nn.ParameterDict(
+            {k: torch.nn.Parameter(v.to(device)) for k, v in make_attention(spec).items()}
+        )
+        self.moe = DistMoE(spec.moe, rank, comms, device)
+
+    def forward(self, x: torch.Tensor, strategy: str, params: dict | None = None) -> torch.Tensor:
+        return block(x, self.attn, self.spec, lambda z: self.moe(z, strategy, params)[0])
+
+
+def block_job(
+    rank: int,
+    world: int,
+    spec: BlockSpec,
+    variants: list[tuple[str, dict]],
+    timeout_s: float,
+    backend: str,
+) -> dict[str, Any]:
+    """One rank: every variant forward and backward on the same tokens; numpy results."""
+    device = torch.device("cpu")
+    comms = Comms(rank, world, timeout_s, device)
+    blk = DistBlock(spec, rank, comms, device)
+    x0, dy = make_tokens(spec.moe, rank), make_output_grad(spec.moe, rank)
+    out: dict[str, Any] = {}
+    for name, params in variants:
+        blk.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_(True)
+        y = blk(x, name, params)
+        (y * dy).sum().backward()
+        grads = {n: p.grad.numpy().copy() for n, p in blk.named_parameters()}
+        out[name + repr(sorted(params.items()))] = {"y": y.detach().numpy(), "x": x.grad.numpy()}
+        out[name + repr(sorted(params.items()))]["grads"] = grads
+    return {"rank": rank, "variants": out}
+
+
+def run_block(
+    spec: BlockSpec, variants: list[tuple[str, dict]], timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
+    from exec.runtime.launch import call_ranks
+
+    return call_ranks(block_job, (spec, variants, timeout_s, "gloo"), spec.moe.world, "gloo")
+
+
+def reference(spec: BlockSpec) -> list[dict[str, Any]]:
+    """Every rank's block in one process (float64): y, dL/dx, the attention and gate
+    gradients of each rank's copy, and each rank's share of the expert gradients (summed
+    over the tokens of every rank, as the all-to-all's backward delivers them)."""
+    s = spec.moe
+    w = {k: v.double().requires_grad_(True) for k, v in make_attention(spec).items()}
+    gate = make_gate(s).double().requires_grad_(True)
+    ex = [make_expert(s, e) for e in range(s.experts)]
+    stacked = {
+        k: torch.stack([e[k] for e in ex]).double().requires_grad_(True) for k in EXPERT_PARAMS
+    }
+    act = ACTIVATIONS[s.activation]
+
+    def moe(z: torch.Tensor) -> torch.Tensor:
+        r = route(z, gate, s.top_k, s.capacity)
+        buf = encode(z, r, s.experts, s.capacity)  # [E, C, M]: every expert here
+        h = act(buf @ stacked["w1"] + stacked["b1"].unsqueeze(1))
+        return decode(h @ stacked["w2"] + stacked["b2"].unsqueeze(1), r)
+
+    outs = []
+    for rank in range(s.world):
+        for t in [*w.values(), gate]:
+            t.grad = None
+        x = make_tokens(s, rank).double().requires_grad_(True)
+        y = block(x, w, spec, moe)
+        (y * make_output_grad(s, rank).double()).sum().backward()
+        grads = {f"attn.{k}": v.grad.numpy().copy() for k, v in w.items()}
+        grads["moe.gate"] = gate.grad.numpy().copy()
+        outs.append({"y": y.detach().numpy(), "x": x.grad.numpy(), "grads": grads})
+    El = s.experts // s.world
+    for rank, o in enumerate(outs):
+        for k, v in stacked.items():
+            g = v.grad[rank * El : (rank + 1) * El].numpy()
+            o["grads"][f"moe.{k}"] = g[:, None, :] if k.startswith("b") else g  # DistMoE's
+    return outs

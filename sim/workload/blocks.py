@@ -1,0 +1,201 @@
+"""Transformer models of N blocks, MoE every k-th block: sizes, presets and the forward ops of
+one block (the backward and the task graph are built in `sim.strategies.model`).
+
+A block is pre-norm (GPT-2): x -> LN1 -> attention (QKV projection, scores, softmax, context,
+output projection; or one fused FlashAttention-style kernel) -> +x -> LN2 -> FFN -> +.
+The FFN is dense (`ffn_hidden` units) or the MoE layer of the run config (`model:` fields,
+built by the run's strategy unchanged), plus `shared` always-on experts of the expert size
+(DeepSeek-MoE). Block i (0-based) is MoE when i >= first_dense and
+(i - first_dense + 1) % moe_every == 0: `moe_every: 2` gives GShard/Lancet's every other
+block (1, 3, 5, ...), `first_dense: 3, moe_every: 1` DeepSeek-V3's layout.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import ConfigError
+
+# Presets: `model: {preset: NAME}` fills the model fields and `blocks:`; fields given next to
+# the preset win. Every number's source is beside it.
+PRESETS: dict[str, dict[str, Any]] = {
+    # Lancet (MLSys'24) Sec. 6: GPT-2 from HF transformers with every other block's FFN an
+    # MoE layer; 12 blocks of hidden size 768, sequence 512, two experts per GPU, batch 24
+    # per GPU on A100 (16 on V100). Heads 12 and FFN 4*768: GPT-2 small's own config.
+    # Switch gate (Lancet's main setting) routes top-1; capacity factor 1.0: assumed.
+    "gpt2-s-moe": {
+        "batch": 24,
+        "seq_len": 512,
+        "model_dim": 768,
+        "hidden_dim": 3072,
+        "experts_per_gpu": 2,
+        "top_k": 1,
+        "capacity_factor": 1.0,
+        "dtype": "fp16",  # assumed: mixed precision on V100/A100
+        "blocks": {"n": 12, "moe_every": 2, "heads": 12, "ffn_hidden": 3072},
+    },
+    # Lancet Sec. 6: 24 blocks of hidden size 1024, batch 48 per GPU on A100 (8 on V100).
+    # Heads 16 and FFN 4*1024: GPT-2 medium's config (24 x 1024); the rest as above.
+    "gpt2-l-moe": {
+        "batch": 48,
+        "seq_len": 512,
+        "model_dim": 1024,
+        "hidden_dim": 4096,
+        "experts_per_gpu": 2,
+        "top_k": 1,
+        "capacity_factor": 1.0,
+        "dtype": "fp16",
+        "blocks": {"n": 24, "moe_every": 2, "heads": 16, "ffn_hidden": 4096},
+    },
+    # DeepSeek-V3 technical report (arXiv 2412.19437) Sec. 4.2: 61 blocks, hidden 7168, 128
+    # heads, the first 3 FFNs dense, the others MoE with 1 shared + 256 routed experts of
+    # hidden 2048, 8 routed per token; sequence 4K in pre-training. Dense FFN 18432: the
+    # released config's intermediate_size. MLA is approximated by standard multi-head
+    # attention of 128 heads x 56 = 7168 (its low-rank KV compression is not modelled).
+    # Batch 1 sequence per GPU, capacity factor 1.0 (V3 drops no tokens: uniform routing
+    # fills every slot) and bf16 GEMMs (V3 uses FP8 for most GEMMs): assumed.
+    "deepseek-v3": {
+        "batch": 1,
+        "seq_len": 4096,
+        "model_dim": 7168,
+        "hidden_dim": 2048,
+        "experts": 256,
+        "top_k": 8,
+        "capacity_factor": 1.0,
+        "dtype": "bf16",
+        "blocks": {
+            "n": 61,
+            "first_dense": 3,
+            "moe_every": 1,
+            "heads": 128,
+            "ffn_hidden": 18432,
+            "shared": 1,
+            "flash": True,
+        },
+    },
+}
+
+_EXPERT_FIELDS = ("experts", "experts_per_gpu")
+
+
+def expand_preset(model: dict[str, Any], source: str = "model") -> dict[str, Any]:
+    """A config's `model:` with its `preset` replaced by the preset's fields (those given
+    explicitly win; `blocks:` entries are merged one by one)."""
+    if not isinstance(model, dict) or "preset" not in model:
+        return model
+    name = model["preset"]
+    if name not in PRESETS:
+        raise ConfigError(f"{source}.preset: unknown preset {name!r} (known: {sorted(PRESETS)})")
+    out = copy.deepcopy(PRESETS[name])
+    given = {k: v for k, v in model.items() if k != "preset"}
+    if any(k in given for k in _EXPERT_FIELDS):  # one way of counting experts, the user's
+        for k in _EXPERT_FIELDS:
+            out.pop(k, None)
+    blocks = given.pop("blocks", None)
+    out.update(given)
+    if isinstance(blocks, dict):
+        out["blocks"] = {**out["blocks"], **blocks}
+    elif blocks is not None:
+        out["blocks"] = blocks
+    return out
+
+
+@dataclass(frozen=True)
+class BlockModel:
+    """The transformer around the MoE layers; `dp` the data-parallel replicas the non-expert
+    and expert gradients are reduced over (from the parallel layout)."""
+
+    n: int
+    heads: int
+    moe_every: int = 2
+    first_dense: int = 0
+    ffn_hidden: int | None = None  # dense FFN units; None: 4 x model_dim (GPT-2)
+    shared: int = 0  # shared experts of the expert size on every token (DeepSeek-MoE)
+    flash: bool = False  # one fused attention kernel instead of scores/softmax/context
+    dp: int = 1
+
+    def is_moe(self, i: int) -> bool:
+        return i >= self.first_dense and (i - self.first_dense + 1) % self.moe_every == 0
+
+    @property
+    def moe_blocks(self) -> list[int]:
+        return [i for i in range(self.n) if self.is_moe(i)]
+
+    @classmethod
+    def from_spec(cls, spec: dict[str, Any], model_dim: int, dp: int = 1) -> BlockModel:
+        b = cls(dp=dp, **spec)
+        if model_dim % b.heads:
+            raise ConfigError(
+                f"model.blocks.heads: {b.heads} heads must divide model_dim {model_dim}"
+            )
+        if b.first_dense > b.n:
+            raise ConfigError(f"model.blocks.first_dense: {b.first_dense} exceeds the {b.n} blocks")
+        return b
+
+
+@dataclass(frozen=True)
+class Op:
+    """One forward operator of a block on one GPU. `params`: weight elements it owns (their
+    gradient is reduced over the data-parallel group); GEMMs have a `shape`, batched
+    activation-by-activation GEMMs (attention) none of weights."""
+
+    name: str
+    kind: str
+    flops: float
+    bytes: float
+    shape: dict[str, int] | None = None
+    params: int = 0
+
+
+def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> Op:
+    """y[b, m, n] = x[b, m, k] @ w[b, k, n]: 2bmnk flops, each operand read or written once."""
+    return Op(
+        name,
+        "gemm",
+        2.0 * b * m * n * k,
+        float(e * b * (m * k + k * n + m * n)),
+        {"batch": b, "m": m, "n": n, "k": k},
+        params,
+    )
+
+
+def attention_ops(B: int, L: int, M: int, heads: int, e: int, flash: bool) -> list[Op]:
+    """LN1 .. output projection of one block's attention sublayer (without the residual)."""
+    T, d = B * L, M // heads
+    ops = [
+        Op("ln1", "layernorm", 8.0 * T * M, float(2 * e * T * M), params=2 * M),
+        gemm("qkv", 1, T, 3 * M, M, e, params=3 * M * M + 3 * M),
+    ]
+    if flash:
+        # two GEMMs per head (QK^T, PV) in one kernel that never writes the L x L scores:
+        # reads Q, K, V and writes O (causal masking is not skipped: an upper bound)
+        ops.append(Op("attn", "attention", 4.0 * B * heads * L * L * d, float(4 * e * T * M)))
+    else:
+        ops += [
+            gemm("scores", B * heads, L, L, d, e),
+            Op("softmax", "softmax", 5.0 * B * heads * L * L, float(2 * e * B * heads * L * L)),
+            gemm("context", B * heads, L, d, L, e),
+        ]
+    ops.append(gemm("proj", 1, T, M, M, e, params=M * M + M))
+    return ops
+
+
+def residual(name: str, T: int, M: int, e: int) -> Op:
+    """x + f(x): two reads and a write of T x M."""
+    return Op(name, "elementwise", float(T * M), float(3 * e * T * M))
+
+
+def dense_ffn_ops(prefix: str, T: int, M: int, F: int, e: int) -> list[Op]:
+    """fc1 -> GELU -> fc2 with F hidden units (`prefix` names a shared expert's)."""
+    return [
+        gemm(f"{prefix}fc1", 1, T, F, M, e, params=M * F + F),
+        Op(f"{prefix}gelu", "elementwise", 8.0 * T * F, float(2 * e * T * F)),
+        gemm(f"{prefix}fc2", 1, T, M, F, e, params=F * M + M),
+    ]
+
+
+def expert_params(model_dim: int, hidden_dim: int, local_experts: int) -> int:
+    """Weights and biases of a GPU's experts (fc1 and fc2)."""
+    return local_experts * (2 * model_dim * hidden_dim + hidden_dim + model_dim)
