@@ -77,6 +77,8 @@ def read(path: str | Path) -> dict[str, Any]:
             raise ConfigError(f"calibration file {p}: format 1 files have no 'format' key")
         schema.check(CalibrationFileV1, raw, f"calibration file {p} (format 1)")
         raw = upgrade_v1(raw)
+    check(raw, f"calibration file {p}")
+    if fmt < FORMAT:  # usable, but say what the upgrade changed
         warnings.warn(
             CalibrationWarning(
                 f"calibration file {p} is stale (format {fmt}, from an older moesim): its GEMMs "
@@ -87,7 +89,6 @@ def read(path: str | Path) -> dict[str, Any]:
             ),
             stacklevel=2,
         )
-    check(raw, f"calibration file {p}")
     return raw
 
 
