@@ -41,6 +41,7 @@ MAX_ROUNDS = 64
 # A re-solved rate this close to the old one is the old one: keeps rounding noise from
 # spreading a change that did not happen.
 SAME_RTOL = 1e-13
+FLOOR_RTOL = 1e-9
 
 
 class MaxMinState:
@@ -88,6 +89,39 @@ class MaxMinState:
         t.froze[live] = np.where(froze >= 0, links[froze], -1)
         self.refresh_all(t)
         return moved
+
+    # -- above the lowest changed rate ---------------------------------------------------------
+    def solve_above(
+        self, t: FlowTable, floor: float, added: np.ndarray, touched: np.ndarray, limit: float
+    ) -> np.ndarray | None:
+        """Rates after a change no rate below `floor` takes part in (see the module
+        docstring): progressive filling over the bundles at or above it, the others held.
+        Returns the slots whose rate moved, or None (nothing done) when more than `limit`
+        bundles would take part."""
+        mask = t.base >= floor * (1 - FLOOR_RTOL)
+        mask[added] = True
+        mask &= t.alive
+        var = np.flatnonzero(mask)
+        if len(var) > limit:
+            return None
+        self.refresh(t, touched)
+        pos, owner = t.incidences(var)
+        links, il = relabel(t.inc_l[pos], len(self.cap))
+        m = t.inc_m[pos]
+        old = t.base[var]
+        mine = np.bincount(il, weights=m * old[owner], minlength=len(links))
+        spare = np.maximum(self.cap[links] - (self.used[links] - mine), 0.0)
+        rate, froze = filling_by_local_minima(len(var), owner, il, m, spare)
+        t.froze[var] = np.where(froze >= 0, links[froze], -1)
+        ch = np.abs(rate - old) > SAME_RTOL * np.maximum(rate, old)
+        rate = np.where(ch, rate, old)
+        t.base[var] = rate
+        self.used[links] += np.bincount(il, weights=m * rate[owner], minlength=len(links)) - mine
+        # every bundle on these links is at or above the floor, or below every one of var's
+        top = np.zeros(len(links))
+        np.maximum.at(top, il, rate[owner])
+        self.top[links] = top
+        return var[ch]
 
     # -- around a change -----------------------------------------------------------------------
     def solve_local(self, t: FlowTable, added: np.ndarray, touched: np.ndarray) -> np.ndarray:
