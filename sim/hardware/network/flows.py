@@ -118,7 +118,8 @@ class FlowNetwork:
                 moved = self.solver.solve_all(t)
             else:
                 self.local_solves += 1
-                touched = distinct(np.concatenate([touched, t.links_of(added)]))
+                # links of finished bundles may have joined a series group since
+                touched = distinct(np.concatenate([self.rep[touched], t.links_of(added)]))
                 if len(added):
                     floor = min(floor, self._share_bound(added))
                 got = self.solver.solve_above(
