@@ -191,45 +191,36 @@ def test_links_in_series_are_represented_by_the_narrowest():
     np.testing.assert_allclose(net.usage, [2.0, 2.0, 4.0, 2.0])
 
 
-def test_rates_below_the_floor_stay_and_the_rest_is_refilled():
+@pytest.mark.parametrize("gone, want", [(0, {1: 1.0, 2: 9.0}), (2, {0: 0.5, 1: 0.5})])
+def test_rates_below_the_floor_stay_and_the_rest_is_refilled(monkeypatch, gone, want):
     """Link 0 (capacity 1) carries bundles a and b, link 1 (capacity 10) carries b and c:
     a = b = 0.5 and c = 9.5. When a finishes (floor 0.5), b and c are re-filled on what is
-    left (b = 1 on link 0, c = 9); when c finishes instead (floor 9.5), nothing is below it
-    that could move: a and b keep 0.5."""
-    for gone, want in ((0, {1: 1.0, 2: 9.0}), (2, {0: 0.5, 1: 0.5})):
-        clock = [0.0]
-        topo = SimpleNamespace(link_cap=np.array([1.0, 10.0]), num_links=2)
-        net = FlowNetwork(topo, lambda: clock[0], local_min=0, local_max_share=np.inf)
-        sizes = np.array([10.0, 10.0, 10.0])
-        sizes[gone] = 0.25  # finishes first
-        net.add(
-            BundleBatch(
-                np.ones(3),
-                sizes,
-                np.zeros(3),
-                np.array([0, 1, 1, 2]),
-                np.array([0, 0, 1, 1]),
-                np.ones(4),
-                np.arange(3),
-                np.arange(3),
-            ),
-            0,
-        )
-        net.recompute()
-        np.testing.assert_allclose(net.table.base, [0.5, 0.5, 9.5])
-        clock[0] = net.next_finish()
-        assert net.pop_finished()[0][1] == 1
-        calls = []
-        above = MaxMinState.solve_above
+    left (b = 1 on link 0, c = 9); when c finishes instead (floor 9.5), nothing below it
+    moves: a and b keep 0.5."""
+    clock = [0.0]
+    topo = SimpleNamespace(link_cap=np.array([1.0, 10.0]), num_links=2)
+    net = FlowNetwork(topo, lambda: clock[0], local_min=0, local_max_share=np.inf)
+    sizes = np.array([10.0, 10.0, 10.0])
+    sizes[gone] = 0.25  # finishes first
+    inc_b, inc_l = np.array([0, 1, 1, 2]), np.array([0, 0, 1, 1])
+    batch = BundleBatch(
+        np.ones(3), sizes, np.zeros(3), inc_b, inc_l, np.ones(4), np.arange(3), np.arange(3)
+    )
+    net.add(batch, 0)
+    net.recompute()
+    np.testing.assert_allclose(net.table.base, [0.5, 0.5, 9.5])
+    clock[0] = net.next_finish()
+    assert net.pop_finished()[0][1] == 1
+    floors = []
+    above = MaxMinState.solve_above
 
-        def spy(self, t, floor, *a, _above=above):
-            calls.append(floor)
-            return _above(self, t, floor, *a)
+    def spy(self, t, floor, *a):
+        floors.append(floor)
+        return above(self, t, floor, *a)
 
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(MaxMinState, "solve_above", spy)
-            net.recompute()
-        assert calls == [[0.5, 0.5, 9.5][gone]]
-        live = np.flatnonzero(net.table.alive)
-        got = dict(zip(live.tolist(), net.table.base[live].tolist()))
-        assert got == pytest.approx(want, rel=1e-12)
+    monkeypatch.setattr(MaxMinState, "solve_above", spy)
+    net.recompute()
+    assert floors == [[0.5, 0.5, 9.5][gone]]
+    live = np.flatnonzero(net.table.alive)
+    got = dict(zip(live.tolist(), net.table.base[live].tolist()))
+    assert got == pytest.approx(want, rel=1e-12)

@@ -1,8 +1,9 @@
 """The network state the engine drives: active bundles, their rates, when the next one ends,
 and the bytes every link has carried.
 
-Rates are max-min fair (`sim.hardware.network.incremental`: re-solved around each change, or
-from scratch when the change is a large share of what is active), times the optional rate
+Rates are max-min fair (`sim.hardware.network.incremental`: re-solved above the lowest rate a
+change involves, or else around the change, or from scratch when the change is a large share
+of what is active), times the optional rate
 scale (interference). Bytes are advanced lazily: a bundle's remaining bytes are brought up to
 date only when its rate changes, and its finish time `t0 + rem / rate` is kept, so an event
 costs what changed, not what is active.
