@@ -1,4 +1,5 @@
-"""The incremental max-min solver gives the rates of a solve from scratch, flow for flow.
+"""The incremental max-min solver gives the rates of a solve from scratch, flow for flow, by
+either of its ways (above the floor of the changed rates, or in rounds around the change).
 
 Random instances: links of random capacities (some in series: pairs that always carry the
 same flows, as a GPU's PCIe and NIC links do), bundles on random routes with multiplicities,
@@ -20,6 +21,7 @@ from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.network.bundles import BundleBatch
 from sim.hardware.network.flows import FlowNetwork
+from sim.hardware.network.incremental import MaxMinState
 from sim.hardware.network.maxmin import (
     filling_by_local_minima,
     max_min_rates,
@@ -69,6 +71,12 @@ def _scratch_rates(net: FlowNetwork) -> tuple[np.ndarray, np.ndarray]:
     return live, max_min_rates(len(live), seg, il, t.all_m[pos], net.cap[lk])
 
 
+def _rounds_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make every local solve take the rounds (`solve_local`), as when the floor is too low."""
+    monkeypatch.setattr(MaxMinState, "solve_above", lambda self, *a: None)
+
+
+@pytest.mark.parametrize("way", ["above", "rounds"])
 @settings(max_examples=60, deadline=None)
 @given(
     seed=st.integers(0, 2**32 - 1),
@@ -76,7 +84,14 @@ def _scratch_rates(net: FlowNetwork) -> tuple[np.ndarray, np.ndarray]:
     batches=st.integers(1, 6),
     size=st.integers(1, 40),
 )
-def test_incremental_rates_equal_a_solve_from_scratch(seed, nl, batches, size):
+def test_incremental_rates_equal_a_solve_from_scratch(way, seed, nl, batches, size):
+    with pytest.MonkeyPatch.context() as mp:
+        if way == "rounds":
+            _rounds_only(mp)
+        _random_run_matches_scratch(seed, nl, batches, size)
+
+
+def _random_run_matches_scratch(seed: int, nl: int, batches: int, size: int) -> None:
     rng = np.random.default_rng(seed)
     cap = rng.uniform(1.0, 10.0, size=nl)
     cap[nl // 2 :] = np.where(rng.random(nl - nl // 2) < 0.5, cap[: nl // 2], cap[nl // 2 :])
@@ -119,20 +134,24 @@ def test_skewed_all_to_allv_same_times_incremental_or_from_scratch(monkeypatch, 
     topo = Topology.load("dgx-a100", nodes=nodes)
     costs = CostModel.build(topo, {"fidelity": "flow"})
     runs = {}
-    for mode, local_min in (("local", 0), ("scratch", 10**9)):
-        init = FlowNetwork.__init__
+    for mode, local_min in (("above", 0), ("rounds", 0), ("scratch", 10**9)):
+        with monkeypatch.context() as mp:
+            init = FlowNetwork.__init__
 
-        def patched(self, *a, _init=init, _lm=local_min, **k):
-            _init(self, *a, **k)
-            self.local_min = _lm
+            def patched(self, *a, _init=init, _lm=local_min, **k):
+                _init(self, *a, **k)
+                self.local_min = _lm
 
-        monkeypatch.setattr(FlowNetwork, "__init__", patched)
-        runs[mode] = simulate(graph, topo, costs)
-        monkeypatch.setattr(FlowNetwork, "__init__", init)
-    np.testing.assert_allclose(runs["local"].end, runs["scratch"].end, rtol=1e-9)
-    np.testing.assert_allclose(
-        runs["local"].link_bytes, runs["scratch"].link_bytes, rtol=1e-9, atol=1e-3
-    )
+            mp.setattr(FlowNetwork, "__init__", patched)
+            if mode == "rounds":
+                _rounds_only(mp)
+            runs[mode] = simulate(graph, topo, costs)
+    for mode in ("above", "rounds"):
+        np.testing.assert_allclose(runs[mode].start, runs["scratch"].start, rtol=1e-9)
+        np.testing.assert_allclose(runs[mode].end, runs["scratch"].end, rtol=1e-9)
+        np.testing.assert_allclose(
+            runs[mode].link_bytes, runs["scratch"].link_bytes, rtol=1e-9, atol=1e-3
+        )
 
 
 @settings(max_examples=100, deadline=None)
@@ -170,3 +189,38 @@ def test_links_in_series_are_represented_by_the_narrowest():
     assert net.rep.tolist() == [1, 1, 2, 3]
     np.testing.assert_allclose(net.table.base, [2.0, 2.0])  # link 2 shared by both
     np.testing.assert_allclose(net.usage, [2.0, 2.0, 4.0, 2.0])
+
+
+@pytest.mark.parametrize("gone, want", [(0, {1: 1.0, 2: 9.0}), (2, {0: 0.5, 1: 0.5})])
+def test_rates_below_the_floor_stay_and_the_rest_is_refilled(monkeypatch, gone, want):
+    """Link 0 (capacity 1) carries bundles a and b, link 1 (capacity 10) carries b and c:
+    a = b = 0.5 and c = 9.5. When a finishes (floor 0.5), b and c are re-filled on what is
+    left (b = 1 on link 0, c = 9); when c finishes instead (floor 9.5), nothing below it
+    moves: a and b keep 0.5."""
+    clock = [0.0]
+    topo = SimpleNamespace(link_cap=np.array([1.0, 10.0]), num_links=2)
+    net = FlowNetwork(topo, lambda: clock[0], local_min=0, local_max_share=np.inf)
+    sizes = np.array([10.0, 10.0, 10.0])
+    sizes[gone] = 0.25  # finishes first
+    inc_b, inc_l = np.array([0, 1, 1, 2]), np.array([0, 0, 1, 1])
+    batch = BundleBatch(
+        np.ones(3), sizes, np.zeros(3), inc_b, inc_l, np.ones(4), np.arange(3), np.arange(3)
+    )
+    net.add(batch, 0)
+    net.recompute()
+    np.testing.assert_allclose(net.table.base, [0.5, 0.5, 9.5])
+    clock[0] = net.next_finish()
+    assert net.pop_finished()[0][1] == 1
+    floors = []
+    above = MaxMinState.solve_above
+
+    def spy(self, t, floor, *a):
+        floors.append(floor)
+        return above(self, t, floor, *a)
+
+    monkeypatch.setattr(MaxMinState, "solve_above", spy)
+    net.recompute()
+    assert floors == [[0.5, 0.5, 9.5][gone]]
+    live = np.flatnonzero(net.table.alive)
+    got = dict(zip(live.tolist(), net.table.base[live].tolist()))
+    assert got == pytest.approx(want, rel=1e-12)

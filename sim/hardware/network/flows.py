@@ -1,8 +1,9 @@
 """The network state the engine drives: active bundles, their rates, when the next one ends,
 and the bytes every link has carried.
 
-Rates are max-min fair (`sim.hardware.network.incremental`: re-solved around each change, or
-from scratch when the change is a large share of what is active), times the optional rate
+Rates are max-min fair (`sim.hardware.network.incremental`: re-solved above the lowest rate a
+change involves, or else around the change, or from scratch when the change is a large share
+of what is active), times the optional rate
 scale (interference). Bytes are advanced lazily: a bundle's remaining bytes are brought up to
 date only when its rate changes, and its finish time `t0 + rem / rate` is kept, so an event
 costs what changed, not what is active.
@@ -61,6 +62,7 @@ class FlowNetwork:
         self._added: list[np.ndarray] = []  # slots started since the last solve
         self._touched: list[np.ndarray] = []  # links of bundles finished since then
         self._finished = 0
+        self._floor = np.inf  # lowest rate of a bundle finished since the last solve
         self._last = 0.0
         self.recomputes = 0
         self.local_solves = 0
@@ -100,8 +102,8 @@ class FlowNetwork:
         added = np.concatenate(self._added) if self._added else np.zeros(0, dtype=np.int64)
         none = np.zeros(0, dtype=np.int64)
         touched = np.concatenate(self._touched) if self._touched else none
-        finished = self._finished
-        self._added, self._touched, self._finished = [], [], 0
+        finished, floor = self._finished, self._floor
+        self._added, self._touched, self._finished, self._floor = [], [], 0, np.inf
         if not self.active:
             self._scaled_usage[:] = 0.0
             self.solver.reset()
@@ -117,8 +119,14 @@ class FlowNetwork:
                 moved = self.solver.solve_all(t)
             else:
                 self.local_solves += 1
-                touched = distinct(np.concatenate([touched, t.links_of(added)]))
-                moved = self.solver.solve_local(t, added, touched)
+                # links of finished bundles may have joined a series group since
+                touched = distinct(np.concatenate([self.rep[touched], t.links_of(added)]))
+                if len(added):
+                    floor = min(floor, self._share_bound(added))
+                got = self.solver.solve_above(
+                    t, floor, added, touched, self.local_max_share * self.active
+                )
+                moved = got if got is not None else self.solver.solve_local(t, added, touched)
         if self.rate_scale is not None:
             live = np.flatnonzero(t.alive)
             rate = t.base[live] * self.rate_scale(t.view(live), t.owner[live])
@@ -156,6 +164,7 @@ class FlowNetwork:
             out.append((int(o), len(mine), t.ranks_of(mine)))
         self._touched.append(t.inc_l[t.incidences(done)[0]])
         self._finished += len(done)
+        self._floor = min(self._floor, float(t.base[done].min()))
         t.kill(done)
         return out
 
@@ -172,6 +181,15 @@ class FlowNetwork:
         solved = t.froze >= 0
         t.froze[solved] = rep[t.froze[solved]]
         self.solver.refresh_all(t)
+
+    def _share_bound(self, added: np.ndarray) -> float:
+        """A rate no added bundle falls below: on every link, the equal share of its capacity
+        among the flows crossing it is the lowest level it can saturate at."""
+        t = self.table
+        links = t.links_of(added)
+        pos, seg = t.on_links(links)
+        flows = np.bincount(seg, weights=t.inc_m[pos], minlength=len(links))
+        return float((self.cap[links] / flows).min())
 
     def _set_rate(self, slots: np.ndarray, rate: np.ndarray) -> None:
         """New rates from now on: bytes sent so far at the old rate are accounted first."""
