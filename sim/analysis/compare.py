@@ -183,7 +183,7 @@ def write(df: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
         files = {
             "results": out.write_text("results.csv", results_rows(df).to_csv(index=False)),
             "markdown": out.write_text("compare.md", md),
-            "html": write_page(out, title, [figure(df, title), md], "compare.html"),
+            "html": write_page(out, title, [figure(df, title), to_markdown(df)], "compare.html"),
         }
         if df.attrs.get("config"):
             files["config"] = out.write_text(

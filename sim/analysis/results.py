@@ -107,7 +107,7 @@ def _checked(df: pd.DataFrame, path: Path) -> pd.DataFrame:
         raise ConfigError(f"results {path}: no rows")
     df = df.copy()
     for c in ("run_id", "config", "strategy", "status", "error"):
-        df[c] = df[c].fillna("").astype(str)
+        df[c] = ["" if v is None or v != v else str(v) for v in df[c]]  # NaN: empty
     bad = sorted(set(df["status"]) - {"ok", "error"})
     if bad:
         raise ConfigError(
