@@ -106,7 +106,15 @@ def test_planted_regression_exits_1_naming_the_config(tmp_path, capsys):
 
 def test_report_files_are_one_self_contained_set(tmp_path, capsys):
     base = write(tmp_path, "old.csv", rows())
-    new = write(tmp_path, "new.csv", rows({("topology=dgx-a100,nodes=2", "sequential"): 1.5}))
+    slower = rows({("topology=dgx-a100,nodes=2", "sequential"): 1.5})
+    failed = slower.iloc[[5]].assign(  # a run that fails is reported, never fatal
+        strategy="ted:tp=3",
+        status="error",
+        error="ConfigError: tp=3 does not divide 8",
+        makespan_s=float("nan"),
+        time_per_token_s=float("nan"),
+    )
+    new = write(tmp_path, "new.csv", pd.concat([slower, failed, slower.iloc[[0]]]))
     out = tmp_path / "rep"
     assert main(["report", new, "--baseline", base, "--out", str(out)]) == 1
     names = sorted(p.name for p in out.iterdir())
@@ -119,6 +127,11 @@ def test_report_files_are_one_self_contained_set(tmp_path, capsys):
     assert "| topology=dgx-a100,nodes=2 | sequential |" in md and "+50.0%" in md
     assert "slower" in md
     assert "no trace for" in md  # a sweep's rows carry no traces: said, not failed
+    assert "| ted:tp=3 | ConfigError: tp=3 does not divide 8 |" in md
+    assert "1 repeated (config, strategy) row(s)" in md
+    assert json.loads((out / "report.json").read_text())["regressed_configs"] == [
+        "topology=dgx-a100,nodes=2"
+    ]
 
 
 @pytest.mark.parametrize(

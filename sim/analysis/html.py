@@ -136,7 +136,7 @@ def _table(rows: list[list[str]]) -> str:
 
 
 def _inline(text: str) -> str:
-    t = html.escape(text)
+    t = html.escape(text).replace(",", ",<wbr>")  # long key=value,... labels may wrap there
     t = re.sub(r"`([^`]+)`", r"<code>\1</code>", t)
     return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", t)
 
@@ -144,7 +144,7 @@ def _inline(text: str) -> str:
 _STYLE = (
     "body{font-family:system-ui,sans-serif;margin:1.5em auto;max-width:1200px;color:#222}"
     "table{border-collapse:collapse;margin:0.8em 0;max-width:100%}"
-    "th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:right;overflow-wrap:anywhere}"
+    "th,td{border:1px solid #ccc;padding:0.25em 0.6em;text-align:right;overflow-wrap:break-word}"
     "th:first-child,td:first-child{text-align:left}th{background:#f3f3f3}"
     "code{background:#f3f3f3;padding:0 0.2em}"
 )

@@ -98,17 +98,24 @@ def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
 
 
 def build(paths: list[str], baseline: list[str] | None = None, threshold: float = 0.05) -> Report:
-    results = _unique(load_results(paths))
-    base = _unique(load_results(baseline)) if baseline else None
-    rep = Report(results, base, threshold, [str(p) for p in paths])
+    notes: list[str] = []
+    results = _unique(load_results(paths), "results", notes)
+    base = _unique(load_results(baseline), "baseline", notes) if baseline else None
+    rep = Report(results, base, threshold, [str(p) for p in paths], notes=notes)
     if base is not None:
         rep.diff = against(results, base, threshold)
     return rep
 
 
-def _unique(df: pd.DataFrame) -> pd.DataFrame:
-    """One row per (config, strategy): a later file's row replaces an earlier one."""
-    return df.drop_duplicates(["config", "strategy"], keep="last").reset_index(drop=True)
+def _unique(df: pd.DataFrame, side: str, notes: list[str]) -> pd.DataFrame:
+    """One row per (config, strategy): a later file's row replaces an earlier one (noted)."""
+    out = df.drop_duplicates(["config", "strategy"], keep="last").reset_index(drop=True)
+    if len(out) < len(df):
+        notes.append(
+            f"{side}: {len(df) - len(out)} repeated (config, strategy) row(s); the "
+            "last one read counts"
+        )
+    return out
 
 
 def against(new: pd.DataFrame, base: pd.DataFrame, threshold: float) -> pd.DataFrame:
