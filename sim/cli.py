@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from sim.core.errors import ConfigError, MoesimError
+from sim.core.io import check_output_dir
 
 # `sim.api` is imported inside the commands: `moesim --help` then loads argparse and nothing
 # else of note (the API's own imports are lazy too, but its dataclasses cost start-up time).
@@ -82,8 +83,6 @@ def _refuse(a: argparse.Namespace, options: dict[str, str], why: str) -> None:
 
 def _check_output_file(path: str, what: str) -> None:
     """An output file's path that cannot be written fails before the work, in one line."""
-    from sim.core.io import check_output_dir
-
     if path == "":
         raise ConfigError(f"{what}: expected a file path, got ''")
     p = Path(path)
@@ -124,11 +123,14 @@ def cmd_simulate(a: argparse.Namespace) -> int:
 def cmd_compare(a: argparse.Namespace) -> int:
     from sim import api
 
-    _refuse(
+    _refuse(  # one entry per strategy carries its own parameters: nothing to guess
         a,
         {"strategy": "--strategy", "param": "--param"},
-        "to compare (name each strategy and its parameters in --strategies)",
+        "to compare (name each strategy and its parameters in --strategies, e.g. "
+        "--strategies sequential pipelined:degree=4)",
     )
+    if a.out is not None:  # an unusable --out fails before the simulations, not after
+        check_output_dir(a.out)
     res = api.compare(_config(a), a.strategies, a.out)
     if a.json:
         print(res.table.to_json(orient="records", indent=2))
@@ -287,7 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME[:k=v,...]",
         help="e.g. sequential pipelined:degree=4 pipemoe",
     )
-    cp.add_argument("--out", default="reports/compare", help="output directory")
+    cp.add_argument("--out", metavar="DIR", help="also write results.csv, compare.md/.html")
     cp.add_argument("--json", action="store_true")
     run_opts(cp)
     cp.set_defaults(fn=cmd_compare)
@@ -340,6 +342,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli_studies import add_parsers as add_study_parsers
 
     add_study_parsers(sub)  # replay, whatif
+    from sim.cli_report import add_parsers as add_report_parser
+
+    add_report_parser(sub)
 
     sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
     sc.add_argument("input", choices=["config", "topology", "graph", "calibration"])

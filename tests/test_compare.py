@@ -82,6 +82,63 @@ def test_compare_cli(tmp_path, capsys):
     )
     rows = json.loads(capsys.readouterr().out)
     assert [r["strategy"] for r in rows] == ["sequential", "pipemoe"]
-    for f in ("compare.csv", "compare.md", "compare.html"):
-        assert (tmp_path / "o" / f).is_file()
+    names = {"results.csv", "compare.md", "compare.html", "config.yaml", "manifest.json"}
+    assert {p.name for p in (tmp_path / "o").iterdir()} == names
     assert main(["compare", str(cfg), "--strategies", "nope"]) == 2
+
+
+def test_compare_writes_nothing_without_out(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "c.yaml").write_text(json.dumps(CFG))
+    assert main(["compare", "c.yaml", "--strategies", "sequential"]) == 0
+    assert "| sequential |" in capsys.readouterr().out
+    assert [p.name for p in tmp_path.iterdir()] == ["c.yaml"]
+    # --strategy / --param are refused, pointing to --strategies (not silently ignored)
+    assert main(["compare", "c.yaml", "--strategies", "pipelined", "--param", "degree=2"]) == 2
+    assert "--strategies" in capsys.readouterr().err
+
+
+def test_chart_plots_time_per_token_and_results_rows(tmp_path):
+    """The chart's first panel is the table's ranking metric (time per token), so a layout
+    that processes fewer tokens cannot look best by finishing sooner; makespan is beside it."""
+    from sim.analysis.compare import figure, results_rows
+    from sim.analysis.results import load_results
+
+    cfg = RunConfig.from_dict({**CFG, "costs": {"compute": "roofline"}})
+    df = compare(cfg, ["sequential", "ted:tp=2"])
+    fig = figure(df, "t")
+    per_token, makespan = fig.data[0], fig.data[1]
+    assert list(per_token.y) == pytest.approx(list(df["time_per_token_ns"]))
+    assert list(makespan.y) == pytest.approx(list(df["makespan_ms"]))
+    assert fig.layout.yaxis.title.text == "time per token (ns)"
+    assert df["time_per_token_ns"].to_numpy() == pytest.approx(
+        (df["makespan_ms"] * 1e6 / df["tokens"]).to_numpy()
+    )
+    rows = results_rows(df)
+    rows.to_csv(tmp_path / "results.csv", index=False)
+    back = load_results([tmp_path / "results.csv"])
+    assert list(back["strategy"]) == ["sequential", "ted:tp=2"]
+    assert back["time_per_token_s"].to_numpy() == pytest.approx(
+        (back["makespan_s"] / back["tokens"]).to_numpy()
+    )
+    assert back["config"].nunique() == 1 and back["run_id"].nunique() == 2
+    assert float(back.loc[1, "param.tp"]) == 2  # the parameter the TED row ran with
+
+
+@pytest.mark.slow  # the demo layer (16 GPUs, fwd + bwd), five strategies and a report: ~15 s
+def test_readme_compare_examples_run_on_the_demo_config(tmp_path, monkeypatch):
+    """The README's compare lines, as written, with my.yaml the embedded demo config."""
+    import re
+    import shlex
+    from importlib import resources
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = re.findall(r"^moesim ((?:compare|report cmp) [^#\n]*)", readme, flags=re.M)
+    assert any("pipemoe" in x for x in lines) and any("collective" in x for x in lines)
+    demo = resources.files("sim.configs").joinpath("demo.yaml").read_text()
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my.yaml").write_text(demo)
+    for line in lines:
+        assert main(shlex.split(line)) == 0, line
+    assert (tmp_path / "rep" / "report.html").is_file()  # the report of the compare above

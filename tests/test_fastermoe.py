@@ -226,11 +226,15 @@ def test_ring_broadcast_closed_form_on_a_flat_switch():
     assert rule_costs(layer, Cluster(topo, costs)).bcast(S) == pytest.approx(expect, rel=1e-12)
 
 
-def test_rule_reads_collective_fits_and_names_missing_ones():
+def test_rule_reads_collective_fits_and_derives_missing_ones():
+    from sim.hardware.costs.derived import collective_fit
+
     cl = _cluster("pipemoe-2080ti", 4, network="collective")
     layer = _layer(ZIPF, dropless=True)
-    with pytest.raises(ConfigError, match="broadcast"):
-        rule_costs(layer, cl)
+    # no broadcast / all-reduce fit in the preset: fitted to its flow model (derived.py)
+    c = rule_costs(layer, cl)
+    a_b, b_b = collective_fit(cl.topology, cl.costs.alpha, cl.costs.compute, "broadcast", 16)
+    assert c.bcast(1e6) == pytest.approx(a_b + b_b * 1e6)
     fits = {
         "broadcast": {"alpha": 1e-5, "beta": 1e-10},
         "all_reduce": {"alpha": 2e-5, "beta": 2e-10},

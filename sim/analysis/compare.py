@@ -4,13 +4,17 @@ Each entry is `name` or `name:key=value,key=value` (values parsed as YAML, e.g.
 `pipelined:degree=8,order=alternating`). Every strategy is built with the cluster, so its own
 selector runs (PipeMoE's Theorem 1), simulated, and reduced to one row: the parameters it ran
 with, distinct tokens processed per step (fewer under tensor parallelism, whose replicas
-share tokens), makespan, exposed communication, peak memory, and time per token relative to
-the best. The table is written as CSV
-and Markdown, the chart as plotly HTML.
+share tokens), makespan, exposed communication, peak memory, and time per token, the ranking
+metric (a layout that processes fewer tokens is not faster for finishing sooner). With an
+output directory the set is: `results.csv` (the shared results row schema of
+`sim.analysis.results`, which `moesim report` reads), `compare.md`, a self-contained
+`compare.html` (time per token, and makespan beside it) and the resolved `config.yaml`.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 from typing import Any
 
@@ -22,9 +26,10 @@ from sim.analysis.summary import summarize
 from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
-from sim.core.io import atomic_write_text
 from sim.hardware.costs import CostModel
 from sim.strategies import Cluster, build, resolve_params
+
+LABEL_KEYS = ("batch", "seq_len", "model_dim", "hidden_dim", "experts_per_gpu", "experts", "top_k")
 
 
 def parse_entry(text: str) -> tuple[str, dict[str, Any]]:
@@ -39,71 +44,165 @@ def parse_entry(text: str) -> tuple[str, dict[str, Any]]:
     return name.strip(), params
 
 
+def config_label(cfg: RunConfig, nodes: int) -> str:
+    """A readable label of the config point without its strategy, stable across runs (so a
+    baseline's rows pair with the new ones)."""
+    parts = [f"topology={cfg.topology}", f"nodes={nodes}"]
+    parts += [f"model.{k}={cfg.model[k]}" for k in LABEL_KEYS if k in cfg.model]
+    return ",".join(parts)
+
+
+def run_id(cfg: RunConfig, entry: str) -> str:
+    """A stable hash of everything the run depends on: the config (strategy aside) and entry."""
+    d = {k: v for k, v in cfg.to_dict().items() if k not in ("strategy", "output")}
+    blob = json.dumps({"config": d, "strategy": entry}, sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def simulate_entry(cfg: RunConfig, entry: str, cluster: Cluster) -> tuple[Any, Any]:
+    """One entry built with the cluster (its selector runs) and simulated: (result, layer)."""
+    name, params = parse_entry(entry)
+    wl = cfg.with_strategy(name, params).workload(cluster.topology)
+    one = build(name, wl.layer, wl.params, cfg.passes, cluster)
+    return simulate_layout(one, wl.layout, cluster.topology, cluster.costs), wl.layer
+
+
 def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     topo = cfg.load_topology()
-    costs = CostModel.build(topo, cfg.costs)
-    cluster = Cluster(topo, costs)
+    cluster = Cluster(topo, CostModel.build(topo, cfg.costs))
+    label = config_label(cfg, topo.nodes)
     rows = []
     for entry in entries:
-        name, params = parse_entry(entry)
-        wl = cfg.with_strategy(name, params).workload(topo)
-        layer = wl.layer
-        one = build(name, layer, wl.params, cfg.passes, cluster)
-        res = simulate_layout(one, wl.layout, topo, costs)
+        res, layer = simulate_entry(cfg, entry, cluster)
         graph = res.graph
         s = summarize(res, to_frame(res))
         chosen = {k: v for k, v in s["params"].items() if k != "selector"}
+        # tensor-parallel replicas share their tokens (DeepSpeed TED): the same cluster then
+        # processes fewer distinct tokens per step
+        tokens = layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1)
         rows.append(
             {
                 "strategy": entry,
                 "params": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
-                # tensor-parallel replicas share their tokens (DeepSpeed TED): the same
-                # cluster then processes fewer distinct tokens per step
-                "tokens": layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1),
+                "tokens": tokens,
                 "makespan_ms": s["makespan_s"] * 1e3,
+                "time_per_token_ns": s["makespan_s"] / tokens * 1e9,
                 "exposed_comm_ms": s["exposed_comm_s"] * 1e3,
                 "peak_activation_gib": s["peak_activation_bytes"] / 2**30,
                 "oom": s["oom"],
+                "config": label,
+                "gpus": topo.world_size,
+                "run_id": run_id(cfg, entry),
+                **{f"param.{k}": str(v) for k, v in chosen.items()},
             }
         )
     df = pd.DataFrame(rows)
-    per_token = df["makespan_ms"] / df["tokens"]
+    params = [c for c in df.columns if c.startswith("param.")]
+    df[params] = df[params].fillna("")  # a parameter the strategy does not have
+    per_token = df["time_per_token_ns"]
     df["vs_best"] = per_token / per_token.min()  # time per token: fair across layouts
+    df.attrs["config"] = cfg.to_dict()  # written beside the table: `report` re-simulates it
     return df
 
 
-def write(df: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
-    import plotly.graph_objects as go
-
-    out = Path(out_dir)
-    atomic_write_text(out / "compare.csv", df.to_csv(index=False))
-    atomic_write_text(out / "compare.md", f"# {title}\n\n" + to_markdown(df) + "\n")
-    fig = go.Figure(
-        [
-            go.Bar(name="makespan", x=df["strategy"], y=df["makespan_ms"]),
-            go.Bar(name="exposed communication", x=df["strategy"], y=df["exposed_comm_ms"]),
-        ]
+def results_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The table in the shared results row schema (sim.analysis.results.REQUIRED first)."""
+    out = pd.DataFrame(
+        {
+            "run_id": df["run_id"],
+            "config": df["config"],
+            "strategy": df["strategy"],
+            "status": "ok",
+            "error": "",
+            "makespan_s": df["makespan_ms"] / 1e3,
+            "time_per_token_s": df["time_per_token_ns"] / 1e9,
+            "tokens": df["tokens"].astype(int),
+            "gpus": df["gpus"].astype(int),
+            "exposed_comm_s": df["exposed_comm_ms"] / 1e3,
+        }
     )
-    fig.update_layout(title=title, barmode="group", yaxis_title="ms", template="plotly_white")
-    atomic_write_text(out / "compare.html", fig.to_html(include_plotlyjs="cdn"))
-    return {
-        "csv": out / "compare.csv",
-        "markdown": out / "compare.md",
-        "html": out / "compare.html",
-    }
+    params = [c for c in df.columns if c.startswith("param.")]
+    return pd.concat([out, df[params]], axis=1)
+
+
+def figure(df: pd.DataFrame, title: str) -> Any:
+    """Time per token (the ranking metric) on the left, makespan and exposed communication
+    on the right; the hover of each bar shows the other metric too."""
+    import plotly.graph_objects as go
+    from plotly.subplots import make_subplots
+
+    fig = make_subplots(
+        rows=1, cols=2, subplot_titles=("time per token (ranks the table)", "makespan per step")
+    )
+    hover = [
+        f"{r.strategy}<br>{r.params}<br>{r.time_per_token_ns:.3f} ns/token, "
+        f"{r.vs_best:.3f}x best<br>makespan {r.makespan_ms:.3f} ms, {r.tokens} tokens"
+        for r in df.itertuples(index=False)
+    ]
+    fig.add_trace(
+        go.Bar(
+            name="time per token",
+            x=df["strategy"],
+            y=df["time_per_token_ns"],
+            hovertext=hover,
+            hoverinfo="text",
+        ),
+        row=1,
+        col=1,
+    )
+    fig.add_trace(
+        go.Bar(
+            name="makespan",
+            x=df["strategy"],
+            y=df["makespan_ms"],
+            hovertext=hover,
+            hoverinfo="text",
+        ),
+        row=1,
+        col=2,
+    )
+    fig.add_trace(
+        go.Bar(name="exposed communication", x=df["strategy"], y=df["exposed_comm_ms"]),
+        row=1,
+        col=2,
+    )
+    fig.update_layout(title=title, barmode="group", template="plotly_white")
+    fig.update_xaxes(title_text="strategy")
+    fig.update_yaxes(title_text="time per token (ns)", row=1, col=1)
+    fig.update_yaxes(title_text="time per step (ms)", row=1, col=2)
+    return fig
+
+
+def write(df: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
+    """The output set (module doc), with its manifest."""
+    from sim.analysis.html import write_page
+    from sim.core.io import OutputSet
+
+    md = f"# {title}\n\n" + to_markdown(df) + "\n"
+    with OutputSet(out_dir, "compare") as out:
+        files = {
+            "results": out.write_text("results.csv", results_rows(df).to_csv(index=False)),
+            "markdown": out.write_text("compare.md", md),
+            "html": write_page(out, title, [figure(df, title), to_markdown(df)], "compare.html"),
+        }
+        if df.attrs.get("config"):
+            files["config"] = out.write_text(
+                "config.yaml", yaml.safe_dump(df.attrs["config"], sort_keys=False)
+            )
+    return files
 
 
 def to_markdown(df: pd.DataFrame) -> str:
     head = (
         "| strategy | params | tokens/step | makespan (ms) | exposed comm (ms) | "
-        "peak act. (GiB) | time/token vs best |"
+        "peak act. (GiB) | time/token (ns) | vs best |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in df.itertuples(index=False):
         oom = " OOM" if r.oom else ""
         lines.append(
             f"| {r.strategy} | {r.params} | {r.tokens} | {r.makespan_ms:.3f} | "
             f"{r.exposed_comm_ms:.3f} | {r.peak_activation_gib:.3f}{oom} | "
-            f"{r.vs_best:.3f}x |"
+            f"{r.time_per_token_ns:.4g} | {r.vs_best:.3f}x |"
         )
     return "\n".join(lines)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sim.core.io import atomic_write_text
 from sim.hardware.topology import Topology
 from sim.hardware.topology_views import cluster_graph
 
@@ -73,5 +72,10 @@ def draw_topology(topo: Topology, path: str | Path, max_nodes: int = 8) -> Path:
         yaxis={"visible": False},
         template="plotly_white",
     )
-    atomic_write_text(path, fig.to_html(include_plotlyjs="cdn"))
-    return Path(path)
+    from sim.analysis.html import write_page
+
+    legend = (
+        "Markers are devices (hover for the name), lines are links coloured by class; click "
+        "a legend entry to hide it. The axes are layout positions, not quantities."
+    )
+    return write_page(path, f"moesim topology: {topo.name}", [fig, legend])

@@ -125,11 +125,16 @@ def write_report(
         ]
     )
     fig.update_layout(
-        title=f"{title}: makespan (ms)", barmode="group", yaxis_title="ms", template="plotly_white"
+        title=f"{title}: makespan",
+        barmode="group",
+        xaxis_title="graph",
+        yaxis_title="makespan (ms)",
+        template="plotly_white",
     )
-    html = out / "report.html"
-    atomic_write_text(html, fig.to_html(include_plotlyjs="cdn"))
-    return {"markdown": md, "html": html}
+    from sim.analysis.html import write_page
+
+    text = "\n".join(lines[1:])  # the page's own title stands for the first line
+    return {"markdown": md, "html": write_page(out / "report.html", title, [fig, text])}
 
 
 def _run_spread(results: list[dict[str, Any]]) -> dict[str, Any]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.hardware.costs.derived import gemm_fit
 from sim.strategies.layer import build_layer
 from sim.workload.moe import MoELayer
 
@@ -49,8 +50,10 @@ class Costs:
     beta_a: float
 
     @classmethod
-    def from_cluster(cls, cluster: Any, ranks: int) -> Costs:
-        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6)."""
+    def from_cluster(cls, cluster: Any, ranks: int, layer: MoELayer | None = None) -> Costs:
+        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6); on a
+        cluster without them, fitted to its own models (sim.hardware.costs.derived) at the
+        layer's chunk GEMMs and its all-to-all group."""
         if cluster is None:
             raise ConfigError(
                 "strategy pipemoe: degree 'auto' needs the cluster's costs "
@@ -58,6 +61,8 @@ class Costs:
             )
         params = getattr(cluster.costs.compute, "params", {}) or {}
         gemm = params.get("gemm")
+        if gemm is None and layer is not None:
+            gemm = gemm_fit(cluster.costs.compute, chunk_gemms(layer), layer.dtype)
         if gemm is None:
             raise ConfigError(
                 "strategy pipemoe: its selector needs alpha-beta GEMM costs "
@@ -65,6 +70,18 @@ class Costs:
             )
         a_a, b_a = cluster.costs.collective.params("all_to_all", ranks)
         return cls(2 * gemm[0], 2 * gemm[1], a_a, b_a)
+
+
+def chunk_gemms(layer: MoELayer) -> list[dict[str, int]]:
+    """The fc1 GEMM of one chunk for every degree the selector may pick, as the layer builds
+    it (the expert GEMM work t_e is defined on, Eq. 14)."""
+    out = []
+    for r in range(1, min(R_MAX, layer.capacity) + 1):
+        m = layer.world * layer.chunk_capacity(r)[0]
+        out.append(
+            {"batch": layer.local_experts, "m": m, "n": layer.hidden_dim, "k": layer.model_dim}
+        )
+    return out
 
 
 def sizes(layer: MoELayer) -> tuple[float, float]:
@@ -142,7 +159,7 @@ def choose(layer: MoELayer, params: dict[str, Any], cluster: Any) -> tuple[int, 
     """The degree to build with, and what the selector saw (for reports)."""
     if params["degree"] != "auto":
         return params["degree"], {"selector": "fixed"}
-    c = Costs.from_cluster(cluster, layer.world)
+    c = Costs.from_cluster(cluster, layer.world, layer)
     n_d, n_e = sizes(layer)
     r, t, case = select(c, n_d, n_e, candidates_for(layer, params["candidates"]))
     return r, {"selector": "theorem1", "case": case, "predicted_s": t}

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task
 from sim.hardware.collectives import payload
 from sim.hardware.costs.compute import AlphaBetaCompute, ComputeModel, RooflineCompute
+from sim.hardware.costs.derived import collective_fit
 from sim.hardware.costs.dispatch import Dispatch
 from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
@@ -81,6 +83,9 @@ class CostModel:
             {**(gpu.get("interference") or {}), **(spec.pop("interference", None) or {})}
         )
         alpha = float(spec.pop("alpha", topo.alpha))
+        # kinds without a measured fit: fitted to this cluster's flow model, as PipeMoE fits
+        # its measurements (sim.hardware.costs.derived)
+        collective.derive = partial(collective_fit, topo, alpha, compute)
         fidelity = spec.pop("fidelity", "auto")
         if fidelity not in FIDELITIES:
             raise ConfigError(f"costs.fidelity: expected one of {FIDELITIES}, got {fidelity!r}")

@@ -2,13 +2,15 @@
 
 Fits are tabulated per group size (PipeMoE Fig. 6 fits 16, 32 and 64 GPUs separately);
 between tabulated sizes alpha and beta are interpolated linearly in log2(ranks), outside
-they are clamped to the nearest fit.
+they are clamped to the nearest fit. A kind without any fit is derived per group size from
+the cluster's own models where `derive` is set (sim.hardware.costs.derived).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -17,6 +19,9 @@ from sim.core.errors import ConfigError
 @dataclass
 class CollectiveAlphaBeta:
     fits: dict[str, list[tuple[int, float, float]]]  # kind -> sorted (ranks, alpha, beta)
+    # (kind, ranks) -> (alpha, beta) for kinds without a fit; None: such a kind is an error
+    derive: Callable[[str, int], tuple[float, float]] | None = None
+    derived: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_fits(cls, raw: dict[str, Any]) -> CollectiveAlphaBeta:
@@ -39,6 +44,10 @@ class CollectiveAlphaBeta:
         rows = self.fits.get(kind) or (
             self.fits.get("all_to_all") if kind == "all_to_allv" else None
         )
+        if not rows and self.derive is not None:
+            if (kind, ranks) not in self.derived:
+                self.derived[(kind, ranks)] = self.derive(kind, ranks)
+            return self.derived[(kind, ranks)]
         if not rows:
             raise ConfigError(
                 f"costs.network is 'collective' but there is no alpha-beta fit for {kind!r} "
