@@ -340,9 +340,12 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli_studies import add_parsers as add_study_parsers
 
     add_study_parsers(sub)  # replay, whatif
+    from sim.cli_sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub)  # sweep
 
     sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
-    sc.add_argument("input", choices=["config", "topology", "graph"])
+    sc.add_argument("input", choices=["config", "topology", "graph", "sweep"])
     sc.set_defaults(fn=cmd_schema)
 
     from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run

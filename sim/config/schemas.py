@@ -1,6 +1,6 @@
 """The JSON Schemas of moesim's inputs, for editors and validators (`moesim schema NAME`):
-the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`) and the
-task graph (`sim.core.graph_schema`)."""
+the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`), the
+task graph (`sim.core.graph_schema`) and the sweep spec (`sim.config.sweep_schema`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.schema import json_schema
 
-INPUTS = ("config", "topology", "graph")
+INPUTS = ("config", "topology", "graph", "sweep")
 
 
 def input_schema(name: str) -> dict[str, Any]:
@@ -25,4 +25,8 @@ def input_schema(name: str) -> dict[str, Any]:
         from sim.core.graph_schema import adapter
 
         return json_schema(adapter(), "moesim task graph")
+    if name == "sweep":
+        from sim.config.sweep_schema import SweepSpec
+
+        return json_schema(SweepSpec, "moesim sweep spec")
     raise ConfigError(f"schema {name!r}: expected one of {', '.join(INPUTS)}")

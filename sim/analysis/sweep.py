@@ -1,0 +1,180 @@
+"""`moesim sweep`: the cross product of a spec's values, run in local worker processes or on a
+Dask distributed cluster, one results row per run written as it finishes, resumable.
+
+    df = run_sweep("sweep.yaml", out="out/sweep")                  # local processes
+    df = run_sweep("sweep.yaml", out="out/sweep", scheduler="tcp://head:8786")   # Dask
+
+The same function (`sim.analysis.sweep_run.run_point`) runs every point wherever it runs;
+it returns the row and the driver writes it (`sim.analysis.sweep_store`), so workers need
+`sim` installed but no shared file system. Every point is validated before the first run
+(`sim.analysis.sweep_spec`); a point whose run fails is a row with status "error".
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from sim.analysis.sweep_run import error_fields, run_point
+from sim.analysis.sweep_spec import Point, load
+from sim.analysis.sweep_store import Store, frame
+from sim.core.errors import ConfigError
+
+Row = dict[str, Any]
+
+
+def run_sweep(
+    spec_or_path: Any,
+    out: str | Path | None = None,
+    scheduler: Any = None,
+    workers: int | None = None,
+    progress: bool = False,
+    restart: bool = False,
+    retry_errors: bool = False,
+    stats: dict[str, Any] | None = None,
+) -> pd.DataFrame:
+    """Run a sweep (a spec file path, a mapping or a loaded Sweep) and return its results,
+    one row per point in the spec's order.
+
+    `out`: the directory of the rows and results (None: nothing written, nothing resumed);
+    with rows there from an interrupted run of the same spec, only the missing points run.
+    `scheduler`: a Dask scheduler address (or a `distributed.Client`) to run on; else
+    `workers` local processes (default: the CPU count; 1 runs in this process).
+    `restart`: discard an `out` of another spec instead of refusing it. `retry_errors`:
+    re-run the points whose row is an error. `progress`: a bar on stderr. `stats`, if given,
+    receives the counts (points, skipped, ran, failed) and the files written."""
+    sweep = load(spec_or_path)
+    if workers is not None and (isinstance(workers, bool) or workers < 1):
+        raise ConfigError(f"--workers: expected a positive integer, got {workers!r}")
+    store = Store(out, sweep, restart) if out is not None else None
+    try:
+        done = store.done(retry_errors) if store is not None else set()
+        pending = [p for p in sweep.points if p.run_id not in done]
+        rows: list[Row] = []
+        failed = 0
+        with _bar(len(sweep.points), len(done), progress) as tick:
+            for row in _execute(pending, scheduler, workers):
+                if store is not None:
+                    store.write(row)  # before it counts as done: a kill after it loses nothing
+                else:
+                    rows.append(row)
+                failed += row["status"] != "ok"
+                tick(row["status"] != "ok")
+        if store is not None:
+            df, files = store.consolidate()
+        else:
+            order = {p.run_id: p.index for p in sweep.points}
+            df, files = frame(sorted(rows, key=lambda r: order[r["run_id"]]), sweep), {}
+    finally:
+        if store is not None:
+            store.close()
+    if stats is not None:
+        stats.update(
+            points=len(sweep.points),
+            skipped=len(done),
+            ran=len(pending),
+            failed_now=failed,
+            failed=int((df["status"] != "ok").sum()),
+            files={k: str(v) for k, v in files.items()},
+        )
+    return df
+
+
+def _execute(points: list[Point], scheduler: Any, workers: int | None) -> Iterator[Row]:
+    """Rows of `points` in the order they finish."""
+    if not points:
+        return iter(())
+    if scheduler is not None:
+        return _on_dask(points, scheduler)
+    n = min(workers or os.cpu_count() or 1, len(points))
+    if n == 1:
+        return (run_point(p) for p in points)
+    return _on_processes(points, n)
+
+
+def _on_processes(points: list[Point], n: int) -> Iterator[Row]:
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    # forkserver: workers forked from a clean server process, not from this one and its
+    # threads (a progress bar's monitor); each imports sim once, on its first point
+    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+    with ProcessPoolExecutor(n, mp_context=mp.get_context(method)) as pool:
+        futures = {pool.submit(run_point, p): p for p in points}
+        try:
+            for fut in as_completed(futures):
+                yield _result(fut, futures[fut])
+        except BaseException:
+            pool.shutdown(wait=False, cancel_futures=True)
+            raise
+
+
+def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise ConfigError(
+            "--scheduler: needs the dask extra (pip install 'moesim[dask]')"
+        ) from None
+    own = not isinstance(scheduler, Client)
+    if own:
+        try:
+            client = Client(scheduler, timeout="20s")
+        except (OSError, TimeoutError, ValueError) as e:
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+    else:
+        client = scheduler
+    try:
+        # pure=False: a point is run, never served from another client's cached result
+        names = [f"moesim-{p.run_id}" for p in points]
+        futures = client.map(run_point, points, pure=False, key=names)
+        by_key = {f.key: p for f, p in zip(futures, points)}
+        for fut in as_completed(futures):
+            yield _result(fut, by_key[fut.key])
+    finally:
+        if own:
+            client.close()
+
+
+def _result(fut: Any, point: Point) -> Row:
+    """A finished future's row; a worker lost or killed under it is that point's error."""
+    try:
+        return fut.result()
+    except Exception as e:
+        base = {"run_id": point.run_id, "config": point.config, "strategy": point.strategy}
+        return base | error_fields(f"worker failed: {type(e).__name__}: {e}")
+
+
+class _bar:
+    """tqdm on stderr with done / failed counts; nothing when off."""
+
+    def __init__(self, total: int, done: int, on: bool):
+        self.total, self.done, self.on = total, done, on
+        self.failed = 0
+        self.bar: Any = None
+
+    def __enter__(self) -> Callable[[bool], None]:
+        if self.on:
+            from tqdm import tqdm
+
+            self.bar = tqdm(
+                total=self.total, initial=self.done, desc="sweep", unit="run", file=sys.stderr
+            )
+            if self.done:
+                self.bar.set_postfix_str(f"{self.done} from an earlier run")
+        return self.tick
+
+    def tick(self, failed: bool) -> None:
+        self.failed += failed
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(failed=self.failed, refresh=False)
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
