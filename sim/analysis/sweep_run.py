@@ -30,8 +30,12 @@ FLOAT_COLUMNS = (
 INT_COLUMNS = ("tokens", "gpus")
 BOOL_COLUMNS = ("oom",)
 COLUMNS = (
-    STR_COLUMNS[:5] + ("makespan_s", "time_per_token_s") + INT_COLUMNS + FLOAT_COLUMNS[2:]
-    + BOOL_COLUMNS + STR_COLUMNS[5:]
+    STR_COLUMNS[:5]
+    + ("makespan_s", "time_per_token_s")
+    + INT_COLUMNS
+    + FLOAT_COLUMNS[2:]
+    + BOOL_COLUMNS
+    + STR_COLUMNS[5:]
 )
 
 

@@ -19,7 +19,7 @@ from typing import Any
 from sim.analysis import whatif_keys as keys
 from sim.config import RunConfig
 from sim.config.sweep_schema import SweepSpec
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, MoesimError
 from sim.core.schema import check
 
 MAX_POINTS = 100_000  # a typo (a 1,000-value list crossed with others) is refused, not queued
@@ -72,7 +72,7 @@ def load(spec: Any) -> Sweep:
         total *= len(ax[1][0])
     if total > MAX_POINTS:
         raise ConfigError(f"{source}: {total:,} points is over the {MAX_POINTS:,} a sweep runs")
-    points = [_point(i, base, combo, source) for i, combo in enumerate(_combos(axes))]
+    points = [_located(i, base, combo, source) for i, combo in enumerate(_combos(axes))]
     _check_unique(points, source)
     _check_clusters(points)
     normal = {
@@ -116,9 +116,7 @@ def _axes(s: SweepSpec, source: str) -> list[Axis]:
             try:
                 keys.check_key(key, where=f"{source}: {where}:")
             except ConfigError:
-                raise ConfigError(
-                    f"{source}: {loc}: unknown key (known: {keys.known()})"
-                ) from None
+                raise ConfigError(f"{source}: {loc}: unknown key (known: {keys.known()})") from None
             if key in seen:
                 raise ConfigError(f"{source}: {loc}: {key!r} is also varied in {seen[key]}")
             seen[key] = where
@@ -139,9 +137,26 @@ def _combos(axes: list[Axis]) -> Any:
         yield [(k, v[i]) for (ks, vals), i in zip(axes, idx) for k, v in zip(ks, vals)]
 
 
+def _located(index: int, base: RunConfig, combo: list[tuple[str, Any]], source: str) -> Point:
+    """`_point`, its errors naming the spec and the point (a strategy entry's own error
+    does not)."""
+    try:
+        return _point(index, base, combo, source)
+    except MoesimError as e:
+        raise ConfigError(_at(str(e), f"{source}: point {_label(combo)}")) from None
+
+
+def _at(message: str, where: str) -> str:
+    return message if message.startswith(where.split(": point")[0]) else f"{where}: {message}"
+
+
+def _label(combo: list[tuple[str, Any]]) -> str:
+    return ",".join(f"{k}={text(v)}" for k, v in combo) or "base"
+
+
 def _point(index: int, base: RunConfig, combo: list[tuple[str, Any]], source: str) -> Point:
     params = dict(combo)
-    label = ",".join(f"{k}={text(v)}" for k, v in params.items()) or "base"
+    label = _label(combo)
     where = f"{source}: point {label}:"
     changes = [keys.change(k, v, text(v), where=where) for k, v in params.items()]
     applied = keys.apply(base, changes, [])
@@ -153,9 +168,9 @@ def _point(index: int, base: RunConfig, combo: list[tuple[str, Any]], source: st
         if cfg.strategy_params
         else ""
     )
-    config = ",".join(
-        f"{k}={text(v)}" for k, v in params.items() if not _is_strategy_key(k)
-    ) or "base"
+    config = (
+        ",".join(f"{k}={text(v)}" for k, v in params.items() if not _is_strategy_key(k)) or "base"
+    )
     run_id = _hash(
         {
             "config": _plain(raw),
@@ -201,8 +216,13 @@ def _check_clusters(points: list[Point]) -> None:
     for p in points:
         r = p.raw
         what = json.dumps(
-            [r["topology"], r.get("nodes"), r.get("fabric"), r.get("limits"),
-             [c.key for c in p.links]],
+            [
+                r["topology"],
+                r.get("nodes"),
+                r.get("fabric"),
+                r.get("limits"),
+                [c.key for c in p.links],
+            ],
             sort_keys=True,
             default=str,
         )
@@ -213,9 +233,8 @@ def _check_clusters(points: list[Point]) -> None:
         try:
             with applied(cfg.size_limits()):
                 with_links(cfg.load_topology(), list(p.links))
-        except ConfigError as e:
-            msg = str(e)
-            raise ConfigError(msg if msg.startswith(p.source) else f"{p.source}: {msg}") from None
+        except MoesimError as e:
+            raise ConfigError(_at(str(e), p.source)) from None
 
 
 def text(value: Any) -> str:

@@ -38,6 +38,13 @@ class Store:
         self.sweep = sweep
         self.rows = self.dir / ROWS
         self._lock = _lock(self.dir)
+        try:
+            self._open(sweep, restart)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, sweep: Sweep, restart: bool) -> None:
         state = self._state()
         if state is not None and state.get("fingerprint") != sweep.fingerprint:
             if not restart:
@@ -101,9 +108,7 @@ class Store:
     def results(self) -> pd.DataFrame:
         """Every row there is, in the spec's order."""
         order = {p.run_id: p.index for p in self.sweep.points}
-        parts = [
-            _read_part(f) for f in self.rows.glob("*.parquet") if f.stem in order
-        ]
+        parts = [_read_part(f) for f in self.rows.glob("*.parquet") if f.stem in order]
         rows = [r for df in parts for r in df.to_dict(orient="records")]
         rows.sort(key=lambda r: order[r["run_id"]])
         return frame(rows, self.sweep)

@@ -149,7 +149,7 @@ def with_links(topo: Topology, links: list[keys.Change]) -> Topology:
         _, cls, field = c.key.split(".")
         if cls != "*" and cls not in classes:
             raise ConfigError(
-                f"--set {c.key}: topology {topo.name} has no link class {cls!r} "
+                f"{c.where} {c.key}: topology {topo.name} has no link class {cls!r} "
                 f"(it has: {', '.join(sorted(classes))}; or link.*.{field} for all)"
             )
         for name in list(classes) if cls == "*" else [cls]:
