@@ -57,8 +57,11 @@ def run_sweep(
         pending = [p for p in sweep.points if p.run_id not in done]
         rows: list[Row] = []
         failed = 0
+        # the workers start before the bar (and its thread); forked ones drop the lock's fd
+        keep_out = [store.lock_fd] if store is not None and store.lock_fd is not None else []
+        results = _execute(pending, scheduler, workers, keep_out)
         with _bar(len(sweep.points), len(done), progress) as tick:
-            for row in _execute(pending, scheduler, workers):
+            for row in results:
                 if store is not None:
                     store.write(row)  # before it counts as done: a kill after it loses nothing
                 else:
@@ -85,8 +88,11 @@ def run_sweep(
     return df
 
 
-def _execute(points: list[Point], scheduler: Any, workers: int | None) -> Iterator[Row]:
-    """Rows of `points` in the order they finish."""
+def _execute(
+    points: list[Point], scheduler: Any, workers: int | None, close_fds: list[int]
+) -> Iterator[Row]:
+    """Rows of `points` in the order they finish. `close_fds`: descriptors a forked worker
+    closes (the output directory's lock: a worker outliving a killed sweep must not hold it)."""
     if not points:
         return iter(())
     if scheduler is not None:
@@ -94,24 +100,47 @@ def _execute(points: list[Point], scheduler: Any, workers: int | None) -> Iterat
     n = min(workers or os.cpu_count() or 1, len(points))
     if n == 1:
         return (run_point(p) for p in points)
-    return _on_processes(points, n)
+    return _on_processes(points, n, close_fds)
 
 
-def _on_processes(points: list[Point], n: int) -> Iterator[Row]:
+def _on_processes(points: list[Point], n: int, close_fds: list[int]) -> Iterator[Row]:
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    import threading
+    from concurrent.futures import ProcessPoolExecutor
 
-    # forkserver: workers forked from a clean server process, not from this one and its
-    # threads (a progress bar's monitor); each imports sim once, on its first point
-    method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
-    with ProcessPoolExecutor(n, mp_context=mp.get_context(method)) as pool:
-        futures = {pool.submit(run_point, p): p for p in points}
-        try:
-            for fut in as_completed(futures):
-                yield _result(fut, futures[fut])
-        except BaseException:
-            pool.shutdown(wait=False, cancel_futures=True)
-            raise
+    # fork where this process has no other thread (workers start with sim imported: no
+    # second start-up), forkserver otherwise (forking a threaded process can deadlock)
+    methods = mp.get_all_start_methods()
+    method = "fork" if "fork" in methods and threading.active_count() == 1 else None
+    method = method or ("forkserver" if "forkserver" in methods else "spawn")
+    # only a forked worker has the parent's descriptors (in another, the number is another's)
+    inherited = close_fds if method == "fork" else []
+    pool = ProcessPoolExecutor(
+        n, mp_context=mp.get_context(method), initializer=_close, initargs=(inherited,)
+    )
+    # submitted now, so that the workers exist before a progress bar starts its thread
+    futures = {pool.submit(run_point, p): p for p in points}
+    return _drain(pool, futures)
+
+
+def _close(fds: list[int]) -> None:
+    import contextlib
+
+    for fd in fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+
+
+def _drain(pool: Any, futures: dict[Any, Point]) -> Iterator[Row]:
+    from concurrent.futures import as_completed
+
+    try:
+        for fut in as_completed(futures):
+            yield _result(fut, futures[fut])
+    except BaseException:  # interrupted: the queued points are dropped, running ones end
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:

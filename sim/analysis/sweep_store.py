@@ -37,7 +37,7 @@ class Store:
         self.dir = check_output_dir(out, "--out")
         self.sweep = sweep
         self.rows = self.dir / ROWS
-        self._lock = _lock(self.dir)
+        self.lock_fd = _lock(self.dir)
         try:
             self._open(sweep, restart)
         except BaseException:
@@ -126,9 +126,9 @@ class Store:
         return df, files
 
     def close(self) -> None:
-        if self._lock is not None:
-            os.close(self._lock)
-            self._lock = None
+        if self.lock_fd is not None:
+            os.close(self.lock_fd)
+            self.lock_fd = None
 
 
 def _lock(d: Path) -> int | None:
