@@ -7,6 +7,8 @@ import json
 import sys
 from typing import Any
 
+SHOWN = 8  # configs (best strategy) and distinct errors printed; the files hold them all
+
 
 def cmd_sweep(a: argparse.Namespace) -> int:
     from sim.analysis.sweep import run_sweep
@@ -38,12 +40,14 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         f"sweep: {stats['points']} runs: {stats['ran']} ran now, {stats['skipped']} from an "
         f"earlier run; {stats['failed']} failed"
     )
-    for b in best:
+    for b in best[:SHOWN]:
         print(
             f"  best on {b['config']}: {b['strategy']} "
             f"({b['time_per_token_s'] * 1e9:.4g} ns per token)"
         )
-    for message, n in list(errors.items())[:5]:
+    if len(best) > SHOWN:
+        print(f"  ... and {len(best) - SHOWN} more configs (results.csv has every row)")
+    for message, n in list(errors.items())[:SHOWN]:
         print(f"  {n} x error: {message}")
     for name, path in stats["files"].items():
         print(f"  wrote {name:8s} {path}")

@@ -222,3 +222,12 @@ def test_cli_prints_counts_and_best(tmp_path, capsys):
     assert doc["best"][0]["config"] == "base" and doc["files"]["parquet"].endswith(".parquet")
     assert main(["schema", "sweep"]) == 0
     assert "grid" in json.loads(capsys.readouterr().out)["properties"]
+
+
+def test_shipped_example_spec_validates():
+    from pathlib import Path
+
+    sweep = load(Path(__file__).resolve().parents[1] / "sim" / "configs" / "sweep_demo.yaml")
+    assert len(sweep.points) == 2 * 3 * 2 * 2
+    assert sweep.keys == ["nodes", "strategy", "link.*.bw", "model.model_dim", "model.hidden_dim"]
+    assert sweep.points[0].raw["passes"] == ["fwd", "bwd"]

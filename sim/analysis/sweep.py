@@ -180,7 +180,7 @@ def _result(fut: Any, point: Point) -> Row:
 
 
 class _bar:
-    """tqdm on stderr with done / failed counts; nothing when off."""
+    """tqdm on stderr: runs done of all, failed in this run, done by an earlier one."""
 
     def __init__(self, total: int, done: int, on: bool):
         self.total, self.done, self.on = total, done, on
@@ -194,15 +194,18 @@ class _bar:
             self.bar = tqdm(
                 total=self.total, initial=self.done, desc="sweep", unit="run", file=sys.stderr
             )
-            if self.done:
-                self.bar.set_postfix_str(f"{self.done} from an earlier run")
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
         return self.tick
+
+    def _postfix(self) -> str:
+        resumed = f", {self.done} done before" if self.done else ""
+        return f"failed {self.failed}{resumed}"
 
     def tick(self, failed: bool) -> None:
         self.failed += failed
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(failed=self.failed, refresh=False)
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
 
     def __exit__(self, *exc: Any) -> None:
         if self.bar is not None:

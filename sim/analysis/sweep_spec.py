@@ -207,24 +207,19 @@ def _check_unique(points: list[Point], source: str) -> None:
 
 
 def _check_clusters(points: list[Point]) -> None:
-    """Every distinct cluster loads (a topology name, a node count, fabric options, link
-    classes that exist) before the first run: a typo fails the sweep, not each of its rows."""
+    """Every distinct cluster and cost model builds (a topology name, a node count, fabric
+    options, link classes that exist, costs the network model can use) before the first
+    run: a typo fails the sweep, not each of its rows."""
     from sim.analysis.whatif import with_links
     from sim.core.limits import applied
+    from sim.hardware.costs import CostModel
 
     seen: set[str] = set()
     for p in points:
         r = p.raw
-        what = json.dumps(
-            [
-                r["topology"],
-                r.get("nodes"),
-                r.get("fabric"),
-                r.get("limits"),
-                [c.key for c in p.links],
-            ],
-            sort_keys=True,
-            default=str,
+        what = _hash(
+            [r["topology"], r.get("nodes"), r.get("fabric"), r.get("limits"), r.get("costs")]
+            + [c.key for c in p.links]
         )
         if what in seen:
             continue
@@ -232,7 +227,7 @@ def _check_clusters(points: list[Point]) -> None:
         cfg = RunConfig.from_dict(r, source=p.source)
         try:
             with applied(cfg.size_limits()):
-                with_links(cfg.load_topology(), list(p.links))
+                CostModel.build(with_links(cfg.load_topology(), list(p.links)), cfg.costs)
         except MoesimError as e:
             raise ConfigError(_at(str(e), p.source)) from None
 
