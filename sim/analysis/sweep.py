@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import sys
+import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -159,8 +160,9 @@ def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:
     else:
         client = scheduler
     try:
-        # pure=False: a point is run, never served from another client's cached result
-        names = [f"moesim-{p.run_id}" for p in points]
+        # keys of this call only: a client's earlier futures of the same points never answer
+        token = uuid.uuid4().hex[:8]
+        names = [f"moesim-{p.run_id}-{token}" for p in points]
         futures = client.map(run_point, points, pure=False, key=names)
         by_key = {f.key: p for f, p in zip(futures, points)}
         for fut in as_completed(futures):
