@@ -231,3 +231,24 @@ def test_shipped_example_spec_validates():
     assert len(sweep.points) == 2 * 3 * 2 * 2
     assert sweep.keys == ["nodes", "strategy", "link.*.bw", "model.model_dim", "model.hidden_dim"]
     assert sweep.points[0].raw["passes"] == ["fwd", "bwd"]
+
+
+def _die(point):  # a worker process killed under its run (out of memory, kill -9)
+    import os
+
+    os._exit(3)
+
+
+def test_a_dead_worker_process_stops_the_sweep_keeping_rows(tmp_path, monkeypatch):
+    """Which point killed a local worker is unknown: no row is blamed, the sweep stops in one
+    line, and the same command resumes it."""
+    import sim.analysis.sweep as sweep_mod
+    from sim.core.errors import MoesimError
+
+    spec = _spec(grid={"nodes": [2, 4]})
+    monkeypatch.setattr(sweep_mod, "run_point", _die)
+    with pytest.raises(MoesimError, match="sweep stopped: BrokenProcessPool.*run the same command"):
+        run_sweep(spec, out=tmp_path, workers=2)
+    assert not list((tmp_path / "rows").glob("*.parquet"))
+    monkeypatch.undo()
+    assert (run_sweep(spec, out=tmp_path, workers=1)["status"] == "ok").all()

@@ -24,7 +24,7 @@ import pandas as pd
 from sim.analysis.sweep_run import error_fields, run_point
 from sim.analysis.sweep_spec import Point, load
 from sim.analysis.sweep_store import Store, frame
-from sim.core.errors import ConfigError
+from sim.core.errors import ConfigError, MoesimError
 
 Row = dict[str, Any]
 
@@ -173,12 +173,21 @@ def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:
 
 
 def _result(fut: Any, point: Point) -> Row:
-    """A finished future's row; a worker lost or killed under it is that point's error."""
+    """A finished future's row. A point that killed its Dask workers every time it ran is that
+    point's error row; any other failure of the machinery (a local worker process killed or
+    out of memory, a lost scheduler) ends the sweep with the rows so far kept: which point
+    was to blame is unknown, and a resume runs the rest."""
     try:
         return fut.result()
     except Exception as e:
+        if type(e).__name__ != "KilledWorker":
+            raise MoesimError(
+                f"sweep stopped: {type(e).__name__}: {e} (a worker process killed or out of "
+                "memory? the rows written so far are kept: run the same command again to "
+                "resume; --workers 1 runs in this process)"
+            ) from None
         base = {"run_id": point.run_id, "config": point.config, "strategy": point.strategy}
-        return base | error_fields(f"worker failed: {type(e).__name__}: {e}")
+        return base | error_fields(f"worker killed every time it ran this point: {e}")
 
 
 class _bar:
