@@ -14,6 +14,10 @@ import sys
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sim.cli_options import check_output_file as _check_output_file
+from sim.cli_options import limit_opt as _limit_opt
+from sim.cli_options import limits as _limits
+from sim.cli_options import refuse as _refuse
 from sim.core.errors import ConfigError, MoesimError
 from sim.core.io import check_output_dir
 
@@ -65,32 +69,6 @@ def _config(a: argparse.Namespace):
         costs=_cost_overrides(a),
         limits=_limits(a),
     )
-
-
-def _limits(a: argparse.Namespace) -> dict[str, int]:
-    from sim.core.limits import parse
-
-    return parse(a.limit)
-
-
-def _refuse(a: argparse.Namespace, options: dict[str, str], why: str) -> None:
-    """A one-line error naming the given options that do not apply (attribute -> flag)."""
-    given = [flag for attr, flag in options.items() if getattr(a, attr, None) not in (None, False)]
-    if given:
-        raise ConfigError(f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not "
-                          f"apply {why}")
-
-
-def _check_output_file(path: str, what: str) -> None:
-    """An output file's path that cannot be written fails before the work, in one line."""
-    if path == "":
-        raise ConfigError(f"{what}: expected a file path, got ''")
-    p = Path(path)
-    if p.is_dir():
-        raise ConfigError(f"{what} {p}: is a directory, expected a file path")
-    check_output_dir(p.parent, what)
-    if len(os.fsencode(p.name)) > 255:
-        raise ConfigError(f"{what} {p}: the name {p.name[:40]!r}... is over 255 bytes")
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
@@ -151,85 +129,11 @@ def cmd_graph(a: argparse.Namespace) -> int:
     return 0
 
 
-def _size(text: str) -> int:
-    """1024, 1K, 16M, 1G (binary multiples, as nccl-tests' -b/-e take them)."""
-    units = {"K": 2**10, "M": 2**20, "G": 2**30}
-    t = text.strip().upper().removesuffix("B")
-    try:
-        return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"size {text!r}: expected e.g. 1024, 64K, 16M, 1G"
-        ) from None
-
-
-def cmd_collectives(a: argparse.Namespace) -> int:
-    from sim import api
-
-    if a.out is not None:
-        _check_output_file(a.out, "--out")
-    sweep = api.collective_sweep(
-        a.topology,
-        a.collective,
-        a.algo,
-        a.min,
-        a.max,
-        a.factor,
-        nodes=a.nodes,
-        fidelity=a.fidelity,
-        oversubscription=a.oversubscription,
-        limits=_limits(a),
-    )
-    text = sweep.report(as_json=a.json)
-    print(text)
-    if a.out:
-        api.write_text(a.out, text)
-    return 0
-
-
-def cmd_topology(a: argparse.Namespace) -> int:
-    from sim import api
-
-    if a.action == "list":
-        _refuse(
-            a,
-            {"name": "a NAME", "nodes": "--nodes", "routes": "--routes", "draw": "--draw",
-             "limit": "--limit"},
-            "to `topology list` (they apply to `topology show NAME`)",
-        )
-        for name in api.topology_presets():
-            print(name)
-        return 0
-    if not a.name:
-        raise ConfigError("topology show: name a preset or a YAML file")
-    if a.draw is not None:
-        _check_output_file(a.draw, "--draw")
-    topo = api.load_topology(a.name, nodes=a.nodes, limits=_limits(a))
-    print(api.describe_topology(topo))
-    if a.draw:
-        print(f"  drew {api.draw_topology(topo, a.draw)}")
-    if a.routes:
-        print("  routes from gpu0:")
-        for dst, links in api.routes_from_gpu0(topo):
-            print(f"    rank 0 -> {dst}: " + " ".join(links))
-    return 0
-
-
 def cmd_schema(a: argparse.Namespace) -> int:
     from sim import api
 
     print(json.dumps(api.schema(a.input), indent=2))
     return 0
-
-
-def _limit_opt(sp: argparse.ArgumentParser) -> None:
-    sp.add_argument(
-        "--limit",
-        action="append",
-        metavar="NAME=N",
-        help="raise a size limit (repeatable): max_world, max_ranks, max_tasks, max_replicas, "
-        "max_matrix, max_flows, max_skewed_flows (see `limits:` in a run config)",
-    )
 
 
 class _Parser(argparse.ArgumentParser):
@@ -300,54 +204,21 @@ def build_parser() -> argparse.ArgumentParser:
     run_opts(g)
     g.set_defaults(fn=cmd_graph)
 
-    t = sub.add_parser("topology", help="list presets or show one")
-    t.add_argument("action", choices=["list", "show"])
-    t.add_argument("name", nargs="?")
-    t.add_argument("--nodes", type=int)
-    t.add_argument("--routes", action="store_true", help="also print routes from GPU 0")
-    t.add_argument("--draw", metavar="FILE.html", help="draw the cluster graph (plotly HTML)")
-    _limit_opt(t)
-    t.set_defaults(fn=cmd_topology)
+    from sim.cli_cluster import add_parsers as add_cluster_parsers
 
-    c = sub.add_parser("collectives", help="nccl-tests-style sweep of one collective, simulated")
-    c.add_argument("--topology", default="dgx-a100", help="preset or YAML (default dgx-a100)")
-    c.add_argument("--nodes", type=int, help="node count (default: the preset's)")
-    c.add_argument(
-        "--collective",
-        "-c",
-        default="all_to_all",
-        choices=[
-            "all_to_all",
-            "all_gather",
-            "reduce_scatter",
-            "all_reduce",
-            "broadcast",
-            "sendrecv",
-        ],
-    )
-    c.add_argument(
-        "--algo",
-        help="algorithm, e.g. linear, pairwise, 2dh, rail_relay, ring, "
-        "hierarchical (default: the kind's default)",
-    )
-    c.add_argument("--min", "-b", type=_size, default=_size("1K"), help="smallest size (1K)")
-    c.add_argument("--max", "-e", type=_size, default=_size("1G"), help="largest size (1G)")
-    c.add_argument("--factor", "-f", type=int, default=2, help="size step factor (2)")
-    c.add_argument("--fidelity", choices=["auto", "flow", "bundled"])
-    c.add_argument("--oversubscription", type=float, help="override the fabric's ratio")
-    c.add_argument("--json", action="store_true", help="print JSON instead of the table")
-    c.add_argument("--out", help="also write the output to this file")
-    _limit_opt(c)
-    c.set_defaults(fn=cmd_collectives)
+    add_cluster_parsers(sub)  # topology, collectives
     from sim.cli_studies import add_parsers as add_study_parsers
 
     add_study_parsers(sub)  # replay, whatif
     from sim.cli_report import add_parsers as add_report_parser
 
     add_report_parser(sub)
+    from sim.cli_sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub)  # sweep
 
     sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
-    sc.add_argument("input", choices=["config", "topology", "graph", "calibration"])
+    sc.add_argument("input", choices=["config", "topology", "graph", "calibration", "sweep"])
     sc.set_defaults(fn=cmd_schema)
 
     from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run

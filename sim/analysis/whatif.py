@@ -52,7 +52,7 @@ from sim.hardware.costs.dispatch import Dispatch
 from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.measured import GAP_TAG, MEASURED_TAG, MeasuredCompute, ScaledCompute
 from sim.hardware.topology import Topology
-from sim.strategies import Cluster, build, resolve_params
+from sim.strategies import Cluster, build
 
 Run = tuple[dict[str, Any], pd.DataFrame]
 
@@ -120,46 +120,11 @@ def _graph_kind(g: TaskGraph) -> tuple[str, TaskGraph]:
 # -- run configs ---------------------------------------------------------------------------
 def _config(cfg: RunConfig, changes: list[keys.Change], notes: list[str]) -> tuple[Run, Run]:
     before = _run_config(cfg, [], 1.0)
-    raw = cfg.to_dict()
-    links: list[keys.Change] = []
-    speed = 1.0
-    # the strategy first, so that its parameters apply to the new one
-    for c in sorted(changes, key=lambda c: c.key != "strategy"):
-        k, field = c.key, c.key.split(".", 1)[-1]
-        if k == "topology":
-            raw["topology"] = str(c.value)
-        elif k == "nodes":
-            raw["nodes"] = c.number(raw.get("nodes") or cfg.load_topology().nodes, integer=True)
-        elif k == "strategy":
-            raw["strategy"] = {"name": str(c.value)}
-        elif k.startswith("strategy."):
-            s = raw["strategy"]
-            full = resolve_params(s["name"], {p: v for p, v in s.items() if p != "name"})
-            s[field] = c.plain(full.get(field))
-        elif k.startswith("model.routing."):
-            raw["model"]["routing"] = _routing(raw["model"].get("routing"), c, notes)
-        elif k.startswith("model."):
-            raw["model"][field] = c.plain(raw["model"].get(field))
-        elif k.startswith("costs."):
-            raw.setdefault("costs", {})[field] = c.plain(raw["costs"].get(field))
-        elif k.startswith("link."):
-            links.append(c)
-        elif k == "compute.speed":
-            speed = float(c.number(1.0))
-    after = RunConfig.from_dict(raw, source=f"{cfg.source} with --set")
-    if links and after.costs.get("network") == "collective":
+    applied = keys.apply(cfg, changes, notes)
+    after = RunConfig.from_dict(applied.raw, source=f"{cfg.source} with --set")
+    if applied.links and after.costs.get("network") == "collective":
         notes.append("costs.network is collective: link changes do not enter alpha-beta costs")
-    return before, _run_config(after, links, speed)
-
-
-def _routing(routing: Any, c: keys.Change, notes: list[str]) -> dict[str, Any]:
-    r = {"kind": routing} if isinstance(routing, str) else dict(routing or {"kind": "uniform"})
-    field = c.key.rsplit(".", 1)[1]
-    if field == "s" and r.get("kind") == "uniform":
-        r = {"kind": "zipf", "seed": 0}
-        notes.append("model.routing: uniform switched to zipf (seed 0) to take a skew s")
-    r[field] = c.plain(r.get(field))
-    return r
+    return before, _run_config(after, applied.links, applied.speed)
 
 
 def _run_config(cfg: RunConfig, links: list[keys.Change], speed: float) -> Run:
@@ -184,7 +149,7 @@ def with_links(topo: Topology, links: list[keys.Change]) -> Topology:
         _, cls, field = c.key.split(".")
         if cls != "*" and cls not in classes:
             raise ConfigError(
-                f"--set {c.key}: topology {topo.name} has no link class {cls!r} "
+                f"{c.where} {c.key}: topology {topo.name} has no link class {cls!r} "
                 f"(it has: {', '.join(sorted(classes))}; or link.*.{field} for all)"
             )
         for name in list(classes) if cls == "*" else [cls]:

@@ -2,6 +2,7 @@
 
 A value is a number (`4`, `1e-6`) or YAML (`zipf`, `[1, 2]`); `*k` multiplies the
 base's value by k (`link.nvlink3.bw=*2`, `strategy.degree=*2`, `compute.speed=*0.5`).
+`apply` puts changes into a run config; sweeps (`sim.analysis.sweep_spec`) vary the same keys.
 """
 
 from __future__ import annotations
@@ -11,8 +12,10 @@ from typing import Any
 
 import yaml
 
-from sim.config.schema import ModelSpec
+from sim.config import RunConfig
+from sim.config.schema import FabricSpec, ModelSpec, ParallelSpec
 from sim.core.errors import ConfigError
+from sim.strategies import resolve_params
 
 KNOWN = (
     "topology",
@@ -25,6 +28,8 @@ KNOWN = (
     "model.<field>",
     "model.routing.s",
     "model.routing.<field>",
+    "fabric.<field>",
+    "parallel.<field>",
     "strategy",
     "strategy.<param>",
     "costs.<field>",
@@ -38,23 +43,26 @@ class Change:
     text: str  # the value as given
     value: Any  # parsed (None for a relative value)
     factor: float | None = None  # `*k`
+    where: str = "--set"  # how errors name where the change came from
 
     def number(self, old: Any, integer: bool = False) -> float | int:
         """The new value of a numeric field whose base value is `old`."""
         if self.factor is not None:
             if isinstance(old, bool) or not isinstance(old, (int, float)):
                 raise ConfigError(
-                    f"--set {self.key}={self.text}: relative, but the base has no number "
+                    f"{self.where} {self.key}={self.text}: relative, but the base has no number "
                     f"there (it has {old!r}); give an absolute value"
                 )
             new = old * self.factor
         else:
             new = self.value
             if isinstance(new, bool) or not isinstance(new, (int, float)):
-                raise ConfigError(f"--set {self.key}={self.text}: expected a number")
+                raise ConfigError(f"{self.where} {self.key}={self.text}: expected a number")
         if integer:
             if float(new) != int(new):
-                raise ConfigError(f"--set {self.key}={self.text}: gives {new}, not an integer")
+                raise ConfigError(
+                    f"{self.where} {self.key}={self.text}: gives {new}, not an integer"
+                )
             return int(new)
         return new
 
@@ -72,37 +80,112 @@ def parse(sets: list[str]) -> list[Change]:
             raise ConfigError(f"--set {item!r}: expected KEY=VALUE (known keys: {known()})")
         key, text = (s.strip() for s in item.split("=", 1))
         check_key(key)
-        if text.startswith("*"):
-            try:
-                factor = float(text[1:])
-            except ValueError:
-                raise ConfigError(f"--set {key}={text}: expected *<number>, e.g. *2") from None
-            if not factor > 0:
-                raise ConfigError(f"--set {key}={text}: the factor must be > 0")
-            out.append(Change(key, text, None, factor))
-            continue
-        value = _read(text)
-        if value is None:
+        if not text.startswith("*") and _read(text) is None:
             raise ConfigError(f"--set {key}=: expected a value")
-        out.append(Change(key, text, value))
+        out.append(change(key, text if text.startswith("*") else _read(text), text))
     return out
+
+
+def change(key: str, value: Any, text: str | None = None, where: str = "--set") -> Change:
+    """A change of `key` to `value` (already parsed; a string `*k` is relative). The key is
+    checked by the caller (`check_key`)."""
+    text = str(value) if text is None else text
+    if isinstance(value, str) and value.startswith("*"):
+        try:
+            factor = float(value[1:])
+        except ValueError:
+            raise ConfigError(f"{where} {key}={value}: expected *<number>, e.g. *2") from None
+        if not factor > 0:
+            raise ConfigError(f"{where} {key}={value}: the factor must be > 0")
+        return Change(key, value, None, factor, where)
+    return Change(key, text, value, None, where)
 
 
 def known() -> str:
     return ", ".join(KNOWN)
 
 
-def check_key(key: str) -> None:
+def check_key(key: str, where: str = "--set") -> None:
     parts = key.split(".")
+    fabric = {f.alias or n for n, f in FabricSpec.model_fields.items()}
     ok = (
         key in ("topology", "nodes", "strategy", "compute.speed")
         or (parts[0] == "link" and len(parts) == 3 and parts[1] and parts[2] in LINK_FIELDS)
         or (parts[0] == "model" and len(parts) == 2 and parts[1] in ModelSpec.model_fields)
         or (parts[:2] == ["model", "routing"] and len(parts) == 3 and parts[2])
+        or (parts[0] == "fabric" and len(parts) == 2 and parts[1] in fabric)
+        or (parts[0] == "parallel" and len(parts) == 2 and parts[1] in ParallelSpec.model_fields)
         or (parts[0] in ("strategy", "costs") and len(parts) == 2 and parts[1])
     )
     if not ok:
-        raise ConfigError(f"--set {key}: unknown key (known: {known()})")
+        raise ConfigError(f"{where} {key}: unknown key (known: {known()})")
+
+
+@dataclass(frozen=True)
+class Applied:
+    """A run config's raw mapping with the changes applied, and what is not a config field:
+    link classes changed on the loaded topology and the compute speed factor."""
+
+    raw: dict[str, Any]
+    links: list[Change]
+    speed: float
+
+
+def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
+    """`changes` applied to `cfg` (not validated: `RunConfig.from_dict(result.raw)` does)."""
+    raw = cfg.to_dict()
+    links: list[Change] = []
+    speed = 1.0
+    # the strategy first, so that its parameters apply to the new one
+    for c in sorted(changes, key=lambda c: c.key != "strategy"):
+        k, field = c.key, c.key.split(".", 1)[-1]
+        if k == "topology":
+            raw["topology"] = str(c.value)
+        elif k == "nodes":
+            raw["nodes"] = c.number(raw.get("nodes") or cfg.load_topology().nodes, integer=True)
+        elif k == "strategy":
+            raw["strategy"] = _strategy(c)
+        elif k.startswith("strategy."):
+            s = raw["strategy"]
+            full = resolve_params(s["name"], {p: v for p, v in s.items() if p != "name"})
+            s[field] = c.plain(full.get(field))
+        elif k.startswith("model.routing."):
+            raw["model"]["routing"] = _routing(raw["model"].get("routing"), c, notes)
+        elif k.startswith(("model.", "costs.", "fabric.", "parallel.")):
+            section = dict(raw.get(k.split(".")[0]) or {})
+            section[field] = c.plain(section.get(field))
+            raw[k.split(".")[0]] = section
+        elif k.startswith("link."):
+            links.append(c)
+        elif k == "compute.speed":
+            speed = float(c.number(1.0))
+    return Applied(raw, links, speed)
+
+
+def _strategy(c: Change) -> dict[str, Any]:
+    """`pipelined`, `pipelined:degree=4` (as `moesim compare --strategies`) or a mapping
+    `{name: pipelined, degree: 4}`."""
+    from sim.analysis.compare import parse_entry
+
+    v = c.value
+    if isinstance(v, dict):
+        if not isinstance(v.get("name"), str):
+            raise ConfigError(f"{c.where} strategy={c.text}: a mapping needs a 'name'")
+        return dict(v)
+    if not isinstance(v, str):
+        raise ConfigError(f"{c.where} strategy={c.text}: expected name[:k=v,...] or a mapping")
+    name, params = parse_entry(v)
+    return {"name": name, **params}
+
+
+def _routing(routing: Any, c: Change, notes: list[str]) -> dict[str, Any]:
+    r = {"kind": routing} if isinstance(routing, str) else dict(routing or {"kind": "uniform"})
+    field = c.key.rsplit(".", 1)[1]
+    if field == "s" and r.get("kind") == "uniform":
+        r = {"kind": "zipf", "seed": 0}
+        notes.append("model.routing: uniform switched to zipf (seed 0) to take a skew s")
+    r[field] = c.plain(r.get(field))
+    return r
 
 
 def _read(text: str) -> Any:

@@ -1,7 +1,7 @@
 """The JSON Schemas of moesim's inputs, for editors and validators (`moesim schema NAME`):
 the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`), the
-task graph (`sim.core.graph_schema`) and the calibration file
-(`sim.hardware.calibration_schema`)."""
+task graph (`sim.core.graph_schema`), the calibration file (`sim.hardware.calibration_schema`)
+and the sweep spec (`sim.config.sweep_schema`)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.schema import json_schema
 
-INPUTS = ("config", "topology", "graph", "calibration")
+INPUTS = ("config", "topology", "graph", "calibration", "sweep")
 
 
 def input_schema(name: str) -> dict[str, Any]:
@@ -30,4 +30,8 @@ def input_schema(name: str) -> dict[str, Any]:
         from sim.hardware.calibration_schema import CalibrationFile
 
         return json_schema(CalibrationFile, "moesim calibration file")
+    if name == "sweep":
+        from sim.config.sweep_schema import SweepSpec
+
+        return json_schema(SweepSpec, "moesim sweep spec")
     raise ConfigError(f"schema {name!r}: expected one of {', '.join(INPUTS)}")

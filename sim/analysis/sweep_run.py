@@ -1,0 +1,131 @@
+"""One sweep point run to one results row, in whichever process runs it (a local worker or a
+Dask worker): nothing here touches the output directory, the driver writes the row.
+
+Any failure of the run (a ConfigError such as a layout that does not divide the world, a
+size limit, a deadlock, or an exception of the simulator) becomes a row with status "error"
+and the message on one line: one bad point never ends the sweep.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from sim.analysis.sweep_spec import Point
+from sim.core.errors import MoesimError
+
+# The shared results row (helper `moesim report` reads it): these columns, then `param.<key>`
+# per swept key. Floats are NaN and integers missing on an error row.
+STR_COLUMNS = ("run_id", "config", "strategy", "status", "error", "chosen_params")
+FLOAT_COLUMNS = (
+    "makespan_s",
+    "time_per_token_s",
+    "exposed_comm_s",
+    "exposed_comm_max_s",
+    "comm_busy_s",
+    "compute_busy_s",
+    "peak_activation_bytes",
+    "wall_s",
+)
+INT_COLUMNS = ("tokens", "gpus")
+BOOL_COLUMNS = ("oom",)
+COLUMNS = (
+    STR_COLUMNS[:5]
+    + ("makespan_s", "time_per_token_s")
+    + INT_COLUMNS
+    + FLOAT_COLUMNS[2:]
+    + BOOL_COLUMNS
+    + STR_COLUMNS[5:]
+)
+
+
+def run_point(point: Point) -> dict[str, Any]:
+    """The results row of one point (without its `param.` columns: the driver adds them)."""
+    row: dict[str, Any] = {
+        "run_id": point.run_id,
+        "config": point.config,
+        "strategy": point.strategy,
+        "status": "ok",
+        "error": "",
+    }
+    t0 = time.perf_counter()
+    try:
+        summary, tokens = simulate_point(point)
+    except MoesimError as e:
+        return row | error_fields(str(e), time.perf_counter() - t0)
+    except Exception as e:  # a bug of one run is that row's failure, not the sweep's
+        return row | error_fields(f"{type(e).__name__}: {e}", time.perf_counter() - t0)
+    busy = summary["busy_s"]
+    chosen = {k: v for k, v in summary["params"].items() if k != "selector"}
+    row |= {
+        "makespan_s": float(summary["makespan_s"]),
+        # what `moesim compare` ranks by: time per distinct token processed in the step
+        "time_per_token_s": float(summary["makespan_s"]) / tokens,
+        "tokens": int(tokens),
+        "gpus": int(summary["world_size"]),
+        "exposed_comm_s": float(summary["exposed_comm_s"]),
+        "exposed_comm_max_s": float(summary["exposed_comm_max_s"]),
+        "comm_busy_s": _busy(busy, "comm"),
+        "compute_busy_s": _busy(busy, "compute"),
+        "peak_activation_bytes": float(summary["peak_activation_bytes"]),
+        "wall_s": time.perf_counter() - t0,
+        "oom": bool(summary["oom"]),
+        "chosen_params": ",".join(f"{k}={v}" for k, v in chosen.items()),
+    }
+    return row
+
+
+def error_fields(message: str, wall_s: float = float("nan")) -> dict[str, Any]:
+    nan = float("nan")
+    return {
+        "status": "error",
+        "error": " ".join(message.split()) or "error",
+        **{c: nan for c in FLOAT_COLUMNS},
+        **{c: None for c in INT_COLUMNS + BOOL_COLUMNS},
+        "wall_s": wall_s,
+        "chosen_params": "",
+    }
+
+
+def _busy(busy: dict[str, float], kind: str) -> float:
+    """Busy time of a kind's streams (`comm`, `comm.1`, ...) summed: each is a mean over
+    ranks already."""
+    return float(sum(t for s, t in busy.items() if s.split(".")[0] == kind))
+
+
+def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
+    """The summary of one point's run and the distinct tokens its step processes. The same
+    steps and guards as `sim.api.run` (limits, flow bounds, symmetric layouts, a finite
+    summary), plus the link and compute-speed changes of `moesim whatif`."""
+    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
+    from sim.analysis.layout_run import simulate_layout
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame
+    from sim.analysis.whatif import with_links, with_speed
+    from sim.config import RunConfig
+    from sim.core.limits import applied
+    from sim.hardware.costs import CostModel
+    from sim.strategies import Cluster, build
+
+    cfg = RunConfig.from_dict(point.raw, source=point.source)
+    with applied(cfg.size_limits()) as lim:
+        topo = with_links(cfg.load_topology(), list(point.links))
+        wl = cfg.workload(topo)
+        costs = with_speed(CostModel.build(topo, cfg.costs), point.speed)
+        reps = jitter_replicas(costs)
+        lim.check_run(wl.layer.world, cfg.source, replicas=reps)
+        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
+        lim.check_run(one.world_size, cfg.source, len(one), reps)
+        dp = 1 if wl.layout is None else wl.layout.dp
+        check_flows(lim, one, costs, cfg.source)
+        res = simulate_layout(
+            one,
+            wl.layout,
+            topo,
+            costs,
+            before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
+        )
+        summary = finite_summary(summarize(res, to_frame(res)))
+    # as `moesim compare` counts them: tensor-parallel replicas share their tokens
+    tokens = wl.layer.tokens * res.graph.world_size // int(res.graph.meta.get("tp") or 1)
+    return summary, tokens
