@@ -194,6 +194,9 @@ PARAM_TYPES: dict[str, TypeAdapter] = {
         "tp": Annotated[int, Field(gt=0, le=2**20)],
         "group_size": Annotated[int, Field(gt=0, le=2**20)],
         "shadow": Literal["auto", "none"] | list[Annotated[int, Field(ge=0, le=2**20)]],
+        "schedule": Name,
+        "saa": bool,
+        "esp": Annotated[int, Field(gt=0, le=2**20)],
     }.items()
 }
 
@@ -231,6 +234,9 @@ _PARAM_HINTS = {
     "order": "a name",
     "parallel": "a name",
     "reuse": "a name",
+    "schedule": "a name",
+    "saa": "true or false",
+    "esp": "a positive integer",
 }
 
 
@@ -246,8 +252,7 @@ class RunSpec(Strict):
     model: ModelSpec
     strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = None
     passes: (
-        Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)]
-        | None
+        Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)] | None
     ) = None
     costs: CostsSpec | None = None
     output: OutputSpec | None = None

@@ -14,12 +14,12 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.strategies import fastermoe, mpipemoe, parm, pipelined, pipemoe, sequential, ted, tutel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
-    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe)
+    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, parm)
 }
 
 
