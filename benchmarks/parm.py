@@ -17,7 +17,8 @@ whether S1 and S2 are never slower than the baseline, how often the selector pic
 of the two, and the distribution of Parm's speedup (the chosen schedule) over the baseline,
 next to the paper's 1.13x - 5.77x. Results go to benchmarks/results/parm.{json,md}.
 
-    python benchmarks/parm.py            # about 20 minutes on the 2-core container
+    python benchmarks/parm.py [STEP]     # every STEP-th layer of the grid (default 1: all;
+                                         # about 2 CPU-seconds a layer)
 """
 
 from __future__ import annotations
@@ -139,8 +140,10 @@ def main(step: int = 1) -> None:
         topo = Topology.load(preset, nodes=nodes)
         cl = Cluster(topo, CostModel.build(topo, {}))
         rows, excluded, t0 = [], 0, time.perf_counter()
-        for tp, esp, layer in grid(topo.world_size, step):
+        for i, (tp, esp, layer) in enumerate(grid(topo.world_size, step)):
             r = run_point(cl, tp, esp, layer)
+            if i % 20 == 0:
+                print(f"{label}: {i} layers, {time.perf_counter() - t0:.0f} s", flush=True)
             if r["memory_bytes"] > MEMORY[preset]:
                 excluded += 1
             else:
