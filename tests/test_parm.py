@@ -131,7 +131,7 @@ FITS = {
 
 
 @pytest.mark.parametrize("schedule", ["baseline", "s1", "s2"])
-@pytest.mark.parametrize("tp,esp", [(2, 2), (4, 2), (2, 4)])
+@pytest.mark.parametrize("tp,esp", [(2, 2), (4, 2), (2, 4), (1, 2), (2, 1)])
 def test_without_overlap_the_makespan_is_the_sum_of_the_ops_closed_forms(schedule, tp, esp):
     """Closed form: alpha-beta compute and collectives, one chain per rank, every rank alike:
     the makespan is the sum of one rank's ops, each collective alpha + beta * its bytes from

@@ -160,23 +160,29 @@ class _Rank:
 
     def _baseline(self, phase: str, x: Dep) -> Dep:
         n, d = self.deg.esp, self.v.buf
+        sliced = n > 1  # an ESP group of one rank runs no ESP collective or split
         if phase == "fwd":
             x = self._gate(phase, x)
             x = self._layout_op(phase, "encode", "encode", x)
-            x = self._coll(phase, "esp_gather", "all_gather", "esp", d, x)
+            if sliced:
+                x = self._coll(phase, "esp_gather", "all_gather", "esp", d, x)
             x = self._coll(phase, "dispatch", "all_to_all", "ep", n * d, x,
                            allocs={"parm.recv": n * d})  # fmt: skip
             x = self._experts(phase, x)
-            x = self._coll(phase, "esp_reduce", "all_reduce", "esp", n * d, x)
+            if sliced:
+                x = self._coll(phase, "esp_reduce", "all_reduce", "esp", n * d, x)
             x = self._coll(phase, "combine", "all_to_all", "ep", n * d, x)
-            x = self._local(phase, "esp_split", 2 * d, x)
+            if sliced:
+                x = self._local(phase, "esp_split", 2 * d, x)
             return self._layout_op(phase, "decode", "decode", x)
         x = self._layout_op(phase, "decode_grad", "encode", x)
-        x = self._coll(phase, "esp_split_grad", "all_gather", "esp", d, x)
+        if sliced:
+            x = self._coll(phase, "esp_split_grad", "all_gather", "esp", d, x)
         x = self._coll(phase, "combine_grad", "all_to_all", "ep", n * d, x)
         x = self._experts(phase, x)
         x = self._coll(phase, "dispatch_grad", "all_to_all", "ep", n * d, x)
-        x = self._coll(phase, "esp_gather_grad", "reduce_scatter", "esp", n * d, x)
+        if sliced:
+            x = self._coll(phase, "esp_gather_grad", "reduce_scatter", "esp", n * d, x)
         x = self._layout_op(phase, "encode_grad", "decode", x)
         return self._gate(phase, x)
 

@@ -32,7 +32,7 @@ from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout
 
 FIT_BYTES = (256 * 1024, 2 * 1024**2, 16 * 1024**2, 128 * 1024**2)
-_CACHE: dict[tuple, Fit] = {}
+_CACHE: dict[tuple, tuple[Any, Any, Fit]] = {}
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,10 @@ class Choice:
 
 def predict(v1: Volumes, v2: Volumes, fits: dict[str, Fit], saa: bool) -> tuple[float, float]:
     """(t_S1, t_S2) of one iteration, Eq. 13 and 14."""
+    if v1.deg.mp == 1:  # no MP group: S1 and S2 are the same EP&ESP exchanges
+        return 4 * fits["a2a"](v1.a2a), 4 * fits["a2a"](v2.a2a)
     t1 = 2 * (2 * fits["a2a"](v1.a2a) + fits["ag"](v1.mp_gather))
-    if saa and v2.deg.mp > 1:
+    if saa:
         t2 = 2 * (fits["a2a"](v2.a2a) + fits["saa"](v2.a2a))
     else:
         t2 = 2 * (2 * fits["a2a"](v2.a2a) + fits["ag"](v2.mp_gather))
@@ -84,9 +86,10 @@ def group_fits(
 ) -> dict[str, Fit]:
     """alpha-beta of the EP&ESP-AlltoAll, the MP-AllGather and (with SAA) the overlapped
     pair, each fitted on timings of that collective alone."""
+    # keyed by the objects' ids; the entry holds the objects, so no id is reused meanwhile
     key_base = (id(cluster.topology), id(cluster.costs), deg, algo, layer.dtype)
     out = {}
-    kinds = ["a2a", "ag"] + (["saa"] if saa and deg.mp > 1 else [])
+    kinds = ["a2a"] + (["ag"] if deg.mp > 1 else []) + (["saa"] if saa and deg.mp > 1 else [])
     for kind in kinds:
         key = (*key_base, kind, layer.experts, layer.model_dim) if kind == "saa" else (
             *key_base, kind)  # fmt: skip
@@ -94,8 +97,9 @@ def group_fits(
             xs = np.asarray(FIT_BYTES, dtype=float)
             ts = np.asarray([_time(kind, x, layer, deg, cluster, algo) for x in xs])
             beta, alpha = np.polyfit(xs, ts, 1)
-            _CACHE[key] = Fit(max(float(alpha), 0.0), max(float(beta), 0.0))
-        out[kind] = _CACHE[key]
+            fit = Fit(max(float(alpha), 0.0), max(float(beta), 0.0))
+            _CACHE[key] = (cluster.topology, cluster.costs, fit)
+        out[kind] = _CACHE[key][2]
     return out
 
 

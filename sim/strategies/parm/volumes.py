@@ -97,14 +97,20 @@ class Volumes:
     @property
     def mp_gather(self) -> float:
         """The MP-AllGather's input shard: S1 (T/N_MP) M, S2 |D|; 0 in the baseline."""
+        if self.deg.mp == 1:  # no MP group: nothing to gather
+            return 0.0
         if self.schedule == "s1":
             return self.tokens_bytes / self.deg.mp
         return self.buf if self.schedule == "s2" else 0.0
 
     def collectives(self, saa: bool = False) -> dict[str, list[tuple[str, str, float]]]:
         """Per pass, the (step, kind, bytes) of every collective in program order (the SAA
-        chunks of S2 counted as their sum)."""
+        chunks of S2 counted as their sum); a group of one rank runs none."""
         n, d = self.deg.esp, self.buf
+        if self.schedule == "baseline" and n == 1:  # no ESP group: plain EP
+            a2a = [("dispatch", "all_to_all", d), ("combine", "all_to_all", d)]
+            return {"fwd": a2a, "bwd": [("combine_grad", "all_to_all", d),
+                                        ("dispatch_grad", "all_to_all", d)]}  # fmt: skip
         if self.schedule == "baseline":
             esp = [("esp_gather", "all_gather", d), ("dispatch", "all_to_all", n * d)]
             fwd = esp + [("esp_reduce", "all_reduce", n * d), ("combine", "all_to_all", n * d)]
@@ -117,6 +123,8 @@ class Volumes:
             return {"fwd": fwd, "bwd": bwd}
         a2a = [("dispatch", "all_to_all", n * d), ("combine", "all_to_all", n * d)]
         grads = [("combine_grad", "all_to_all", n * d), ("dispatch_grad", "all_to_all", n * d)]
+        if self.deg.mp == 1:
+            return {"fwd": a2a, "bwd": grads}
         fwd = a2a + [("mp_gather", "all_gather", self.mp_gather)]
         bwd = grads + [("mp_split_grad", "all_gather", self.mp_gather)]
         return {"fwd": fwd, "bwd": bwd}
