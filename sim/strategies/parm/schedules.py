@@ -134,24 +134,18 @@ class _Rank:
         work = 2.0 * v.local_experts * v.rows * v.hidden * M  # flops of one GEMM
         mid = float(e * v.local_experts * v.rows * v.hidden)
 
-        def gemm(step: str, shape: dict, d: Dep, **kw: Any) -> str:
-            b, m, n, k = shape["batch"], shape["m"], shape["n"], shape["k"]
-            nbytes = float(e * b * (m * k + m * n + k * n))
-            return self._task(phase, step, "compute", "gemm", _d(d), flops=work, bytes=nbytes,
-                              shape=shape, **kw)  # fmt: skip
+        def gemm(step: str, sizes: dict, shape: dict, d: Dep, **kw: Any) -> str:
+            """A GEMM of `sizes`' work, run in `shape`'s layout (dgrad / wgrad views)."""
+            return self._task(phase, step, "compute", "gemm", _d(d), flops=work,
+                              bytes=_gb(e, sizes), shape=shape, **kw)  # fmt: skip
 
         if phase == "fwd":
-            a = gemm("fc1", fc1, dep, allocs={"parm.mid": mid})
-            return gemm("fc2", fc2, a, frees=[] if self.keep else ["parm.mid", "parm.recv"])
-        d2 = self._task(phase, "fc2_dgrad", "compute", "gemm", _d(dep), flops=work,
-                        bytes=_gb(e, fc2), shape=dgrad_shape(fc2))  # fmt: skip
-        w2 = self._task(phase, "fc2_wgrad", "compute", "gemm", [d2], flops=work,
-                        bytes=_gb(e, fc2), shape=wgrad_shape(fc2), frees=["parm.mid"])  # fmt: skip
-        d1 = self._task(phase, "fc1_dgrad", "compute", "gemm", [w2], flops=work,
-                        bytes=_gb(e, fc1), shape=dgrad_shape(fc1))  # fmt: skip
-        return self._task(phase, "fc1_wgrad", "compute", "gemm", [d1], flops=work,
-                          bytes=_gb(e, fc1), shape=wgrad_shape(fc1),
-                          frees=["parm.recv"])  # fmt: skip
+            a = gemm("fc1", fc1, fc1, dep, allocs={"parm.mid": mid})
+            return gemm("fc2", fc2, fc2, a, frees=[] if self.keep else ["parm.mid", "parm.recv"])
+        d2 = gemm("fc2_dgrad", fc2, dgrad_shape(fc2), dep)
+        w2 = gemm("fc2_wgrad", fc2, wgrad_shape(fc2), d2, frees=["parm.mid"])
+        d1 = gemm("fc1_dgrad", fc1, dgrad_shape(fc1), w2)
+        return gemm("fc1_wgrad", fc1, wgrad_shape(fc1), d1, frees=["parm.recv"])
 
     # -- passes ----------------------------------------------------------------------------
     def pass_(self, phase: str, head: Dep) -> Dep:
