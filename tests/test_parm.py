@@ -17,7 +17,7 @@ from sim.hardware.collectives import payload
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
-from sim.strategies.parm.selector import choose, group_fits, predict
+from sim.strategies.parm.selector import choose, compute_time, group_fits, predict
 from sim.strategies.parm.volumes import check, volumes
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
@@ -188,7 +188,7 @@ def test_saa_overlaps_the_all_gather_with_the_next_round():
 
 def test_selector_fits_reproduce_collective_alpha_beta_and_pick_the_smaller_prediction():
     """With collective-level costs the fitted alpha-beta are the configured ones (the model
-    is linear), and the choice is the smaller of Eq. 13 / 14."""
+    is linear), and the choice is the smaller of Eq. 13 / 14 plus each schedule's compute."""
     cl = _ab_cluster(FITS)
     l = _layer(experts=4)
     deg = check(l, 2, 2)
@@ -196,7 +196,17 @@ def test_selector_fits_reproduce_collective_alpha_beta_and_pick_the_smaller_pred
     assert fits["a2a"].alpha == pytest.approx(3e-5) and fits["a2a"].beta == pytest.approx(2e-10)
     assert fits["ag"].alpha == pytest.approx(1e-5) and fits["ag"].beta == pytest.approx(5e-11)
     c = choose(l, deg, cl, saa=False, algo=None)
-    t1, t2 = predict(volumes(l, deg, "s1"), volumes(l, deg, "s2"), fits, saa=False)
+    v1, v2 = volumes(l, deg, "s1"), volumes(l, deg, "s2")
+    t1, t2 = predict(v1, v2, fits, saa=False)
+    # plus each schedule's computation on one rank (what the graph's compute tasks cost)
+    g1 = build("parm", l, {"schedule": "s1", "tp": 2, "esp": 2}, ("fwd", "bwd"))
+    g2 = build("parm", l, {"schedule": "s2", "tp": 2, "esp": 2, "saa": False}, ("fwd", "bwd"))
+    for g, v in ((g1, v1), (g2, v2)):
+        assert compute_time(l, v, cl, False, None) == pytest.approx(
+            sum(cl.costs.compute.duration(t) for t in g if t.rank == 0 and not t.is_comm)
+        )
+    t1 += compute_time(l, v1, cl, False, None)
+    t2 += compute_time(l, v2, cl, False, None)
     assert (c.t_s1, c.t_s2) == (t1, t2) and c.schedule == ("s1" if t1 <= t2 else "s2")
     g = build("parm", l, {"tp": 2, "esp": 2, "saa": False}, ("fwd",), cl)
     assert g.meta["selector"]["chosen"] == c.schedule == g.meta["schedule"]
