@@ -90,14 +90,15 @@ def choose(layer: MoELayer, deg: Degrees, cluster: Any, saa: bool, algo: str | N
 def compute_time(layer: MoELayer, vol: Volumes, cluster: Any, saa: bool, algo: str | None
                  ) -> float:  # fmt: skip
     """Seconds of one rank's compute tasks in the schedule (forward and backward), by the
-    cluster's compute model; every rank runs the same ones."""
+    cluster's compute model (every rank runs the same ones), less SAA's rounds."""
     from sim.strategies.parm.schedules import _Rank
 
     lay = ParallelLayout(ep=vol.deg.ep, esp=vol.deg.esp, tp=vol.deg.mp, tp_overlay=True)
     b = _Rank(layer, vol, lay, 0, {}, saa and vol.schedule == "s2", algo, True)
     b.pass_("bwd", b.pass_("fwd", None))
     duration = cluster.costs.compute.duration
-    return float(sum(duration(t) for t in b.tasks if not t.is_comm))
+    # SAA's per-round local combines are inside the fitted overlapped time already
+    return float(sum(duration(t) for t in b.tasks if not t.is_comm and "chunk" not in t.tags))
 
 
 def group_fits(
