@@ -214,6 +214,8 @@ class RunConfig:
     def _workload_for(self, W: int, G: int | None = None) -> Workload:
         params = dict(self.strategy_params)
         name = self.strategy
+        if name == "parm":  # Parm's placement: MP groups laid over the MoE ranks
+            return self._parm_workload(W, G, params)
         if self.parallel is None:  # the old meaning: one EP group of the whole world
             layer = self.layer(W)
             tp = params.get("tp", resolve_params(name, {})["tp"]) if name == "ted" else 1
@@ -250,6 +252,21 @@ class RunConfig:
                 f"expert over {layer.expert_shards} GPUs: give esp: {layer.expert_shards}"
             )
         return Workload(layer, layout, params)
+
+    def _parm_workload(self, W: int, G: int | None, params: dict[str, Any]) -> Workload:
+        """`parallel: {ep, esp, tp, dp}` with tp = N_MP laid over the ep x esp ranks
+        (sim.workload.parallel); without `parallel:`, tp and esp from the strategy."""
+        spec, src = dict(self.parallel or {}), f"{self.source}: parallel"
+        for key in ("tp", "esp"):
+            if key in params and key in spec and params[key] != spec[key]:
+                raise ConfigError(
+                    f"{src}.{key}: {spec[key]} disagrees with strategy.{key} {params[key]} "
+                    f"(give the size once, under parallel:)"
+                )
+            spec.setdefault(key, params.get(key, 1))
+        layout = from_spec(spec, W, G, source=src, tp_overlay=True)
+        params |= {"tp": layout.tp, "esp": layout.esp}
+        return Workload(self.layer(layout.mp), layout, params)
 
 
 @dataclass(frozen=True)

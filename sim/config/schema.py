@@ -216,6 +216,9 @@ PARAM_TYPES: dict[str, TypeAdapter] = {
         "tp": Annotated[int, Field(gt=0, le=2**20)],
         "group_size": Annotated[int, Field(gt=0, le=2**20)],
         "shadow": Literal["auto", "none"] | list[Annotated[int, Field(ge=0, le=2**20)]],
+        "schedule": Name,
+        "saa": bool,
+        "esp": Annotated[int, Field(gt=0, le=2**20)],
     }.items()
 }
 
@@ -253,6 +256,9 @@ _PARAM_HINTS = {
     "order": "a name",
     "parallel": "a name",
     "reuse": "a name",
+    "schedule": "a name",
+    "saa": "true or false",
+    "esp": "a positive integer",
 }
 
 
@@ -268,8 +274,7 @@ class RunSpec(Strict):
     model: Annotated[ModelSpec, BeforeValidator(_preset)]
     strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = None
     passes: (
-        Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)]
-        | None
+        Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)] | None
     ) = None
     costs: CostsSpec | None = None
     output: OutputSpec | None = None

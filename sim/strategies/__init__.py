@@ -14,14 +14,25 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies import fastermoe, lancet, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.strategies import (
+    fastermoe,
+    lancet,
+    mpipemoe,
+    parm,
+    pipelined,
+    pipemoe,
+    sequential,
+    ted,
+    tutel,
+)
 from sim.workload import dp_span
 from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
-    m.NAME: m for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet)
+    m.NAME: m
+    for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet, parm)
 }
 
 

@@ -19,6 +19,14 @@ slice s and tensor-parallel index t:
 Strategies build the graph of one replica (an MoE layer over `mp` ranks); `replicate` lays it
 over every replica. A config without `parallel:` keeps its old meaning: one EP group of the
 whole world (`tp` from TED's `strategy.tp`, `esp` = W/E where experts are sliced).
+
+Parm's placement (Sec. II-B, Fig. 2; `tp_overlay=True`): the MoE layer runs on the ep x esp
+ranks of a replica (ESP innermost, as above), and the dense part's model-parallel (MP = tp)
+groups are laid *over* those same ranks, `tp` consecutive ranks each, instead of being a
+factor of their own: a replica is ep * esp ranks and tp divides it. Parm's evaluation needs
+this form: its grid runs N_MP = N_ESP = 4 on 8 GPUs (Table IV), which a product
+ep * tp * esp cannot hold. With tp = esp the MP group is the ESP group (Fig. 2); tp < esp
+cuts an ESP group into MP groups; tp > esp makes an MP group span tp/esp ESP groups.
 """
 
 from __future__ import annotations
@@ -41,12 +49,18 @@ class ParallelLayout:
     tp: int = 1
     esp: int = 1
     gpus_per_node: int | None = None  # None: placement inside nodes is not checked
+    tp_overlay: bool = False  # Parm: MP groups laid over the ep x esp ranks (module docstring)
 
     def __post_init__(self) -> None:
         for name in SIZES:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 raise ConfigError(f"parallel.{name}: expected a positive integer, got {v!r}")
+        if self.tp_overlay and (self.ep * self.esp) % self.tp:
+            raise ConfigError(
+                f"parallel.tp: MP groups of {self.tp} GPUs laid over a replica of ep {self.ep} "
+                f"x esp {self.esp} = {self.ep * self.esp} GPUs need tp to divide it"
+            )
         G = self.gpus_per_node
         if G is not None:
             if self.tp > 1 and G % self.tp:
@@ -54,16 +68,21 @@ class ParallelLayout:
                     f"parallel.tp: TP groups of {self.tp} GPUs must lie inside a node of {G} "
                     f"(expected a divisor of {G})"
                 )
-            if self.esp > 1 and G % (self.tp * self.esp):
+            if self.esp > 1 and G % (self._tp_factor * self.esp):
                 raise ConfigError(
-                    f"parallel.esp: expert slices over {self.esp} GPUs (x tp {self.tp}) must "
-                    f"lie inside a node of {G} (expected tp * esp to divide {G})"
+                    f"parallel.esp: expert slices over {self.esp} GPUs (x tp {self._tp_factor}) "
+                    f"must lie inside a node of {G} (expected tp * esp to divide {G})"
                 )
+
+    @property
+    def _tp_factor(self) -> int:
+        """tp's share of a replica's rank index: 1 where MP groups overlay the MoE ranks."""
+        return 1 if self.tp_overlay else self.tp
 
     @property
     def mp(self) -> int:
         """Ranks of one data-parallel replica (its model-parallel world)."""
-        return self.ep * self.tp * self.esp
+        return self.ep * self._tp_factor * self.esp
 
     @property
     def world(self) -> int:
@@ -76,11 +95,18 @@ class ParallelLayout:
     def coords(self, rank: int) -> dict[str, int]:
         """(dp, ep, esp, tp) indices of a global rank."""
         d, local = divmod(rank, self.mp)
+        if self.tp_overlay:  # tp index: position inside the MP group of consecutive ranks
+            e, s = divmod(local, self.esp)
+            return {"dp": d, "ep": e, "esp": s, "tp": local % self.tp}
         rest, t = divmod(local, self.tp)
         e, s = divmod(rest, self.esp)
         return {"dp": d, "ep": e, "esp": s, "tp": t}
 
     def rank(self, dp: int = 0, ep: int = 0, esp: int = 0, tp: int = 0) -> int:
+        """Global rank of the coordinates (with tp_overlay, tp follows from ep and esp and is
+        ignored)."""
+        if self.tp_overlay:
+            return dp * self.mp + ep * self.esp + esp
         return dp * self.mp + (ep * self.esp + esp) * self.tp + tp
 
     def replica_ranks(self, d: int) -> np.ndarray:
@@ -93,6 +119,9 @@ class ParallelLayout:
         return [self.rank(c["dp"], e, c["esp"], c["tp"]) for e in range(self.ep)]
 
     def tp_group(self, rank: int) -> list[int]:
+        if self.tp_overlay:  # tp consecutive ranks of the replica
+            start = rank - rank % self.tp
+            return list(range(start, start + self.tp))
         c = self.coords(rank)
         return [self.rank(c["dp"], c["ep"], c["esp"], t) for t in range(self.tp)]
 
@@ -104,10 +133,16 @@ class ParallelLayout:
         c = self.coords(rank)
         return [self.rank(d, c["ep"], c["esp"], c["tp"]) for d in range(self.dp)]
 
+    def moe_group(self, rank: int) -> list[int]:
+        """The ep x esp ranks of the rank's replica: Parm's EP&ESP-AlltoAll group."""
+        d = self.coords(rank)["dp"]
+        return [self.rank(d, e, s) for e in range(self.ep) for s in range(self.esp)]
+
     def groups(self, kind: str) -> list[list[int]]:
-        """Every group of one kind ("ep", "dp", "tp", "esp"), each once, by lowest rank."""
+        """Every group of one kind ("ep", "dp", "tp", "esp", "moe"), each once, by lowest
+        rank."""
         pick = {"ep": self.ep_group, "dp": self.dp_group, "tp": self.tp_group}
-        pick["esp"] = self.esp_group
+        pick |= {"esp": self.esp_group, "moe": self.moe_group}
         if kind not in pick:
             raise ConfigError(f"parallel: no group kind {kind!r} (known: {list(pick)})")
         seen: dict[int, list[int]] = {}
@@ -125,10 +160,12 @@ def from_spec(
     source: str = "parallel",
     tp_default: int = 1,
     esp_default: int = 1,
+    tp_overlay: bool = False,
 ) -> ParallelLayout:
     """The layout a config's `parallel:` mapping asks for on `world` GPUs. Missing sizes are
     derived: tp and esp default to 1 (or what the strategy implies), dp to 1, and ep to what
-    is left, so `{ep: 64}` on 16,384 GPUs means 256 replicas."""
+    is left, so `{ep: 64}` on 16,384 GPUs means 256 replicas. With `tp_overlay` (Parm) tp
+    is no factor of the world: ep x dp x esp is."""
     if spec is None:
         spec = {}
     if not isinstance(spec, dict):
@@ -142,6 +179,8 @@ def from_spec(
     tp = spec.get("tp", tp_default)
     esp = spec.get("esp", esp_default)
     ep, dp = spec.get("ep"), spec.get("dp")
+    if tp_overlay:  # tp is laid over the ranks: it takes no share of the world
+        return _overlaid(source, world, tp, esp, ep, dp, gpus_per_node)
     if ep is None and dp is None:
         dp = 1
     if ep is None:
@@ -205,3 +244,25 @@ def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
             )
     out.validate()
     return out
+
+
+def _overlaid(
+    source: str, world: int, tp: int, esp: int, ep: int | None, dp: int | None, G: int | None
+) -> ParallelLayout:
+    """from_spec for Parm's placement: ep x dp x esp = world, MP groups of tp laid over."""
+    if ep is None and dp is None:
+        dp = 1
+    if ep is None or dp is None:
+        name, known = ("ep", ep) if ep is not None else ("dp", dp)
+        other, rem = divmod(world, known * esp)  # type: ignore[operator]
+        if rem or other < 1:
+            raise ConfigError(
+                f"{source}: {name} {known} x esp {esp} does not divide the {world} GPUs"
+            )
+        ep, dp = (ep, other) if ep is not None else (other, dp)
+    if ep * dp * esp != world:
+        raise ConfigError(
+            f"{source}: ep {ep} x dp {dp} x esp {esp} = {ep * dp * esp}, but the cluster has "
+            f"{world} GPUs (with MP groups laid over the MoE ranks, tp is no factor)"
+        )
+    return ParallelLayout(ep, dp, tp, esp, G, tp_overlay=True)
