@@ -133,7 +133,21 @@ def skewed_flows(graph: Any, per_flow: bool = False) -> int:
         if per_flow or tasks[0].kind == "all_to_all":
             total += p * (p - 1)
             continue
-        sizes = {v for t in tasks for i, v in enumerate(t.split or ()) if t.group[i] != t.rank}
-        if len(sizes) > 1:
+        if _unequal_off_diagonal(tasks):
             total += p * (p - 1)
     return total
+
+
+def _unequal_off_diagonal(tasks: list[Any]) -> bool:
+    """Whether an all-to-allv's members send different sizes to their peers (what they keep
+    for themselves does not count)."""
+    import numpy as np
+
+    group = list(tasks[0].group or ())
+    if not group or any(t.split is None or len(t.split) != len(group) for t in tasks):
+        return False
+    pos = {r: i for i, r in enumerate(group)}
+    splits = np.array([t.split for t in tasks], dtype=float)
+    splits[np.arange(len(tasks)), [pos.get(t.rank, -1) for t in tasks]] = np.nan
+    peers = splits[~np.isnan(splits)]
+    return bool(peers.size) and bool(peers.min() != peers.max())
