@@ -243,7 +243,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim import __version__
+
     p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
