@@ -220,7 +220,9 @@ def _text(value: Any) -> str:
 
 
 def replay(
-    trace: str | Path | list[str | Path], graph: str | Path | None = None, topology: str | None = None
+    trace: str | Path | list[str | Path],
+    graph: str | Path | None = None,
+    topology: str | None = None,
 ) -> Replay:
     """A measured trace (moesim executor output, or PyTorch profiler JSON per rank) replayed:
     `.summary` (with "replay": the measured makespan and the error), `.trace`, `.graph`."""

@@ -23,6 +23,7 @@ from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.io import atomic_write_text
+from sim.core.progress import iterate
 from sim.hardware.costs import CostModel
 from sim.strategies import Cluster, build, resolve_params
 
@@ -44,7 +45,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     costs = CostModel.build(topo, cfg.costs)
     cluster = Cluster(topo, costs)
     rows = []
-    for entry in entries:
+    for entry in iterate(entries, "compare", "strategy"):  # a bar on stderr, if watched
         name, params = parse_entry(entry)
         wl = cfg.with_strategy(name, params).workload(topo)
         layer = wl.layer
