@@ -55,7 +55,9 @@ class Bar:
 
     __slots__ = ("_bar",)
 
-    def __init__(self, total: float | None, desc: str, unit: str = "it", delay: float = DELAY_S):
+    def __init__(
+        self, total: float | None, desc: str, unit: str = "it", delay: float | None = None
+    ):
         self._bar: Any = None
         if enabled():
             from tqdm import tqdm
@@ -64,7 +66,7 @@ class Bar:
                 total=total,
                 desc=desc,
                 unit=unit,
-                delay=delay,
+                delay=DELAY_S if delay is None else delay,
                 mininterval=REFRESH_S,
                 file=sys.stderr,
                 leave=False,  # a finished bar is wiped: the command's own output stays clean
