@@ -41,20 +41,15 @@ __all__ = [
     "whatif",
 ]
 
-# keywords that are not config fields: the CLI's run options
-OPTIONS = ("params", "limits")
-# top-level fields of a run config (sim.config.schema.RunSpec), settable by keyword
-FIELDS = (
-    "topology",
-    "nodes",
-    "model",
-    "strategy",
-    "passes",
-    "costs",
-    "fabric",
-    "parallel",
-    "output",
-)
+# the keyword that is not a config field: the CLI's `--param`s, merged into the strategy
+PARAMS = "params"
+
+
+def _keywords() -> tuple[str, ...]:
+    """The keywords `run` takes: every top-level field of a run config, and `params`."""
+    from sim.config.schema import RunSpec
+
+    return (*RunSpec.model_fields, PARAMS)
 
 
 def __getattr__(name: str) -> Any:
@@ -86,12 +81,12 @@ def _config(config: Any, overrides: dict[str, Any]) -> RunConfig:
 
 def _apply(raw: dict[str, Any], key: str, value: Any, strategy: str) -> None:
     """One keyword override into the config's raw dict."""
-    head = key.split(".", 1)[0]
-    if head not in FIELDS + OPTIONS:
-        close = difflib.get_close_matches(head, FIELDS + OPTIONS, n=1)
+    head, known = key.split(".", 1)[0], _keywords()
+    if head not in known or (head == PARAMS and "." in key):
+        close = difflib.get_close_matches(head, known, n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise ConfigError(
-            f"override {key!r}: unknown{hint}; expected one of {', '.join(FIELDS + OPTIONS)} "
+            f"override {key!r}: unknown{hint}; expected one of {', '.join(known)} "
             f"or a dotted path into the config such as 'model.capacity_factor'"
         )
     if "." in key:  # a path into the config: "model.routing.s", "strategy.degree"
@@ -108,18 +103,15 @@ def _apply(raw: dict[str, Any], key: str, value: Any, strategy: str) -> None:
                 raise ConfigError(f"override {key!r}: {where} is {nxt!r}, not a mapping")
             node = nxt
         node[leaf] = value
-    elif key == "params":
+    elif key == PARAMS:
         _mapping(key, value)
         raw["strategy"] = {**raw["strategy"], **value}
-    elif key == "limits":
-        _mapping(key, value)
-        raw["limits"] = {**raw.get("limits", {}), **value}
     elif key == "strategy" and isinstance(value, str):
         # a new name starts from that strategy's defaults; the same name keeps its params
         if value != strategy:
             raw["strategy"] = {"name": value}
     elif isinstance(value, dict) and isinstance(raw.get(key), dict) and key != "strategy":
-        raw[key] = {**raw[key], **value}  # model={"top_k": 1} changes that field only
+        raw[key] = {**raw[key], **value}  # model={"top_k": 1}, limits=...: those fields only
     else:
         raw[key] = value
 

@@ -116,6 +116,8 @@ def test_run_a_task_graph(cfg_path, tmp_path):
         ("CFG", {"nodes": "two"}, "nodes: expected a valid integer"),
         ("CFG", {"model.capacity_factr": 1.5}, "model.capacity_factr: unknown key (did you mean"),
         ("CFG", {"params": 4}, "override 'params': expected a mapping"),
+        ("CFG", {"params.degree": 4}, "override 'params.degree': unknown"),
+        ("CFG", {"limits": {"max_wrld": 9}}, "limits.max_wrld: unknown key"),
         ("CFG", {"strategy": "nope"}, "nope"),
         ("CFG", {"topology.x": 1}, "topology is 'dgx-a100', not a mapping"),
         (42, {}, "config: expected a RunConfig, a mapping or a path to a YAML file, got int"),
