@@ -14,6 +14,7 @@ a one-line `ConfigError` naming it. Heavy libraries load inside the functions.
 
 from __future__ import annotations
 
+import copy
 import difflib
 import json
 from pathlib import Path
@@ -73,9 +74,10 @@ def _config(config: Any, overrides: dict[str, Any]) -> RunConfig:
     cfg = load_config(config)
     if not overrides:
         return cfg
-    raw = cfg.to_dict()
-    for key, value in overrides.items():
-        _apply(raw, key, value, cfg.strategy)
+    raw = copy.deepcopy(cfg.to_dict())  # nested mappings are the caller's config's own
+    # the strategy first, so that `params` apply to the new one whatever the keyword order
+    for key in sorted(overrides, key=lambda k: k != "strategy"):
+        _apply(raw, key, overrides[key], cfg.strategy)
     return RunConfig.from_dict(raw, source=f"{cfg.source} with overrides")
 
 

@@ -94,6 +94,13 @@ def test_run_strategy_and_costs(cfg_path):
     assert same.summary["params"]["degree"] == 2
     ab = sim.run(cfg_path, costs={"network": "collective"}, topology="pipemoe-2080ti", nodes=4)
     assert ab.summary["topology"] == "pipemoe-2080ti"
+    # params apply to the strategy named beside them, in any keyword order
+    a = sim.run(cfg_path, params={"degree": 4}, strategy="tutel")
+    assert a.summary["strategy"] == "tutel" and a.summary["params"]["degree"] == 4
+    # the caller's config is not changed by an override
+    cfg = sim.load_config({**SMALL, "model": {**SMALL["model"], "routing": {"kind": "uniform"}}})
+    sim.run(cfg, **{"model.routing.kind": "zipf", "model.routing.s": 1.2})
+    assert cfg.model["routing"] == {"kind": "uniform"}
     from_mapping = sim.run(dict(SMALL), strategy="sequential")
     assert from_mapping.summary["makespan_s"] == seq.summary["makespan_s"]
 
