@@ -79,17 +79,17 @@ def demo_config() -> RunConfig:
     return RunConfig.demo()
 
 
-def parse_params(items: list[str] | None) -> dict[str, Any]:
-    """`--param KEY=VALUE` strings as a dict, each value read as YAML (4 -> int, a -> str),
-    as safely as a file (`sim.core.safeload`: no alias bombs, bounded nesting)."""
-    from sim.core.safeload import load_yaml_text
+def parse_params(items: list[str] | None, flag: str = "--param") -> dict[str, Any]:
+    """`--param KEY=VALUE` (or `flag`) strings as a dict: numbers as Python reads them (1e-3),
+    the rest as YAML, as safely as a file (`sim.core.safeload.load_value`)."""
+    from sim.core.safeload import load_value
 
     out = {}
     for item in items or []:
         if "=" not in item:
-            raise ConfigError(f"--param {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"{flag} {item!r}: expected KEY=VALUE")
         k, v = item.split("=", 1)
-        out[k] = load_yaml_text(v, f"--param {k}")
+        out[k] = load_value(v, f"{flag} {k}")
     return out
 
 

@@ -47,13 +47,15 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def _cost_overrides(a: argparse.Namespace) -> dict[str, Any]:
+    from sim import api
+
     pairs = (
         ("network", a.network),
         ("fidelity", a.fidelity),
         ("compute", a.compute),
         ("calibration", a.calibration),
-    )
-    return {k: v for k, v in pairs if v}
+    )  # `--cost KEY=VALUE`: any other costs: field (finish_rtol, symmetry, ...)
+    return {**api.parse_params(a.cost, "--cost"), **{k: v for k, v in pairs if v}}
 
 
 def _config(a: argparse.Namespace):
@@ -149,7 +151,10 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from sim import __version__
+
     p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
@@ -175,6 +180,8 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE",
             help="calibration YAML from `moesim calibrate` (costs.calibration)",
         )
+        sp.add_argument("--cost", action="append", metavar="KEY=VALUE",
+                        help="override a costs: field (repeatable), e.g. finish_rtol=1e-3")
         _limit_opt(sp)
 
     s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
@@ -235,6 +242,9 @@ def main(argv: list[str] | None = None) -> int:
     # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
     signal.signal(signal.SIGTERM, _interrupt)
     args = build_parser().parse_args(argv)
+    from sim.core import progress  # bars on stderr for a person; none when a program reads --json
+
+    progress.set_enabled(False if getattr(args, "json", False) else None)
     try:
         _finite_options(args)
         return args.fn(args)

@@ -15,7 +15,8 @@ import networkx as nx
 ROOT = Path(__file__).resolve().parents[1]
 
 # Layers of `sim`, lowest first; a module may import its own layer and the ones before it.
-# `sim.config` (the run config) and `sim.api` sit above the analysis layer; the CLI above all.
+# `sim.config` (the run config) and `sim.api` sit above the analysis layer, `sim.exports` (what
+# `import sim` exports) above the API; the CLI above all.
 SIM_LAYERS = [
     "sim.core",
     "sim.hardware",
@@ -26,6 +27,7 @@ SIM_LAYERS = [
     "sim.config",
     "sim.analysis",
     "sim.api",
+    "sim.exports",
     "sim.cli_options",
     "sim.cli_studies",
     "sim.cli_report",

@@ -38,6 +38,7 @@ from exec.measure.timings import dispatch_gaps, measurements
 from exec.runtime.launch import ExecResult, assemble, call_ranks, launch
 from exec.runtime.ops import STAND_INS, run_dtype
 from sim.core.graph import Task, TaskGraph
+from sim.core.progress import Bar, echo
 from sim.hardware.costs.calibration import Calibration
 from sim.hardware.costs.compute import shape_key
 from sim.hardware.costs.gemm import gemm_layout
@@ -345,64 +346,69 @@ def calibrate(
     backend: str = "gloo",
     plan: Plan | None = None,
     timeout_s: float = 120.0,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = echo,
 ) -> tuple[Calibration, pd.DataFrame]:
-    """Measure, fit, and return the calibration with all measurement rows."""
-    plan = plan or Plan()
-    dev = device_type(backend)
-    sections = {
-        "gemm": gemm_graph(nprocs, plan, dev),
-        "memory": memory_graph(nprocs, plan),
-        "copy": copy_graph(nprocs, plan),
-        "comm": comm_graph(nprocs, plan),
-    }
-    g = chain(sections)
-    res, env = _launch_with_env(g, nprocs, backend, timeout_s)
-    bench = res.trace["id"].str.split(":", n=1).str[0]
-    rows, gaps = [], []
-    for name in sections:
-        part = res.trace[bench == name]
-        m = measurements(g, part).assign(bench=name)
-        rows.append(m)
-        gaps.append(dispatch_gaps(g, part).assign(bench=name))
-        span = float(part["end"].max() - part["start"].min()) if len(part) else 0.0
-        log(f"  measured {name:7s} {len(m):5d} rows in {span:7.3f} s")
-    alone = pd.concat(rows, ignore_index=True)
-    main_dtype = plan.dtypes_for(dev)[0]
-    first = Calibration.fit(alone, local_collectives=True)  # only to size the overlap runs
-    gemm_fit = first.fit_of("gemm", main_dtype) or {"alpha": 0.0}
-    target = 4 * max(gemm_fit["alpha"], 1e-3)
-    sizes = _overlap_sizes(first, target, main_dtype)
-    g = overlap_graph(nprocs, plan, sizes)
-    res = launch(g, nprocs, backend, timeout_s)
-    over = measurements(g, res.trace, overlap=COVERED).assign(bench="overlap")
-    # keep the sized operations under overlap, not the markers between the combinations nor
-    # the edges of a combination that happened to run alone (the alone fits come from above)
-    over = over[over["op"].isin([v["kind"] for v in sizes.values()]) & (over["others"] != "")]
-    log(f"  measured overlap {len(over):5d} rows in {res.makespan:7.3f} s")
-    g = handoff_graph(nprocs, plan, sizes)
-    res = launch(g, nprocs, backend, timeout_s)
-    handoff = dispatch_gaps(g, res.trace).assign(bench="handoff")
-    log(f"  measured handoff {len(handoff):5d} gaps in {res.makespan:7.3f} s")
-    # cross-stream gaps from the hand-off chain; same-stream gaps from the back-to-back runs
-    # of one kind (the overlap graph's gaps mix both with its end-of-combination markers)
-    gap_rows = pd.concat(
-        [*(x[x["via"] == "stream"] for x in gaps), handoff[handoff["via"] == "cross"]],
-        ignore_index=True,
-    )
-    allrows = pd.concat([alone, over], ignore_index=True)
-    # the memory-bound stand-in is one kernel for every such kind (exec.runtime.ops)
-    mem = allrows["op"] == "elementwise"
-    aliases = [allrows[mem].assign(op=k) for k in MEMORY_KINDS[1:]]
-    fit_rows = pd.concat([allrows, *aliases], ignore_index=True)
-    meta = {
-        "backend": backend,
-        "nprocs": nprocs,
-        "device": str(res.device),
-        **env,
-        "dtypes": list(plan.dtypes_for(dev)),
-        # graph dtypes this device runs as another: the fits of the one stand for the other
-        "stand_ins": dict(STAND_INS.get(dev, {})),
-        "rows": len(allrows),
-    }
-    return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows
+    """Measure, fit, and return the calibration with all measurement rows (a bar of the three
+    launches on stderr while progress is on: sim.core.progress)."""
+    with Bar(3, "calibrate", "launch") as bar:
+        plan = plan or Plan()
+        dev = device_type(backend)
+        sections = {
+            "gemm": gemm_graph(nprocs, plan, dev),
+            "memory": memory_graph(nprocs, plan),
+            "copy": copy_graph(nprocs, plan),
+            "comm": comm_graph(nprocs, plan),
+        }
+        g = chain(sections)
+        res, env = _launch_with_env(g, nprocs, backend, timeout_s)
+        bar.update()
+        bench = res.trace["id"].str.split(":", n=1).str[0]
+        rows, gaps = [], []
+        for name in sections:
+            part = res.trace[bench == name]
+            m = measurements(g, part).assign(bench=name)
+            rows.append(m)
+            gaps.append(dispatch_gaps(g, part).assign(bench=name))
+            span = float(part["end"].max() - part["start"].min()) if len(part) else 0.0
+            log(f"  measured {name:7s} {len(m):5d} rows in {span:7.3f} s")
+        alone = pd.concat(rows, ignore_index=True)
+        main_dtype = plan.dtypes_for(dev)[0]
+        first = Calibration.fit(alone, local_collectives=True)  # only to size the overlap runs
+        gemm_fit = first.fit_of("gemm", main_dtype) or {"alpha": 0.0}
+        target = 4 * max(gemm_fit["alpha"], 1e-3)
+        sizes = _overlap_sizes(first, target, main_dtype)
+        g = overlap_graph(nprocs, plan, sizes)
+        res = launch(g, nprocs, backend, timeout_s)
+        bar.update()
+        over = measurements(g, res.trace, overlap=COVERED).assign(bench="overlap")
+        # keep the sized operations under overlap, not the markers between the combinations nor
+        # the edges of a combination that happened to run alone (the alone fits come from above)
+        over = over[over["op"].isin([v["kind"] for v in sizes.values()]) & (over["others"] != "")]
+        log(f"  measured overlap {len(over):5d} rows in {res.makespan:7.3f} s")
+        g = handoff_graph(nprocs, plan, sizes)
+        res = launch(g, nprocs, backend, timeout_s)
+        bar.update()
+        handoff = dispatch_gaps(g, res.trace).assign(bench="handoff")
+        log(f"  measured handoff {len(handoff):5d} gaps in {res.makespan:7.3f} s")
+        # cross-stream gaps from the hand-off chain; same-stream gaps from the back-to-back runs
+        # of one kind (the overlap graph's gaps mix both with its end-of-combination markers)
+        gap_rows = pd.concat(
+            [*(x[x["via"] == "stream"] for x in gaps), handoff[handoff["via"] == "cross"]],
+            ignore_index=True,
+        )
+        allrows = pd.concat([alone, over], ignore_index=True)
+        # the memory-bound stand-in is one kernel for every such kind (exec.runtime.ops)
+        mem = allrows["op"] == "elementwise"
+        aliases = [allrows[mem].assign(op=k) for k in MEMORY_KINDS[1:]]
+        fit_rows = pd.concat([allrows, *aliases], ignore_index=True)
+        meta = {
+            "backend": backend,
+            "nprocs": nprocs,
+            "device": str(res.device),
+            **env,
+            "dtypes": list(plan.dtypes_for(dev)),
+            # graph dtypes this device runs as another: the fits of the one stand for the other
+            "stand_ins": dict(STAND_INS.get(dev, {})),
+            "rows": len(allrows),
+        }
+        return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows

@@ -27,6 +27,7 @@ from sim.analysis.validate import compare, summarize, write_report
 from sim.config import RunConfig
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_text
+from sim.core.progress import echo, iterate
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
@@ -89,7 +90,7 @@ def validate(
     topology: str = "localhost-cpu",
     repeats: int = 3,
     timeout_s: float = 120.0,
-    log: Callable[[str], None] = print,
+    log: Callable[[str], None] = echo,
     strategies: list[str] | None = None,
 ) -> dict[str, Any]:
     layer = cfg.layer(nprocs)
@@ -102,7 +103,7 @@ def validate(
     # the command at once, not after minutes of measurements
     todo = [(c, case_graph(cfg, layer, c, cluster)) for c in cases(layer.capacity, strategies)]
     loads = [_load()]
-    for case, graph in todo:
+    for case, graph in iterate(todo, "validate", "graph"):  # a bar on stderr, if watched
         measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
         loads.append(_load())
         simulated = to_frame(simulate(graph, topo, costs))

@@ -26,6 +26,7 @@ from sim.analysis.summary import summarize
 from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
+from sim.core.progress import iterate
 from sim.hardware.costs import CostModel
 from sim.strategies import Cluster, build, resolve_params
 
@@ -72,7 +73,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     cluster = Cluster(topo, CostModel.build(topo, cfg.costs))
     label = config_label(cfg, topo.nodes)
     rows = []
-    for entry in entries:
+    for entry in iterate(entries, "compare", "strategy"):  # a bar on stderr, if watched
         res, layer = simulate_entry(cfg, entry, cluster)
         graph = res.graph
         s = summarize(res, to_frame(res))

@@ -74,6 +74,18 @@ def read_text(path: str | Path, what: str = "input file", limit: int = MAX_INPUT
         ) from None
 
 
+def load_value(text: str, source: str) -> Any:
+    """A value given on the command line (`--param k=v`, `--cost k=v`): an integer or float
+    as Python reads it (YAML 1.1 takes `1e-3` for a string), anything else as YAML."""
+    for kind in (int, float):
+        try:
+            number = kind(text)
+        except ValueError:
+            continue
+        return number if number == number and abs(number) != float("inf") else text
+    return load_yaml_text(text, source)
+
+
 def load_yaml_text(text: str, source: str) -> Any:
     """YAML with safe types only, refusing duplicate keys, nesting deeper than MAX_DEPTH and
     aliases that would expand past MAX_NODES nodes."""

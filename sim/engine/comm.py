@@ -18,6 +18,7 @@ import numpy as np
 
 from sim.core.graph import Task
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
+from sim.engine.watch import clock
 from sim.hardware import collectives as coll_algos
 from sim.hardware.network import (
     BundleBatch,
@@ -244,7 +245,9 @@ class Comm:
 
     def _net_resolve(self: Engine, _ev: Any = None) -> None:
         self._net_dirty = False
+        t0 = clock()
         self.net.recompute()
+        self.watch.solved(clock() - t0, self.done, self.env.now)
         self._net_version += 1
         t = self.net.next_finish()
         if math.isfinite(t):

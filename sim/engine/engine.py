@@ -30,6 +30,7 @@ from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.comm import Comm
 from sim.engine.result import SimResult
 from sim.engine.symmetry import Symmetry
+from sim.engine.watch import Watch
 from sim.hardware.costs import CostModel
 from sim.hardware.network import FlowNetwork
 from sim.hardware.topology import Topology
@@ -116,12 +117,16 @@ class Engine(Comm):
         self._net_version = 0
         self._net_dirty = False
         self.fidelity_used = {"flow": 0, "bundled": 0, "collective": 0}
+        self.watch = Watch(n, costs.finish_rtol)  # progress bar and slow-solve hint
 
     # -- driving ---------------------------------------------------------------------------
     def run(self) -> SimResult:
-        for s in range(len(self.stream_tasks)):
-            self._try_launch(s)
-        self.env.run()
+        try:
+            for s in range(len(self.stream_tasks)):
+                self._try_launch(s)
+            self.env.run()
+        finally:
+            self.watch.close()
         if self.done < len(self.tasks):
             raise DeadlockError(self._deadlock_report())
         return SimResult(
@@ -186,6 +191,8 @@ class Engine(Comm):
         t = self.tasks[i]
         self.end[i] = self.env.now
         self.done += 1
+        if self.done >= self.watch.next:
+            self.watch.tick(self.done, self.env.now)
         for name in t.frees:
             nbytes = self.buffers.pop((t.rank, name), None)
             if nbytes is None:
