@@ -13,7 +13,6 @@ functions that need it, so `import sim.api` stays as cheap as `moesim --help` mu
 from __future__ import annotations
 
 import json
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -118,45 +117,11 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
 
 def run(config: Any) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
-    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
-    from sim.analysis.layout_run import simulate_layout
-    from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame
-    from sim.core.limits import applied
-    from sim.hardware.costs import CostModel
-    from sim.strategies import Cluster, build
+    from sim.analysis.layout_run import run_config as simulate_config
 
-    cfg = load_config(config)
-    with applied(cfg.size_limits()) as lim:
-        topo = cfg.load_topology()
-        wl = cfg.workload(topo)
-        costs = CostModel.build(topo, cfg.costs)
-        reps = jitter_replicas(costs)
-        # the ranks actually built: one replica's (the others are folded onto it by symmetry,
-        # or laid over the world only where it does not hold, checked again then)
-        lim.check_run(wl.layer.world, cfg.source, replicas=reps)
-        t0 = time.perf_counter()
-        cluster = Cluster(topo, costs)
-        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, cluster, blocks=wl.blocks)
-        lim.check_run(one.world_size, cfg.source, len(one), reps)
-        dp = 1 if wl.layout is None else wl.layout.dp
-        check_flows(lim, one, costs, cfg.source)  # one replica's: the others are folded
-        t1 = time.perf_counter()
-        res = simulate_layout(
-            one,
-            wl.layout,
-            topo,
-            costs,
-            before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
-        )
-        graph = res.graph
-        t2 = time.perf_counter()
-        df = to_frame(res)
-        summary = summarize(res, df)
-    summary["wall_s"] = {"build": t1 - t0, "simulate": t2 - t1}
-    if cfg.parallel is not None and wl.layout is not None:
-        summary["parallel"] = wl.layout.as_dict()
-    return RunResult(graph, df, finite_summary(summary))
+    r = simulate_config(load_config(config))
+    r.summary["wall_s"] = r.wall_s
+    return RunResult(r.result.graph, r.frame, r.summary)
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:

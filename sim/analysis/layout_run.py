@@ -1,8 +1,11 @@
-"""One replica's graph simulated over every data-parallel replica of a parallel layout."""
+"""One replica's graph simulated over every data-parallel replica of a parallel layout, and
+a run config built and simulated that way (what `sim.api.run` and sweeps share)."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from sim.core.graph import TaskGraph
@@ -37,3 +40,66 @@ def simulate_layout(
         return dp_span.spread(replicate(one, layout), layout.mp)  # gradient reductions
 
     return simulate_replicas(one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta)
+
+
+@dataclass
+class ConfigRun:
+    """A run config built and simulated: its result, trace frame, summary and workload."""
+
+    result: SimResult
+    frame: Any  # pandas.DataFrame, one row per executed task
+    summary: dict[str, Any]
+    workload: Any  # sim.config.Workload
+    wall_s: dict[str, float]
+
+
+def run_config(
+    cfg: Any,
+    edit_topology: Callable[[Topology], Topology] | None = None,
+    edit_costs: Callable[[Any], Any] | None = None,
+) -> ConfigRun:
+    """Build one config's graph (one replica's) and simulate it over its layout, inside the
+    config's size limits: the ranks, tasks and flows bounded before they are built or run.
+    The one path `sim.api.run` and sweeps share; `edit_topology` / `edit_costs` apply what-if
+    changes (link speeds, compute speed) to the loaded cluster."""
+    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
+    from sim.analysis.summary import summarize
+    from sim.analysis.trace import to_frame
+    from sim.core.limits import applied
+    from sim.hardware.costs import CostModel
+    from sim.strategies import Cluster, build
+
+    with applied(cfg.size_limits()) as lim:
+        topo = cfg.load_topology()
+        if edit_topology is not None:
+            topo = edit_topology(topo)
+        wl = cfg.workload(topo)
+        costs = CostModel.build(topo, cfg.costs)
+        if edit_costs is not None:
+            costs = edit_costs(costs)
+        reps = jitter_replicas(costs)
+        # the ranks actually built: one replica's (the others are folded onto it by symmetry,
+        # or laid over the world only where it does not hold, checked again then)
+        lim.check_run(wl.layer.world, cfg.source, replicas=reps)
+        t0 = time.perf_counter()
+        one = build(
+            cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), blocks=wl.blocks
+        )
+        lim.check_run(one.world_size, cfg.source, len(one), reps)
+        dp = 1 if wl.layout is None else wl.layout.dp
+        check_flows(lim, one, costs, cfg.source)  # one replica's: the others are folded
+        t1 = time.perf_counter()
+        res = simulate_layout(
+            one,
+            wl.layout,
+            topo,
+            costs,
+            before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
+        )
+        t2 = time.perf_counter()
+        df = to_frame(res)
+        summary = summarize(res, df)
+    if cfg.parallel is not None and wl.layout is not None:
+        summary["parallel"] = wl.layout.as_dict()
+    wall = {"build": t1 - t0, "simulate": t2 - t1}
+    return ConfigRun(res, df, finite_summary(summary), wl, wall)

@@ -94,38 +94,20 @@ def _busy(busy: dict[str, float], kind: str) -> float:
 
 
 def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
-    """The summary of one point's run and the distinct tokens its step processes. The same
-    steps and guards as `sim.api.run` (limits, flow bounds, symmetric layouts, a finite
-    summary), plus the link and compute-speed changes of `moesim whatif`."""
-    from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
-    from sim.analysis.layout_run import simulate_layout
-    from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame
+    """The summary of one point's run and the distinct tokens its step processes: the run
+    `sim.api.run` makes (sim.analysis.layout_run.run_config), plus the link and
+    compute-speed changes of `moesim whatif`."""
+    from sim.analysis.layout_run import run_config
     from sim.analysis.whatif import with_links, with_speed
     from sim.config import RunConfig
-    from sim.core.limits import applied
-    from sim.hardware.costs import CostModel
-    from sim.strategies import Cluster, build
 
     cfg = RunConfig.from_dict(point.raw, source=point.source)
-    with applied(cfg.size_limits()) as lim:
-        topo = with_links(cfg.load_topology(), list(point.links))
-        wl = cfg.workload(topo)
-        costs = with_speed(CostModel.build(topo, cfg.costs), point.speed)
-        reps = jitter_replicas(costs)
-        lim.check_run(wl.layer.world, cfg.source, replicas=reps)
-        one = build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs))
-        lim.check_run(one.world_size, cfg.source, len(one), reps)
-        dp = 1 if wl.layout is None else wl.layout.dp
-        check_flows(lim, one, costs, cfg.source)
-        res = simulate_layout(
-            one,
-            wl.layout,
-            topo,
-            costs,
-            before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
-        )
-        summary = finite_summary(summarize(res, to_frame(res)))
+    r = run_config(
+        cfg,
+        edit_topology=lambda topo: with_links(topo, list(point.links)),
+        edit_costs=lambda costs: with_speed(costs, point.speed),
+    )
+    layer, graph = r.workload.layer, r.result.graph
     # as `moesim compare` counts them: tensor-parallel replicas share their tokens
-    tokens = wl.layer.tokens * res.graph.world_size // int(res.graph.meta.get("tp") or 1)
-    return summary, tokens
+    tokens = layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1)
+    return r.summary, tokens
