@@ -6,7 +6,8 @@ What is modelled (from reading Perfetto's trace processor, json importer and sli
 - a time value in microseconds becomes integer nanoseconds: an integer token times 1000, a
   fractional token rounded (`llround(value * 1000.0)`, the current importer), or, for a string
   token, the decimal point shifted three places and the rest cut off. `ts_variants` returns
-  every reading, so a test can insist they agree;
+  every reading, so a test can insist they agree. The older jsoncpp-based importer read `ts`
+  from its text and truncated `dur` (`load(..., truncating=True)`);
 - complete slices (`ph: X`) on one thread (pid, tid) are sorted by ts, longer first at equal
   ts, and nested on a stack: a slice starting at or after the top's end pops it; a slice that
   starts inside the top but ends after it is not nested and is dropped (Perfetto counts it in
@@ -32,6 +33,14 @@ def ns_from_number(token: str) -> int:
     if re.fullmatch(r"-?[0-9]+", token):
         return int(token) * 1000
     return int(_llround(float(token) * 1000.0))
+
+
+def ns_from_number_truncating(token: str) -> int:
+    """The same token as older Perfetto (jsoncpp) read a fraction: `(int64)(value * 1000.0)`,
+    which can be 1 ns short (its tokenizer took `ts` from the text, only `dur` this way)."""
+    if re.fullmatch(r"-?[0-9]+", token):
+        return int(token) * 1000
+    return int(float(token) * 1000.0)
 
 
 def ns_from_text(token: str) -> int:
@@ -61,15 +70,19 @@ class _Token(float):
         return v
 
 
-def load(text: str) -> list[dict[str, Any]]:
+def load(text: str, truncating: bool = False) -> list[dict[str, Any]]:
     """The events, each ts/dur also as Perfetto's integer nanoseconds (`ts_ns`, `dur_ns`),
-    read from its own token (not through a reformatted Python float)."""
+    read from its own token (not through a reformatted Python float); `truncating`: as the
+    older importer did (ts from the text, dur truncated)."""
     doc = json.loads(text, parse_float=_Token.parse)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     for e in events:
         for key in ("ts", "dur"):
             v = e.get(key)
-            if isinstance(v, _Token):
+            if isinstance(v, _Token) and truncating:
+                read = ns_from_text if key == "ts" else ns_from_number_truncating
+                e[key + "_ns"] = read(v.text)
+            elif isinstance(v, _Token):
                 e[key + "_ns"] = ns_from_number(v.text)
             elif isinstance(v, int):
                 e[key + "_ns"] = v * 1000
@@ -101,6 +114,6 @@ def nest(events: list[dict[str, Any]]) -> tuple[int, dict[tuple[Any, Any], list[
     return dropped, kept
 
 
-def dropped_slices(text: str) -> int:
+def dropped_slices(text: str, truncating: bool = False) -> int:
     """How many complete slices Perfetto would drop from this trace file."""
-    return nest(load(text))[0]
+    return nest(load(text, truncating))[0]
