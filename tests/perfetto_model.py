@@ -70,11 +70,15 @@ class _Token(float):
         return v
 
 
+def _not_json(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (Perfetto's parser rejects the file)")
+
+
 def load(text: str, truncating: bool = False) -> list[dict[str, Any]]:
     """The events, each ts/dur also as Perfetto's integer nanoseconds (`ts_ns`, `dur_ns`),
     read from its own token (not through a reformatted Python float); `truncating`: as the
     older importer did (ts from the text, dur truncated)."""
-    doc = json.loads(text, parse_float=_Token.parse)
+    doc = json.loads(text, parse_float=_Token.parse, parse_constant=_not_json)
     events = doc["traceEvents"] if isinstance(doc, dict) else doc
     for e in events:
         for key in ("ts", "dur"):

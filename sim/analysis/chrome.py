@@ -15,7 +15,9 @@ in that order, which Perfetto sorts by); thread ids never equal a process id (Pe
 would take the thread for the process's main thread and list it first). Tasks on one stream
 run one after another in both engines, so a thread never holds two slices at once; should a
 measured trace still overlap on a stream, the later task goes onto a sub-track
-"<stream> (overlap k)" rather than be nested under a task it is not part of.
+"<stream> (overlap k)" rather than be nested under a task it is not part of. (A task of zero
+length at the instant the next one starts is shown by Perfetto inside that one: it orders
+slices of one timestamp longest first.)
 
 Flows and counters (dependency arrows, link utilisation, memory) are in
 `sim.analysis.chrome_tracks`.
@@ -139,19 +141,19 @@ def _slices(df: pd.DataFrame, lay: Layout) -> list[dict[str, Any]]:
     tags = {k: df[k].tolist() for k in ("layer", "phase", "chunk")}
     events = []
     for j in range(len(df)):
-        kind = col["kind"][j]
+        kind, step = col["kind"][j], col["step"][j]  # step: NaN where a CSV left it empty
         args: dict[str, Any] = {"id": col["id"][j], "kind": kind, "bytes": col["bytes"][j]}
         args["flops"] = col["flops"][j]
         if col["sync_wait"][j] > 0:
             args["sync_wait_us"] = col["sync_wait"][j] * 1e6
         for k, values in tags.items():
             v = values[j]
-            if v is not None and v == v:  # not None, not NaN
+            if v is not None and v == v:  # not None, not NaN (a tag missing from a CSV)
                 args[k] = v
         events.append(
             {
                 "ph": "X",
-                "name": col["step"][j] or kind,
+                "name": step if isinstance(step, str) and step else kind,
                 "cat": kind,
                 "pid": pid[j],
                 "tid": tid[j],
