@@ -272,6 +272,21 @@ def test_flows_for_cross_stream_and_cross_rank_dependencies():
     assert arrows == [("dependency", "g0", "s"), ("dependency", "r", "g1"), ("send/recv", "s", "r")]
 
 
+def test_flow_to_members_that_waited():
+    """Rank 0 computes 1 s before the all-to-all, rank 1 launches it at once and waits: an
+    arrow from rank 0's all-to-all (the last to launch) to rank 1's."""
+    g = TaskGraph(2)
+    g.add(Task("g", 0, "compute", "elementwise"))
+    for r in (0, 1):
+        deps = ["g"] if r == 0 else []
+        g.add(Task(f"a{r}", r, "comm", "all_to_all", deps, bytes=1e9, group=[0, 1], coll="x"))
+    res = simulate(g, TOPO, costs())
+    df = to_frame(res)
+    events = check(json.dumps(chrome_trace(df, None, g, res)), df)
+    flows = [(e["ph"], e["pid"], e["cat"]) for e in events if e["ph"] in "sf"]
+    assert ("s", 0, "waited for") in flows and ("f", 1, "waited for") in flows
+
+
 def test_flow_cap_keeps_cross_rank_first():
     g = _dep_graph()
     res = simulate(g, TOPO, costs())

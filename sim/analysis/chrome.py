@@ -188,6 +188,8 @@ def chrome_trace(
     if flows.omitted:
         other["moesim"]["flows_omitted"] = flows.omitted
         other["moesim"]["flows_limit"] = flows.limit
+    if flows.too_short:
+        other["moesim"]["flows_on_slices_under_2ns"] = flows.too_short
     return {"traceEvents": events, "otherData": other}
 
 

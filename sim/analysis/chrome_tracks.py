@@ -57,6 +57,7 @@ class Flows:
     written: int = 0
     omitted: int = 0  # past the limit
     limit: int = MAX_FLOWS
+    too_short: int = 0  # an end on a slice under 2 ns long
 
 
 def _candidates(df: pd.DataFrame, lay: Layout, graph: TaskGraph) -> list[tuple]:
@@ -99,9 +100,10 @@ def flow_events(
     if graph is None or not len(df):
         return Flows(limit=limit)
     start, end = lay.start, lay.end
+    every = _candidates(df, lay, graph)
     ok = [
         c
-        for c in _candidates(df, lay, graph)
+        for c in every
         if start[c[3]] < c[1] < end[c[3]] and start[c[4]] < c[2] < end[c[4]] and c[1] < c[2]
     ]
     ok.sort(key=lambda c: (not c[0], c[1], c[2]))
@@ -115,7 +117,7 @@ def flow_events(
         base = {"name": cat, "cat": cat, "id": n}
         events.append(base | {"ph": "s", "pid": pid[i], "tid": tid[i], "ts": t_s})
         events.append(base | {"ph": "f", "bp": "e", "pid": pid[j], "tid": tid[j], "ts": t_f})
-    return Flows(events, len(kept), len(ok) - len(kept), limit)
+    return Flows(events, len(kept), len(ok) - len(kept), limit, len(every) - len(ok))
 
 
 def memory_series(
