@@ -373,3 +373,14 @@ def test_memory_counter_peaks_at_the_engines_peak(demo):
         if e["ph"] == "C" and e["name"] == "memory":
             peak[e["pid"]] = max(peak[e["pid"]], e["args"]["MiB"] * 2**20)
     assert [peak[r] for r in range(16)] == pytest.approx(demo.sim.mem_peak.tolist(), rel=1e-12)
+
+
+def test_whatif_sides_get_the_same_guarantees(tmp_path):
+    from sim.analysis.whatif import whatif_command
+
+    shipped = Path(__file__).resolve().parents[1] / "traces" / "exec-gloo-2r"
+    whatif_command(str(shipped / "trace.csv"), ["compute.speed=*0.5"], out=str(tmp_path))
+    for side in ("before", "after"):
+        df = pd.read_csv(tmp_path / side / "trace.csv")
+        events = check((tmp_path / side / "trace.chrome.json").read_text(), df)
+        assert any(e["ph"] == "s" for e in events)
