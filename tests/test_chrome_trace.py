@@ -384,3 +384,19 @@ def test_whatif_sides_get_the_same_guarantees(tmp_path):
         df = pd.read_csv(tmp_path / side / "trace.csv")
         events = check((tmp_path / side / "trace.chrome.json").read_text(), df)
         assert any(e["ph"] == "s" for e in events)
+
+
+def test_link_utilisation_under_interference():
+    """The same send while GPU 0 computes for its first second (comm at half speed then):
+    5 GB/s for 1 s, then 10 GB/s for the remaining 10 GB."""
+    g = TaskGraph(4)
+    g.add(Task("gemm", 0, "compute", "elementwise"))  # 1 s
+    g.add(Task("s", 0, "comm", "send", peer=1, bytes=15 * GB, coll="p"))
+    g.add(Task("r", 1, "comm", "recv", peer=0, bytes=15 * GB, coll="p"))
+    res = simulate(g, TOPO, costs(interference={"comm": {"compute": 0.5}}), record_links=True)
+    got = _counters(chrome_trace(to_frame(res), None, g, res), "slow utilisation %")
+    assert got == [
+        (0, {"all links": 25.0, "busiest link": 50.0}),
+        (1_000_000_000, {"all links": 50.0, "busiest link": 100.0}),
+        (2_000_000_000, {"all links": 0.0, "busiest link": 0.0}),
+    ]
