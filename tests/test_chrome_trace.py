@@ -147,6 +147,9 @@ def test_demo_trace_is_read_whole(demo, tmp_path):
     assert sum(e["ph"] == "s" for e in events) > 0
     procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert {"rank 00 (node 0)", "rank 09 (node 1)", "network"} <= procs
+    # the engine runs a stream's tasks one after another: no sub-track was needed
+    threads = {e["args"]["name"] for e in events if e.get("name") == "thread_name"}
+    assert threads and not any("overlap" in t for t in threads)
 
 
 def test_multi_node_back_to_back(tmp_path):
