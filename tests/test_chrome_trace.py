@@ -143,7 +143,7 @@ def test_demo_trace_is_read_whole(demo, tmp_path):
     path = write_chrome_trace(demo.trace, tmp_path / "t.json", None, demo.graph, demo.sim)
     events = check(path.read_text(), demo.trace)
     names = {e["name"] for e in events if e["ph"] == "C"}
-    assert {"memory", "nvlink3 utilisation %", "hdr utilisation %"} <= names
+    assert {"memory", "nvlink3 all links", "hdr busiest link"} <= names
     assert sum(e["ph"] == "s" for e in events) > 0
     procs = {e["args"]["name"] for e in events if e.get("name") == "process_name"}
     assert {"rank 00 (node 0)", "rank 09 (node 1)", "network"} <= procs
@@ -319,13 +319,11 @@ def test_link_utilisation_closed_form():
     g.add(Task("r", 1, "comm", "recv", peer=0, bytes=15 * GB, coll="p"))
     res = simulate(g, TOPO, costs(), record_links=True)
     doc = chrome_trace(to_frame(res), None, g, res)
-    assert _counters(doc, "slow utilisation %") == [
-        (0, {"all links": 50.0, "busiest link": 100.0}),
-        (1_500_000_000, {"all links": 0.0, "busiest link": 0.0}),
-    ]
-    fast = _counters(doc, "fast utilisation %")
+    assert _counters(doc, "slow all links") == [(0, {"%": 50.0}), (1_500_000_000, {"%": 0.0})]
+    assert _counters(doc, "slow busiest link") == [(0, {"%": 100.0}), (1_500_000_000, {"%": 0.0})]
+    fast = _counters(doc, "fast all links")
     assert [t for t, _ in fast] == [0, 1_500_000_000]
-    assert fast[0][1]["all links"] == pytest.approx(100 / 6, rel=1e-6)
+    assert fast[0][1]["%"] == pytest.approx(100 / 6, rel=1e-6)
     assert simulate(g, TOPO, costs()).link_timeline is None  # only when asked for
 
 
@@ -397,9 +395,7 @@ def test_link_utilisation_under_interference():
     g.add(Task("s", 0, "comm", "send", peer=1, bytes=15 * GB, coll="p"))
     g.add(Task("r", 1, "comm", "recv", peer=0, bytes=15 * GB, coll="p"))
     res = simulate(g, TOPO, costs(interference={"comm": {"compute": 0.5}}), record_links=True)
-    got = _counters(chrome_trace(to_frame(res), None, g, res), "slow utilisation %")
-    assert got == [
-        (0, {"all links": 25.0, "busiest link": 50.0}),
-        (1_000_000_000, {"all links": 50.0, "busiest link": 100.0}),
-        (2_000_000_000, {"all links": 0.0, "busiest link": 0.0}),
-    ]
+    doc = chrome_trace(to_frame(res), None, g, res)
+    s, f = 1_000_000_000, 2_000_000_000
+    assert _counters(doc, "slow all links") == [(0, {"%": 25.0}), (s, {"%": 50.0}), (f, {"%": 0.0})]
+    assert _counters(doc, "slow busiest link") == [(0, {"%": 50}), (s, {"%": 100}), (f, {"%": 0})]

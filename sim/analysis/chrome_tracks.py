@@ -12,10 +12,11 @@ slows down past that): cross-rank ones first, then the earliest; the trace's
 
 Counters. Memory in use per rank (MiB), from the graph's buffer allocations (at a task's
 start) and frees (at its end), as the engine accounts them. Link utilisation per link class
-(%), in a "network" process: the aggregate (bytes/s over capacity, all links of the class)
-and the busiest link, exactly as the engine's rates changed (`FlowNetwork.record`, taken
-when a trace is asked for; a run with the collective network model has no flows and no such
-counters).
+(%), in a "network" process: "<class> all links" (bytes/s over capacity, all links of the
+class together) and "<class> busiest link", exactly as the engine's rates changed
+(`FlowNetwork.record`, taken when a trace is asked for; a run with the collective network
+model has no flows and no such counters). One counter per series: chrome://tracing draws the
+series of one counter stacked.
 """
 
 from __future__ import annotations
@@ -184,16 +185,16 @@ def counter_events(
     mean = np.round(np.asarray(links["mean"]) * 100.0, 6)
     top = np.round(np.asarray(links["max"]) * 100.0, 6)
     for c, name in enumerate(links["classes"]):
-        pts: list[tuple[float, float, float]] = []
-        for k, t in enumerate(ts):
-            v = (t, float(mean[k, c]), float(top[k, c]))
-            if pts and pts[-1][0] == t:  # samples closer than 1 ns: the last one holds
-                pts[-1] = v
-            elif not pts or pts[-1][1:] != v[1:]:
-                pts.append(v)
-        for t, m, b in pts:
-            args = {"all links": m, "busiest link": b}
-            events.append(
-                {"ph": "C", "name": f"{name} utilisation %", "pid": net, "ts": t, "args": args}
-            )
+        for series, values in (("all links", mean[:, c]), ("busiest link", top[:, c])):
+            pts: list[tuple[float, float]] = []
+            for t, v in zip(ts, values.tolist()):
+                if pts and pts[-1][0] == t:  # samples closer than 1 ns: the last one holds
+                    pts[-1] = (t, v)
+                elif not pts or pts[-1][1] != v:
+                    pts.append((t, v))
+            # one counter per series: chrome://tracing would stack two series of one counter
+            for t, v in pts:
+                events.append(
+                    {"ph": "C", "name": f"{name} {series}", "pid": net, "ts": t, "args": {"%": v}}
+                )
     return events
