@@ -172,7 +172,8 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
     cfg = load_config(config)
     if out_dir is not None:  # an unusable output path fails before the run, not after it
         check_output_dir(out_dir)
-    result = run(cfg, record_links=out_dir is not None and want_trace)
+    chrome = out_dir is not None and want_trace and cfg.output.get("chrome_trace", True)
+    result = run(cfg, record_links=bool(chrome))  # link utilisation: for the Chrome trace
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir), want_trace)
     return result.summary
@@ -195,10 +196,8 @@ def write_outputs(
     with OutputSet(out_dir, "simulate") as out:
         files = {"trace": str(write_table(df, out.path(f"trace.{fmt}")))}
         if want_trace and cfg.output.get("chrome_trace", True):
-            max_ranks = cfg.output.get("max_trace_ranks")
-            path = write_chrome_trace(
-                df, out.path("trace.chrome.json"), max_ranks, result.graph, result.sim
-            )
+            ranks, name = cfg.output.get("max_trace_ranks"), out.path("trace.chrome.json")
+            path = write_chrome_trace(df, name, ranks, result.graph, result.sim)
             files["chrome_trace"] = str(path)
         out.write_text("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         summary["files"] = files
