@@ -140,7 +140,7 @@ def run_graph(
     summary = summarize(res)
     summary["files"] = {
         "trace": str(write_table(res.trace, out / "trace.csv")),
-        "chrome_trace": str(write_chrome_trace(res.trace, out / "trace.chrome.json")),
+        "chrome_trace": str(write_chrome_trace(res.trace, out / "trace.chrome.json", None, graph)),
     }
     atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
     return summary

@@ -33,6 +33,7 @@ class RunResult:
     graph: Any  # sim.core.graph.TaskGraph
     trace: Any  # pandas.DataFrame, one row per executed task
     summary: dict[str, Any]
+    sim: Any = None  # sim.engine.result.SimResult: link bytes, memory, link utilisation, stats
 
 
 # -- run configs ----------------------------------------------------------------------------
@@ -115,13 +116,14 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
     return graph
 
 
-def run(config: Any) -> RunResult:
-    """Build and simulate one run config (a RunConfig, a mapping or a YAML path)."""
+def run(config: Any, record_links: bool = False) -> RunResult:
+    """Build and simulate one run config (a RunConfig, a mapping or a YAML path); with
+    `record_links`, the utilisation of each link class over time (for the Chrome trace)."""
     from sim.analysis.layout_run import run_config as simulate_config
 
-    r = simulate_config(load_config(config))
+    r = simulate_config(load_config(config), record_links=record_links)
     r.summary["wall_s"] = r.wall_s
-    return RunResult(r.result.graph, r.frame, r.summary)
+    return RunResult(r.result.graph, r.frame, r.summary, r.result)
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
@@ -134,7 +136,8 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
     cfg = load_config(config)
     if out_dir is not None:  # an unusable output path fails before the run, not after it
         check_output_dir(out_dir)
-    result = run(cfg)
+    chrome = out_dir is not None and want_trace and cfg.output.get("chrome_trace", True)
+    result = run(cfg, record_links=bool(chrome))  # link utilisation: for the Chrome trace
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir), want_trace)
     return result.summary
@@ -157,9 +160,8 @@ def write_outputs(
     with OutputSet(out_dir, "simulate") as out:
         files = {"trace": str(write_table(df, out.path(f"trace.{fmt}")))}
         if want_trace and cfg.output.get("chrome_trace", True):
-            path = write_chrome_trace(
-                df, out.path("trace.chrome.json"), cfg.output.get("max_trace_ranks")
-            )
+            ranks, name = cfg.output.get("max_trace_ranks"), out.path("trace.chrome.json")
+            path = write_chrome_trace(df, name, ranks, result.graph, result.sim)
             files["chrome_trace"] = str(path)
         out.write_text("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         summary["files"] = files
@@ -190,7 +192,7 @@ def replay(
     under the summary's "files". `limits` raises size limits (`sim.core.limits`)."""
     from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+    from sim.analysis.trace import to_frame, write_trace_files
     from sim.core.graph import TaskGraph
     from sim.core.limits import DEFAULT, applied
     from sim.engine.engine import simulate
@@ -211,16 +213,12 @@ def replay(
         model = CostModel.build(topo, costs or {})
         lim.check_run(graph.world_size, "replay", len(graph), jitter_replicas(model))
         check_flows(lim, graph, model, "replay")
-        res = simulate(graph, topo, model)
+        res = simulate(graph, topo, model, record_links=out_dir is not None)
         df = to_frame(res)
         summary = finite_summary(summarize(res, df))
     if out_dir is not None:
-        out = Path(out_dir)
-        summary["files"] = {
-            "trace": str(write_table(df, out / "trace.csv")),
-            "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json")),
-        }
-    return RunResult(graph, df, summary)
+        summary["files"] = write_trace_files(Path(out_dir), df, graph, res)
+    return RunResult(graph, df, summary, res)
 
 
 # -- strategies side by side --------------------------------------------------------------------

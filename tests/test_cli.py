@@ -73,7 +73,11 @@ def test_demo_writes_outputs(tmp_path):
     events = trace["traceEvents"]
     xs = [e for e in events if e["ph"] == "X"]
     assert xs and all(e["dur"] >= 0 for e in xs)
-    named = {e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    named = {
+        e["pid"]
+        for e in events
+        if e["ph"] == "M" and e["name"] == "process_name" and e["args"]["name"].startswith("rank")
+    }
     assert named == set(range(summary["world_size"]))
     assert {e["pid"] for e in xs} == named
     header = (out / "trace.csv").read_text().splitlines()[0]

@@ -22,15 +22,17 @@ def simulate_layout(
     topo: Topology,
     costs: Any,
     before_full: Callable[[], None] | None = None,
+    record_links: bool = False,
 ) -> SimResult:
     """On representatives where the replicas and nodes are equivalent (`costs.symmetry`,
     sim.engine.symmetric), else on the full graph that `replicate` lays over the world; so
     16,384 GPUs never build 16,384 ranks' tasks where symmetry holds. `before_full` runs
-    before the full graph is built (the size guards of what it will build)."""
+    before the full graph is built (the size guards of what it will build); `record_links`
+    keeps the utilisation of each link class over time (for a trace's counters)."""
     import numpy as np
 
     if layout is None or layout.dp == 1:
-        return simulate_replicas(one, topo, costs)
+        return simulate_replicas(one, topo, costs, record_links=record_links)
     ranks = np.stack([layout.replica_ranks(d) for d in range(layout.dp)])
     meta = dict(one.meta) | {"layout": layout.as_dict()}
 
@@ -39,7 +41,9 @@ def simulate_layout(
             before_full()
         return dp_span.spread(replicate(one, layout), layout.mp)  # gradient reductions
 
-    return simulate_replicas(one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta)
+    return simulate_replicas(
+        one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta, record_links=record_links
+    )
 
 
 @dataclass
@@ -57,11 +61,13 @@ def run_config(
     cfg: Any,
     edit_topology: Callable[[Topology], Topology] | None = None,
     edit_costs: Callable[[Any], Any] | None = None,
+    record_links: bool = False,
 ) -> ConfigRun:
     """Build one config's graph (one replica's) and simulate it over its layout, inside the
     config's size limits: the ranks, tasks and flows bounded before they are built or run.
     The one path `sim.api.run` and sweeps share; `edit_topology` / `edit_costs` apply what-if
-    changes (link speeds, compute speed) to the loaded cluster."""
+    changes (link speeds, compute speed) to the loaded cluster; `record_links` samples each
+    link class's utilisation over time (for the Chrome trace's counters)."""
     from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame
@@ -95,6 +101,7 @@ def run_config(
             topo,
             costs,
             before_full=lambda: lim.check_run(one.world_size * dp, cfg.source, len(one) * dp, reps),
+            record_links=record_links,
         )
         t2 = time.perf_counter()
         df = to_frame(res)

@@ -185,9 +185,10 @@ def write_outputs(r: Replay, out: str | Path, name: str = "") -> dict[str, str]:
     """trace.csv, trace.chrome.json, graph.json (the replay graph: `moesim simulate` or
     `moesim whatif` take it) and summary.json, each written atomically, under `out`."""
     out = Path(out)
+    chrome = write_chrome_trace(r.trace, out / f"{name}trace.chrome.json", None, r.graph, r.result)
     files = {
         "trace": str(write_table(r.trace, out / f"{name}trace.csv")),
-        "chrome_trace": str(write_chrome_trace(r.trace, out / f"{name}trace.chrome.json")),
+        "chrome_trace": str(chrome),
     }
     r.graph.to_json(out / f"{name}graph.json")
     files["graph"] = str(out / f"{name}graph.json")

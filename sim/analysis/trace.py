@@ -3,18 +3,20 @@
 Columns: id, rank, stream, kind, start, end, duration, sync_wait (s; time a collective member
 waited for the others), bytes, flops, and the tags layer, phase, step, chunk. Times are seconds
 from the start of the run. Written as CSV or Parquet, and exported to Chrome trace JSON
-(chrome://tracing or ui.perfetto.dev): a process per rank, a thread per stream.
+(chrome://tracing or ui.perfetto.dev): a process per rank, a thread per stream
+(`sim.analysis.chrome`, re-exported here).
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from sim.analysis.chrome import chrome_trace, write_chrome_trace
 from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_bytes, atomic_write_text
 from sim.engine.engine import SimResult
 
@@ -35,6 +37,15 @@ COLUMNS = [
     "chunk",
 ]
 TAGS = ("layer", "phase", "step", "chunk")
+__all__ = [
+    "COLUMNS",
+    "TAGS",
+    "chrome_trace",
+    "to_frame",
+    "write_chrome_trace",
+    "write_table",
+    "write_trace_files",
+]
 
 
 def to_frame(res: SimResult) -> pd.DataFrame:
@@ -74,50 +85,12 @@ def write_table(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
-def chrome_trace(df: pd.DataFrame, max_ranks: int | None = None) -> dict:
-    if max_ranks is not None:
-        df = df[df["rank"] < max_ranks]
-    events = []
-    streams = sorted(df["stream"].unique())
-    tid = {s: i for i, s in enumerate(streams)}
-    for rank in sorted(df["rank"].unique()):
-        events.append(
-            {"ph": "M", "name": "process_name", "pid": int(rank), "args": {"name": f"rank {rank}"}}
-        )
-        for s in streams:
-            events.append(
-                {
-                    "ph": "M",
-                    "name": "thread_name",
-                    "pid": int(rank),
-                    "tid": tid[s],
-                    "args": {"name": s},
-                }
-            )
-    for row in df.itertuples(index=False):
-        args = {"kind": row.kind, "bytes": row.bytes, "flops": row.flops}
-        if row.sync_wait > 0:
-            args["sync_wait_us"] = row.sync_wait * 1e6
-        events.append(
-            {
-                "ph": "X",
-                "name": row.step or row.kind,
-                "cat": row.kind,
-                "pid": int(row.rank),
-                "tid": tid[row.stream],
-                "ts": row.start * 1e6,
-                "dur": row.duration * 1e6,
-                "args": args
-                | {
-                    k: getattr(row, k)
-                    for k in ("phase", "chunk")
-                    if getattr(row, k) is not None and getattr(row, k) == getattr(row, k)
-                },
-            }
-        )
-    return {"traceEvents": events, "displayTimeUnit": "ms"}
-
-
-def write_chrome_trace(df: pd.DataFrame, path: str | Path, max_ranks: int | None = None) -> Path:
-    atomic_write_text(path, json.dumps(chrome_trace(df, max_ranks)))
-    return Path(path)
+def write_trace_files(
+    out: Path, df: pd.DataFrame, graph: TaskGraph | None = None, res: SimResult | None = None
+) -> dict[str, str]:
+    """trace.csv and trace.chrome.json in `out` (the Chrome trace with the graph's arrows and
+    memory, and what `res` recorded: see `chrome_trace`); their paths by kind."""
+    return {
+        "trace": str(write_table(df, out / "trace.csv")),
+        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json", None, graph, res)),
+    }

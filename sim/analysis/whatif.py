@@ -1,6 +1,6 @@
 """What-if studies: one base, some changes (`--set KEY=VALUE`), simulated before and after.
 
-    before, after, before_trace, after_trace = whatif("my.yaml", ["link.*.bw=*2"])
+    r = whatif("my.yaml", ["link.*.bw=*2"])  # r.before, r.after, r.before_trace, ...
     whatif("g.json", ["compute.speed=*0.5"], topology="dgx-a100")
     whatif("traces/exec-gloo-2r", ["compute.speed=*2"])      # a measured trace, replayed
 
@@ -40,13 +40,13 @@ from sim.analysis.replay import (
     replay_costs_topology,
 )
 from sim.analysis.summary import summarize
-from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+from sim.analysis.trace import to_frame, write_trace_files
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_text
 from sim.core.kinds import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS
-from sim.engine.engine import simulate
+from sim.engine.engine import SimResult, simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.costs.dispatch import Dispatch
 from sim.hardware.costs.interference import Interference
@@ -54,7 +54,7 @@ from sim.hardware.costs.measured import GAP_TAG, MEASURED_TAG, MeasuredCompute, 
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 
-Run = tuple[dict[str, Any], pd.DataFrame]
+Run = tuple[dict[str, Any], pd.DataFrame, SimResult]
 
 
 class WhatIf(NamedTuple):
@@ -62,6 +62,8 @@ class WhatIf(NamedTuple):
     after: dict[str, Any]  # ... plus "whatif": the changes and notes
     before_trace: pd.DataFrame
     after_trace: pd.DataFrame
+    before_sim: SimResult | None = None  # the simulations (graph, topology, link bytes, ...)
+    after_sim: SimResult | None = None
 
 
 def whatif(
@@ -79,13 +81,13 @@ def whatif(
     if kind == "config":
         if topology or nodes or costs:
             raise ConfigError("a run config names its cluster: use --set topology=/nodes= instead")
-        (b, bt), (a, at) = _config(obj, changes, notes)
+        (b, bt, bs), (a, at, as_) = _config(obj, changes, notes)
     elif kind == "replay":
-        (b, bt), (a, at) = _replayed(obj, changes, topology, costs, notes)
+        (b, bt, bs), (a, at, as_) = _replayed(obj, changes, topology, costs, notes)
     else:
-        (b, bt), (a, at) = _graph(obj, changes, topology, nodes, costs, notes)
+        (b, bt, bs), (a, at, as_) = _graph(obj, changes, topology, nodes, costs, notes)
     a["whatif"] = {"changes": [f"{c.key}={c.text}" for c in changes], "notes": notes}
-    return WhatIf(b, a, bt, at)
+    return WhatIf(b, a, bt, at, bs, as_)
 
 
 def load_base(base: Any) -> tuple[str, Any]:
@@ -136,7 +138,7 @@ def _run_config(cfg: RunConfig, links: list[keys.Change], speed: float) -> Run:
     )
     res = simulate(graph, topo, costs)
     df = to_frame(res)
-    return summarize(res, df), df
+    return summarize(res, df), df, res
 
 
 def with_links(topo: Topology, links: list[keys.Change]) -> Topology:
@@ -220,7 +222,7 @@ def _run_graph(g, name, nodes, spec, links, speed) -> Run:
     costs = with_speed(CostModel.build(topo, spec), speed)
     res = simulate(g, topo, costs)
     df = to_frame(res)
-    return summarize(res, df), df
+    return summarize(res, df), df, res
 
 
 # -- measured traces -----------------------------------------------------------------------
@@ -271,7 +273,7 @@ def _replayed(
 def _run_measured(g: TaskGraph, topo: Topology, costs: CostModel) -> Run:
     res = simulate(g, topo, costs)
     df = launched(to_frame(res), g)
-    return summarize(res, df), df
+    return summarize(res, df), df, res
 
 
 def _scale_comm(g: TaskGraph, old: Topology, new: Topology) -> None:
@@ -323,14 +325,11 @@ def whatif_command(
     }
     if out is not None:
         d = Path(out)
-        for side, s, df in (
-            ("before", r.before, r.before_trace),
-            ("after", r.after, r.after_trace),
+        for side, s, df, res in (
+            ("before", r.before, r.before_trace, r.before_sim),
+            ("after", r.after, r.after_trace, r.after_sim),
         ):
-            s["files"] = {
-                "trace": str(write_table(df, d / side / "trace.csv")),
-                "chrome_trace": str(write_chrome_trace(df, d / side / "trace.chrome.json")),
-            }
+            s["files"] = write_trace_files(d / side, df, res.graph, res)
             atomic_write_text(d / side / "summary.json", json.dumps(s, indent=2, default=str))
         atomic_write_text(d / "whatif.json", json.dumps(result, indent=2, default=str))
         result["files"] = {

@@ -55,6 +55,7 @@ class Engine(Comm):
         topo: Topology,
         costs: CostModel,
         symmetry: Symmetry | None = None,
+        record_links: bool = False,
     ):
         if graph.world_size > topo.world_size:
             raise GraphError(
@@ -113,6 +114,8 @@ class Engine(Comm):
             self._flow_scale if inter.affects("comm") or inter.affects("copy") else None,
             costs.finish_rtol,
         )
+        if record_links:  # for a trace's counter tracks; a pass over the links per solve
+            self.net.record(None if symmetry is None else symmetry.orbit)
         self.owners: list[Any] = []
         self._net_version = 0
         self._net_dirty = False
@@ -146,6 +149,7 @@ class Engine(Comm):
                 "flows": self.net.flows_started,
                 "rate_recomputes": self.net.recomputes,
             },
+            link_timeline=None if self.net.timeline is None else self.net.timeline.as_dict(),
         )
 
     def _try_launch(self, s: int, after: float = 0.0) -> None:
@@ -288,14 +292,22 @@ class Engine(Comm):
         )
 
 
-def simulate(graph: TaskGraph, topo: Topology, costs: CostModel) -> SimResult:
+def simulate(
+    graph: TaskGraph, topo: Topology, costs: CostModel, record_links: bool = False
+) -> SimResult:
     """One run; with a jitter model, `costs.jitter.replicas` runs (seeds seed, seed+1, ...)
-    and the one with the median makespan, every replica's makespan in its stats."""
+    and the one with the median makespan, every replica's makespan in its stats.
+    `record_links`: keep the utilisation of each link class over time (for a trace)."""
     jit = costs.jitter
     if jit is None or jit.replicas == 1:
-        return Engine(graph, topo, costs).run()
+        return Engine(graph, topo, costs, record_links=record_links).run()
     runs = [
-        Engine(graph, topo, replace(costs, jitter=jit.with_seed(jit.seed + k))).run()
+        Engine(
+            graph,
+            topo,
+            replace(costs, jitter=jit.with_seed(jit.seed + k)),
+            record_links=record_links,
+        ).run()
         for k in range(jit.replicas)
     ]
     spans = [r.makespan for r in runs]

@@ -24,6 +24,8 @@ class SimResult:
     mem_peak: np.ndarray  # per rank, bytes
     mem_timeline: list[tuple[float, int, float]]  # (time, rank, bytes in use)
     stats: dict[str, Any] = field(default_factory=dict)
+    # utilisation per link class over time, when asked for (ClassTimeline.as_dict)
+    link_timeline: dict[str, Any] | None = None
 
     @property
     def makespan(self) -> float:

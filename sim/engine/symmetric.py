@@ -91,19 +91,20 @@ def simulate_replicas(
     full: Callable[[], TaskGraph] | None = None,
     prefix: str = "",
     meta: dict[str, Any] | None = None,
+    record_links: bool = False,
 ) -> SimResult:
     """One replica's graph simulated for all replicas (module docstring; `prefix` and `meta`
-    as in `plan`)."""
+    as in `plan`; `record_links` as in `simulate`)."""
     p = plan(graph, topo, costs, replicas, prefix, meta)
     if isinstance(p, str):
         D = 1 if replicas is None else len(replicas)
         if D > 1 and full is None:
             raise ValueError(f"symmetry does not hold ({p}) and no full graph was given")
-        res = simulate(full() if D > 1 else graph, topo, costs)  # type: ignore[misc]
+        res = simulate(full() if D > 1 else graph, topo, costs, record_links)  # type: ignore[misc]
         if not p.startswith(_NOT_TRIED):  # small or switched off: the plain run, as before
             res.stats["symmetry"] = {"used": False, "reason": p}
         return res
-    red = Engine(p.graph, topo, costs, p.symmetry).run()
+    red = Engine(p.graph, topo, costs, p.symmetry, record_links).run()
     sym = p.symmetry
     idx = p.rep_task
     stats = dict(red.stats)
@@ -121,6 +122,7 @@ def simulate_replicas(
         red.mem_peak[sym.rep_of[: p.whole.world_size]],
         red.mem_timeline,
         stats=stats,
+        link_timeline=red.link_timeline,
     )
 
 

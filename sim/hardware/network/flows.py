@@ -20,6 +20,7 @@ from sim.hardware.network.incremental import MaxMinState
 from sim.hardware.network.maxmin import distinct
 from sim.hardware.network.redundant import representatives
 from sim.hardware.network.table import FlowTable
+from sim.hardware.network.timeline import ClassTimeline
 from sim.hardware.topology import Topology
 
 # Bundles finishing within this relative window (of the current time) of the earliest finish
@@ -68,6 +69,13 @@ class FlowNetwork:
         self.local_solves = 0
         self.bundles_started = 0
         self.flows_started = 0
+        self.timeline: ClassTimeline | None = None  # utilisation per link class, on request
+
+    def record(self, weight: np.ndarray | None = None) -> ClassTimeline:
+        """Sample the utilisation of every link class after each solve from now on (for a
+        trace's counter tracks); `weight`: links of the cluster each link stands for."""
+        self.timeline = ClassTimeline(self.topo.link_class_names, self.cap, weight)
+        return self.timeline
 
     @property
     def active(self) -> int:
@@ -108,6 +116,8 @@ class FlowNetwork:
             self._scaled_usage[:] = 0.0
             self.solver.reset()
             self._maybe_compact()
+            if self.timeline is not None:
+                self.timeline.sample(self.now(), self.usage)
             return
         self.recomputes += 1
         moved = none
@@ -137,6 +147,8 @@ class FlowNetwork:
         else:  # rate == base: the link loads are the solver's
             self._set_rate(moved, t.base[moved])
         self._maybe_compact()
+        if self.timeline is not None:
+            self.timeline.sample(self.now(), self.usage)
 
     def next_finish(self) -> float:
         if not self.active:
