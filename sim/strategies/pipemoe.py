@@ -49,22 +49,39 @@ class Costs:
     beta_a: float
 
     @classmethod
-    def from_cluster(cls, cluster: Any, ranks: int) -> Costs:
-        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6)."""
+    def from_cluster(cls, cluster: Any, ranks: int, dtype: str | None = None) -> Costs:
+        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6). The
+        GEMM fit is the one for the graph's `dtype` where the compute model has fits per dtype
+        (a calibration of a GPU: bf16 GEMMs run ~20x faster than fp32 ones), else its one fit
+        for every dtype."""
         if cluster is None:
             raise ConfigError(
                 "strategy pipemoe: degree 'auto' needs the cluster's costs "
                 "(give strategy.degree, or run through moesim simulate)"
             )
-        params = getattr(cluster.costs.compute, "params", {}) or {}
-        gemm = params.get("gemm")
-        if gemm is None:
-            raise ConfigError(
-                "strategy pipemoe: its selector needs alpha-beta GEMM costs "
-                "(costs.compute: alpha_beta with an alpha_beta.gemm fit)"
-            )
+        gemm = gemm_fit(cluster.costs.compute, dtype)
         a_a, b_a = cluster.costs.collective.params("all_to_all", ranks)
         return cls(2 * gemm[0], 2 * gemm[1], a_a, b_a)
+
+
+def gemm_fit(compute: Any, dtype: str | None) -> tuple[float, float]:
+    """The compute model's GEMM (alpha, beta) for `dtype`: its per-dtype fit, or its fit for
+    every dtype; a ConfigError naming what is missing otherwise."""
+    fit_for = getattr(compute, "fit_for", None)  # AlphaBetaCompute (through MeasuredCompute)
+    gemm = fit_for("gemm", dtype) if fit_for is not None else None
+    if gemm is not None:
+        return gemm
+    per_dtype = (getattr(compute, "by_dtype", None) or {}).get("gemm")
+    if per_dtype:
+        raise ConfigError(
+            f"strategy pipemoe: its selector needs a GEMM fit for the layer's dtype {dtype!r}; "
+            f"the calibration has {sorted(per_dtype)} (calibrate on a device that runs "
+            f"{dtype}, or give strategy.degree)"
+        )
+    raise ConfigError(
+        "strategy pipemoe: its selector needs alpha-beta GEMM costs "
+        "(costs.compute: alpha_beta with an alpha_beta.gemm fit)"
+    )
 
 
 def sizes(layer: MoELayer) -> tuple[float, float]:
@@ -142,7 +159,7 @@ def choose(layer: MoELayer, params: dict[str, Any], cluster: Any) -> tuple[int, 
     """The degree to build with, and what the selector saw (for reports)."""
     if params["degree"] != "auto":
         return params["degree"], {"selector": "fixed"}
-    c = Costs.from_cluster(cluster, layer.world)
+    c = Costs.from_cluster(cluster, layer.world, layer.dtype)
     n_d, n_e = sizes(layer)
     r, t, case = select(c, n_d, n_e, candidates_for(layer, params["candidates"]))
     return r, {"selector": "theorem1", "case": case, "predicted_s": t}
