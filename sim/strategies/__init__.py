@@ -15,6 +15,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import fastermoe, mpipemoe, pipelined, pipemoe, sequential, ted, tutel
+from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
@@ -40,6 +41,21 @@ def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
             f"(it takes {sorted(mod.DEFAULTS) or 'none'})"
         )
     return {**mod.DEFAULTS, **params}
+
+
+def resolve_auto(
+    name: str,
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    cluster: Cluster | None = None,
+) -> Resolved:
+    """The strategy's parameters as its builder resolves them (the same function): defaults
+    filled in and every `auto` replaced by its selector's choice on `cluster` (the executor
+    runs these, so that it runs what the simulator builds)."""
+    full = resolve_params(name, params)
+    fn = getattr(STRATEGIES[name], "resolve", None)
+    return Resolved(full) if fn is None else fn(layer, full, passes, cluster)
 
 
 def build(

@@ -29,6 +29,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies.layer import build_layer
+from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
 NAME = "pipemoe"
@@ -165,12 +166,26 @@ def choose(layer: MoELayer, params: dict[str, Any], cluster: Any) -> tuple[int, 
     return r, {"selector": "theorem1", "case": case, "predicted_s": t}
 
 
+def resolve(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> Resolved:
+    """The parameters the graph is built with: `degree: auto` by Theorem 1 on the cluster."""
+    r, info = choose(layer, params, cluster)
+    chosen = {"degree": r} if params["degree"] == "auto" else {}
+    return Resolved({**params, "degree": r}, chosen, info)
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    r, info = choose(layer, params, cluster)
+    res = resolve(layer, params, passes, cluster)
     g = build_layer(
-        layer, degree=r, order=params["order"], passes=passes, strategy=NAME, algo=params["algo"]
+        layer,
+        degree=res.params["degree"],
+        order=params["order"],
+        passes=passes,
+        strategy=NAME,
+        algo=params["algo"],
     )
-    g.meta["selector"] = info
+    g.meta["selector"] = res.info
     return g
