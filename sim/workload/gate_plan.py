@@ -64,7 +64,7 @@ class GatePlan:
 
     def choices(self, rank: int, seed: int = 0) -> np.ndarray:
         """[T, k] expert ids of GPU `rank`'s tokens (distinct per token)."""
-        return assign(self.demand[rank], self.tokens, self.top_k, seed * 1_000_003 + rank)
+        return token_choices(self.demand[rank], self.tokens, self.top_k, seed, rank)
 
 
 def plan(layer: MoELayer) -> GatePlan:
@@ -124,3 +124,8 @@ def assign(demand: np.ndarray, T: int, k: int, seed: int = 0) -> np.ndarray:
     choices = seq.reshape(k, T).T
     perm = np.random.default_rng(seed).permutation(T)
     return np.ascontiguousarray(choices[perm])
+
+
+def token_choices(demand, T: int, k: int, seed: int, rank: int) -> np.ndarray:
+    """GPU `rank`'s [T, k] choices for its demand row, shuffled by (seed, rank)."""
+    return assign(np.asarray(demand, dtype=np.int64), T, k, seed * 1_000_003 + rank)
