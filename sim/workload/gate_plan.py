@@ -19,8 +19,8 @@ only the per-expert demand matters:
    taken from full experts above C (choices that were dropped anyway);
 3. where that is impossible (the model's multinomial lets a token pick one expert twice, so a
    hot expert can be drawn more than T times; a `matrix:` row can add up to anything), the
-   nearest realisable demand is taken (missing choices go to the experts with most room,
-   surplus ones come off the largest) and the plan says which counts differ;
+   nearest realisable demand is taken (missing choices go to the most demanded experts with
+   room, surplus ones come off the most demanded) and the plan says which counts differ;
 4. the choices: write expert ids in ascending order, each repeated as often as its demand,
    and give position i to token (i mod T) as its choice number (i div T). An expert's
    demand is at most T, so its positions fall on distinct tokens; every token gets k choices.
@@ -89,8 +89,8 @@ def realisable(routed: np.ndarray, kept: np.ndarray, T: int, k: int, C: int) -> 
         need = _add(d, [e for e in order if full[e]], T, need)
     elif need < 0:  # surplus: off full experts above C (choices dropped anyway)
         need = -_take(d, [e for e in order if full[e]], C, -need)
-    if need > 0:  # not realisable: the experts with most room take the rest
-        need = _add(d, list(np.argsort(d, kind="stable")), T, need)
+    if need > 0:  # not realisable: the most demanded experts with room take the rest (those
+        need = _add(d, list(order), T, need)  # nearest capacity first: fewest kept changed)
     elif need < 0:
         need = -_take(d, list(order), 0, -need)
     assert need == 0, "k <= E guarantees room for k*T choices"
