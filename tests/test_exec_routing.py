@@ -1,0 +1,116 @@
+"""`exec --moe` runs what users configure: the config's routing drives the real gate (token
+counts, capacity drops and all-to-allv splits equal the simulator's) and `auto` parameters
+are the simulator's choices on the config's cluster; every strategy still equals sequential."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import yaml
+
+torch = pytest.importorskip("torch", reason="the executor needs torch (pip install torch)")
+if not torch.distributed.is_available():  # pragma: no cover - exotic torch builds
+    pytest.skip("this torch build has no torch.distributed", allow_module_level=True)
+
+from exec.layers.moe import MoESpec  # noqa: E402
+from exec.layers.run import MoERun, Variant, run_moe  # noqa: E402
+from exec.layers.split_check import compare  # noqa: E402
+from sim.workload.gate_plan import plan  # noqa: E402
+from sim.workload.moe import MoELayer  # noqa: E402
+
+# Zipf(0.8) over 4 experts, C = 12 of 32 tokens x 2 choices: hot experts drop choices, the
+# others keep 7-11, so every exchange has unequal per-peer splits; a top-k gate can make it.
+LAYER = MoELayer(
+    batch=1, seq_len=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
+    capacity_factor=0.75, dtype="fp32", routing={"kind": "zipf", "s": 0.8, "seed": 1},
+)  # fmt: skip
+SPEC = MoESpec.from_layer(LAYER, seed=0)
+VARIANTS = [
+    Variant("sequential"),
+    Variant("pipelined", {"degree": 3, "order": "two_streams"}),
+    Variant("pipelined", {"degree": 2, "order": "alternating"}),
+    Variant("pipemoe", {"degree": 2}),
+    Variant("tutel", {"degree": 2}),
+    Variant("ted", {"tp": 1}),
+    Variant("mpipemoe", {"degree": 3, "reuse": "S4"}),  # re-dispatch of all-to-allv chunks
+    Variant("mpipemoe", {"degree": 2, "reuse": "S1"}),
+    Variant("fastermoe", {"group_size": 1, "shadow": [1]}),
+    Variant("fastermoe", {"group_size": 2, "shadow": "none"}),
+]
+
+
+@pytest.fixture(scope="module")
+def run() -> MoERun:
+    return run_moe(SPEC, VARIANTS, nprocs=2, backend="gloo", timeout_s=30, backward=True)
+
+
+def test_the_gate_keeps_the_simulators_counts_and_drops(run):
+    assert SPEC.demand is not None and plan(LAYER).exact
+    for p, r in enumerate(run.ranks):
+        seq = r["variants"]["sequential"]
+        kept = np.bincount(seq["expert"][seq["slot"] >= 0], minlength=4)
+        assert kept.tolist() == LAYER.tokens_matrix[p].tolist()
+        assert (seq["slot"] < 0).any()  # capacity dropped some choices for real
+        assert all(len(set(row)) == 2 for row in seq["expert"].tolist())
+
+
+@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.label)
+def test_every_strategy_equals_sequential_and_sends_the_graphs_splits(run, v):
+    if v.name != "sequential":
+        for r in run.ranks:
+            np.testing.assert_array_equal(r["variants"][v.label]["slot"],
+                                          r["variants"]["sequential"]["slot"])  # fmt: skip
+        rel = run.max_rel_diff(v.label)
+        assert rel["y"] <= 1e-5 and max(rel.values()) <= 1e-4, rel
+    report = compare(run.ranks, v.label, LAYER, plan(LAYER), v.name, v.params, ("fwd", "bwd"))
+    assert report["kept_equal_simulator"] and report["matches"], report
+    assert report["splits_checked"] >= 4 and report["dropped_choices"] > 0
+    sent = [n for r in run.ranks for k, s in r["variants"][v.label]["splits"].items()
+            for n in s if k.startswith("fwd/dispatch")]  # fmt: skip
+    assert len(set(sent)) > 1  # unequal all-to-allv splits
+
+
+def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, capsys):
+    from sim.cli import main
+    from sim.config import RunConfig
+    from sim.hardware.costs import CostModel
+    from sim.strategies import Cluster, build
+
+    cfg = {
+        "topology": "pipemoe-2080ti",
+        "nodes": 1,
+        "model": {
+            "batch": 1,
+            "seq_len": 32,
+            "model_dim": 16,
+            "hidden_dim": 24,
+            "experts_per_gpu": 2,
+            "top_k": 2,
+            "capacity_factor": 0.75,
+            "dtype": "fp32",
+            "routing": {"kind": "zipf", "s": 0.8, "seed": 1},
+        },  # fmt: skip
+        "strategy": {"name": "mpipemoe"},  # degree and reuse: auto
+        "costs": {"compute": "alpha_beta", "network": "collective"},
+        "passes": ["fwd", "bwd"],
+    }
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rc = main(["exec", str(path), "--nprocs", "2", "--moe", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    report = json.loads(out)
+    # the simulator's own choice for this layer on 2 ranks of the config's cluster
+    rc_ = RunConfig.load(path)
+    topo = rc_.load_topology()
+    cluster = Cluster(topo, CostModel.build(topo, rc_.costs))
+    g = build("mpipemoe", rc_.layer(2), {}, ("fwd", "bwd"), cluster)
+    chunks = {t.tags["chunk"] for t in g if t.tags.get("step") == "dispatch"}
+    assert report["resolved"]["auto"] == {
+        "degree": len(chunks),
+        "reuse": g.meta["selector"]["reuse"],
+    }
+    assert report["equal"] is True and report["routing"]["matches"] is True
+    assert report["routing"]["kept"] == LAYER.tokens_matrix.tolist()
