@@ -114,3 +114,34 @@ def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, c
     }
     assert report["equal"] is True and report["routing"]["matches"] is True
     assert report["routing"]["kept"] == LAYER.tokens_matrix.tolist()
+
+
+def test_exec_graphs_are_built_with_the_choices_it_prints(tmp_path):
+    """`moesim exec CONFIG` (no --moe): the graph is built on the config's cluster, and the
+    summary names what each auto parameter became."""
+    from exec import api
+    from exec.cli import _format
+
+    cfg = {
+        "topology": "pipemoe-2080ti",
+        "model": {
+            "batch": 1,
+            "seq_len": 64,
+            "model_dim": 16,
+            "hidden_dim": 24,
+            "experts_per_gpu": 2,
+            "top_k": 2,
+        },  # fmt: skip
+        "strategy": {"name": "pipemoe"},
+        "costs": {"compute": "alpha_beta", "network": "collective"},
+    }
+    path = tmp_path / "p.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    graph, _, res = api.load_graph(path, 2)
+    assert res is not None and res.cluster is not None
+    assert res.resolved.chosen == {"degree": graph.meta["degree"]}
+    assert graph.meta["selector"] == res.resolved.info
+    summary = {"tasks": len(graph), "ranks": 2, "backend": "gloo", "device": "cpu"}
+    summary |= {"makespan_s": 1e-3, "clock_bound_us": 1.0, "busy_s": {}, "exposed_comm_s": 0.0}
+    text = _format(summary, res)
+    assert f"degree: auto -> {graph.meta['degree']} (selector: theorem1, case " in text

@@ -2,10 +2,9 @@
 rows every all-to-allv sent to each peer against the split of the graph's task of the same
 (phase, step, chunk).
 
-Forward exchanges and MPipeMoE's backward re-dispatch are compared; the other backward
-exchanges (autograd's gradients of the forward ones) are logged but not compared, because the
-simulator's `pipelined`-family and MPipeMoE graphs send their backward all-to-allv in the
-forward direction of the same step (see the report) rather than mirrored.
+Every exchange is compared: the forward ones, autograd's gradients of them in the backward
+(each goes against its forward exchange: the combine gradient with the dispatch's sizes, the
+dispatch gradient with the combine's) and MPipeMoE's re-dispatch.
 """
 
 from __future__ import annotations
@@ -16,9 +15,6 @@ import numpy as np
 
 from sim.workload.gate_plan import GatePlan
 from sim.workload.moe import MoELayer
-
-COMPARED_PHASES = ("fwd",)
-COMPARED_STEPS = {("bwd", "redispatch")}
 
 
 def graph_splits(
@@ -38,11 +34,6 @@ def graph_splits(
         rows = {int(m): int(round(b / row_bytes)) for m, b in zip(t.group, t.split) if b}
         out.setdefault(t.rank, {})[key] = rows
     return out
-
-
-def _compared(key: str) -> bool:
-    phase, step, _ = key.split("/")
-    return phase in COMPARED_PHASES or (phase, step) in COMPARED_STEPS
 
 
 def compare(
@@ -73,8 +64,6 @@ def compare(
             for k, v in r["variants"][label].get("splits", {}).items()
         }
         for key, rows in sorted(want.get(p, {}).items()):
-            if not _compared(key):
-                continue
             if key not in got:
                 missing.append(f"rank {p} {key}")
                 continue
