@@ -75,6 +75,15 @@ class MoESpec:
             },
             self.capacity_factor,
         )
+        kT = self.top_k * self.tokens
+        if self.demand is not None and (
+            len(self.demand) != self.world
+            or any(len(r) != self.experts or sum(r) != kT for r in self.demand)
+        ):
+            raise ConfigError(
+                f"moe.demand: expected {self.world} rows of {self.experts} choice counts adding "
+                f"up to k*T = {kT} (sim.workload.gate_plan)"
+            )
         if self.activation not in ACTIVATIONS:
             raise ConfigError(
                 f"moe.activation: expected one of {sorted(ACTIVATIONS)}, got {self.activation!r}"

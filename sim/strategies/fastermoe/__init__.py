@@ -30,7 +30,6 @@ tokens, so skewed routing shows its load imbalance when the capacity C is at lea
 largest per-(rank, expert) count (e.g. capacity_factor = E / top_k makes C = T).
 """
 
-
 from __future__ import annotations
 
 from dataclasses import fields
@@ -106,4 +105,3 @@ def build(
                 graph.add(t)
     graph.validate()
     return graph
-

@@ -27,7 +27,6 @@ online granularity search of Algorithm 1 over changing batch sizes, with simulat
 `sim.search.mpipemoe`.
 """
 
-
 from __future__ import annotations
 
 from typing import Any

@@ -379,5 +379,3 @@ class _Rank:
         """The operator returns: everything it held is freed by its last compute task."""
         last = self.streams["compute"][-1]
         last.frees = list(self.live)
-
-
