@@ -145,3 +145,58 @@ def test_exec_graphs_are_built_with_the_choices_it_prints(tmp_path):
     summary |= {"makespan_s": 1e-3, "clock_bound_us": 1.0, "busy_s": {}, "exposed_comm_s": 0.0}
     text = _format(summary, res)
     assert f"degree: auto -> {graph.meta['degree']} (selector: theorem1, case " in text
+
+
+def test_fastermoe_shadow_auto_is_the_simulators_greedy_choice(tmp_path):
+    from exec import api
+
+    cfg = {
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": {
+            "batch": 4,
+            "seq_len": 1024,
+            "model_dim": 256,
+            "hidden_dim": 256,
+            "experts_per_gpu": 1,
+            "top_k": 1,
+            "capacity_factor": 8.0,
+            "routing": {"kind": "zipf", "s": 1.5, "seed": 0},
+        },  # fmt: skip
+        "strategy": {"name": "fastermoe", "group_size": 2},
+    }
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    graph, _, res = api.load_graph(path, 8)
+    assert res.resolved.chosen == {"shadow": graph.meta["shadow"]} and graph.meta["shadow"]
+    assert res.resolved.params["shadow"] == graph.meta["shadow"]
+    assert res.describe()[0].startswith(f"shadow: auto -> {graph.meta['shadow']}".replace("'", ""))
+
+
+def test_a_routing_no_gate_can_make_is_reported(capsys):
+    """Zipf(1.5) over 4 experts with k = 2: a hot expert drawn more often than there are
+    tokens; the report lists the counts the gate could not reproduce."""
+    from exec.cli import _print_routing
+
+    layer = MoELayer(
+        batch=1, seq_len=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
+        capacity_factor=0.75, routing={"kind": "zipf", "s": 1.5, "seed": 1},
+    )  # fmt: skip
+    g = plan(layer)
+    assert not g.exact and (layer.routed_matrix > layer.tokens).any()
+    assert (g.kept != layer.tokens_matrix).sum() == len(g.differences()) > 0
+    _print_routing(
+        {
+            "kind": "zipf",
+            "kept_equal_simulator": False,
+            "dropped_choices": 40,
+            "realisable": g.exact,
+            "not_realised": g.differences(),
+            "splits_checked": 8,
+            "splits_differ": ["rank 0 fwd/dispatch/1: real {0: 8, 1: 9}, simulator {0: 8, 1: 3}"],
+            "splits_missing": [],
+        }  # fmt: skip
+    )
+    out = capsys.readouterr().out
+    assert "DIFFERENT from the simulator's" in out and "no top-k routing" in out
+    assert g.differences()[0] in out and "8 checked, 1 DIFFERENT" in out

@@ -80,3 +80,37 @@ def test_mpipemoe_and_fastermoe_cost_gemms_in_the_layers_dtype(tmp_path, dtype):
     rows = 100
     fc = 2 * a + b * rows * layer.model_dim * layer.hidden_dim * 2
     assert rule_costs(layer, cl).expert_fwd(rows) == pytest.approx(fc)
+
+
+def test_a_configs_auto_degree_is_resolved_with_its_calibration(tmp_path):
+    """What `moesim exec` runs: the config's cluster with its calibration, the layer's dtype."""
+    from sim.config import RunConfig
+    from sim.config.cluster import resolve_for
+
+    cfg = RunConfig.from_dict(
+        {
+            "topology": "dgx-h100",
+            "nodes": 1,
+            "model": {
+                "batch": 4,
+                "seq_len": 1024,
+                "model_dim": 2048,
+                "hidden_dim": 8192,
+                "experts_per_gpu": 1,
+                "dtype": "bf16",
+            },  # fmt: skip
+            "strategy": {"name": "pipemoe"},
+            "costs": {"calibration": _calibration(tmp_path)},
+        }
+    )
+    res = resolve_for(cfg, 8)
+    layer = _layer("bf16")
+    c = Costs(2 * FITS["bf16"][0], 2 * FITS["bf16"][1], *A2A)
+    r, t, case = select(c, *sizes(layer), list(range(1, 65)))
+    assert res.resolved.chosen == {"degree": r} and res.resolved.info["predicted_s"] == t
+    assert res.describe() == [f"degree: auto -> {r} (selector: theorem1, case {case}, "
+                              f"predicted {t * 1e3:.4g} ms)"]  # fmt: skip
+    # 2 ranks of the 8-GPU cluster: no growth; 16 ranks: two nodes, said so
+    assert resolve_for(cfg, 2).notes == []
+    grown = resolve_for(cfg, 16)
+    assert grown.cluster.topology.nodes == 2 and "2 nodes" in grown.notes[0]

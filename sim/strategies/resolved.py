@@ -29,7 +29,7 @@ class Resolved:
             if k in ("selector", "router") or k in self.chosen:
                 continue
             if isinstance(v, float):
-                parts.append(f"{k} {v * 1e3:.4g} ms" if k.endswith("_s") else f"{k} {v:.4g}")
+                parts.append(f"{k[:-2]} {v * 1e3:.4g} ms" if k.endswith("_s") else f"{k} {v:.4g}")
             elif isinstance(v, (str, int)):
                 parts.append(f"{k} {v}")
         return ", ".join(parts)
