@@ -41,8 +41,18 @@ VARIANTS = [
 ]
 
 
+# The default run covers each exchange path once (one all-to-allv, chunks on two streams,
+# MPipeMoE's re-dispatch, FasterMoE's steps with a shadowed expert); -m slow runs them all.
+FAST = [VARIANTS[i] for i in (0, 1, 6, 8)]
+
+
 @pytest.fixture(scope="module")
 def run() -> MoERun:
+    return run_moe(SPEC, FAST, nprocs=2, backend="gloo", timeout_s=30, backward=True)
+
+
+@pytest.fixture(scope="module")
+def run_all() -> MoERun:
     return run_moe(SPEC, VARIANTS, nprocs=2, backend="gloo", timeout_s=30, backward=True)
 
 
@@ -56,8 +66,7 @@ def test_the_gate_keeps_the_simulators_counts_and_drops(run):
         assert all(len(set(row)) == 2 for row in seq["expert"].tolist())
 
 
-@pytest.mark.parametrize("v", VARIANTS, ids=lambda v: v.label)
-def test_every_strategy_equals_sequential_and_sends_the_graphs_splits(run, v):
+def _check_variant(run: MoERun, v: Variant) -> None:
     if v.name != "sequential":
         for r in run.ranks:
             np.testing.assert_array_equal(r["variants"][v.label]["slot"],
@@ -72,6 +81,21 @@ def test_every_strategy_equals_sequential_and_sends_the_graphs_splits(run, v):
     assert len(set(sent)) > 1  # unequal all-to-allv splits
 
 
+@pytest.mark.parametrize("v", FAST, ids=lambda v: v.label)
+def test_strategies_equal_sequential_and_send_the_graphs_splits(run, v):
+    _check_variant(run, v)
+
+
+@pytest.mark.slow
+def test_every_strategy_equals_sequential_and_sends_the_graphs_splits(run_all):
+    from exec.layers.registry import STRATEGIES
+
+    assert set(STRATEGIES) <= {v.name for v in VARIANTS}
+    for v in VARIANTS:
+        _check_variant(run_all, v)
+
+
+@pytest.mark.slow  # a CLI run of real processes; the pieces are tested above and below
 def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, capsys):
     from sim.cli import main
     from sim.config import RunConfig
