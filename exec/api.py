@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from exec.layers.moe import MoESpec
     from exec.measure.microbench import Plan
     from sim.config import RunConfig
+    from sim.config.cluster import Resolution
     from sim.core.graph import TaskGraph
     from sim.hardware.costs.calibration import Calibration
 
@@ -92,11 +93,13 @@ def load_graph(
     nprocs: int,
     strategy: str | None = None,
     params: list[str] | None = None,
-) -> tuple[TaskGraph, RunConfig | None]:
-    """(graph, config or None): a JSON graph as is, a YAML config built for nprocs ranks
-    (with --strategy / --param applied, as `moesim simulate` does)."""
+) -> tuple[TaskGraph, RunConfig | None, Resolution | None]:
+    """(graph, config or None, resolution or None): a JSON graph as is, a YAML config built
+    for nprocs ranks (with --strategy / --param applied, as `moesim simulate` does) with its
+    `auto` parameters chosen on the config's cluster (`sim.config.cluster.resolve_for`)."""
     from sim.api import parse_params
     from sim.config import RunConfig
+    from sim.config.cluster import resolve_for
     from sim.core.errors import ConfigError
     from sim.core.graph import TaskGraph
     from sim.strategies import build
@@ -104,12 +107,13 @@ def load_graph(
     if str(path).endswith(".json"):
         if strategy or params:
             raise ConfigError("--strategy / --param apply to a run config, not to a graph JSON")
-        return TaskGraph.from_json(path), None
+        return TaskGraph.from_json(path), None, None
     cfg = RunConfig.load(path).with_overrides(strategy=strategy, params=parse_params(params))
-    # the topology only sizes simulations; here the world is the processes we start
-    # the topology only sizes simulations; here the world is the processes we start
+    # the topology sizes the selectors' cluster; the world is the processes we start
+    res = resolve_for(cfg, nprocs)
     wl = cfg.workload_for(nprocs)
-    return build(cfg.strategy, wl.layer, wl.params, cfg.passes, layout=wl.layout), cfg
+    graph = build(cfg.strategy, wl.layer, wl.params, cfg.passes, res.cluster, layout=wl.layout)
+    return graph, cfg, res
 
 
 def run_graph(
@@ -175,11 +179,16 @@ def check_layer(
     timeout_s: float = 60.0,
     seed: int = 0,
     torchrun: bool = False,
+    resolution: Resolution | None = None,
 ) -> LayerCheck | None:
     """Run the real MoE layer of the config's strategy (or of a graph built by
     sim.strategies, whose meta carries its layer and strategy) forward and backward, and
     compare outputs and gradients with the reference. None on ranks other than 0 under
-    torchrun."""
+    torchrun. A config's `auto` parameters run as `resolution` (`load_graph`) resolved
+    them; under a routing model the gate reproduces the simulator's token counts and the
+    report compares them and the all-to-allv splits with the simulator's graph."""
+    from dataclasses import replace
+
     from exec.errors import ExecError
     from exec.layers.layouts import needs_layouts
     from exec.layers.moe import MoESpec
@@ -193,7 +202,12 @@ def check_layer(
                 "run the graph without --moe to execute every replica"
             )
         layer = cfg.layer(nprocs)
-        name, params = cfg.strategy, dict(cfg.strategy_params)
+        if resolution is None:
+            from sim.config.cluster import resolve_for
+
+            resolution = resolve_for(cfg, nprocs)
+        # the config's parameters with every `auto` one as its selector chose it
+        name, params = cfg.strategy, {**cfg.strategy_params, **resolution.resolved.chosen}
     else:  # a graph from sim.strategies carries its layer and strategy in meta
         meta = graph.meta
         if "layer" not in meta or "strategy" not in meta:
@@ -203,14 +217,30 @@ def check_layer(
         name = meta["strategy"]
         params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
     spec = MoESpec.from_layer(layer, seed=seed)
-    if needs_layouts(name, params, spec):
+    resolved = {} if resolution is None else {"resolved": resolution.resolved.as_dict()}
+    if resolution is not None and resolution.notes:
+        resolved["notes"] = resolution.notes
+    if needs_layouts(name, params, spec):  # sliced experts, TP groups: the gate's own routing
+        spec = replace(spec, demand=None)
         report = _check_layout(spec, name, params, nprocs, backend, timeout_s, torchrun)
-        return None if report is None else LayerCheck(report, spec, layout=True)
-    backward = "bwd" in (cfg.passes if cfg is not None else graph.meta.get("passes", []))
+        return None if report is None else LayerCheck(report | resolved, spec, layout=True)
+    passes = tuple(cfg.passes if cfg is not None else graph.meta.get("passes", []))
     report = _check_against_sequential(
-        spec, name, params, nprocs, backend, timeout_s, backward, torchrun
+        spec, name, params, nprocs, backend, timeout_s, "bwd" in passes, torchrun
     )
-    return None if report is None else LayerCheck(report, spec, layout=False)
+    if report is None:
+        return None
+    if spec.demand is not None:
+        from exec.layers.split_check import compare
+        from sim.workload.gate_plan import plan
+
+        run_ranks = report.pop("_ranks")
+        routing = compare(run_ranks, report["strategy"], layer, plan(layer), name, params, passes)
+        report["routing"] = routing
+        # a routing the gate can realise must be realised; one it cannot is reported
+        report["equal"] = report["equal"] and (routing["matches"] or not routing["realisable"])
+    report.pop("_ranks", None)
+    return LayerCheck(report | resolved, spec, layout=False)
 
 
 def _check_layout(
@@ -277,4 +307,5 @@ def _check_against_sequential(
         "max_rel_diff": rel,
         "equal": _equal(rel),
         "forward_s": {v.label: run.ranks[0]["variants"][v.label]["forward_s"] for v in variants},
+        "_ranks": run.ranks,  # for the routing check (removed from the report)
     }

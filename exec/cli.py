@@ -195,10 +195,12 @@ def cmd_exec(a: argparse.Namespace) -> int:
         raise ExecError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
-    graph, cfg = api.load_graph(a.graph, nprocs, a.strategy, a.param)
+    graph, cfg, res = api.load_graph(a.graph, nprocs, a.strategy, a.param)
     out = Path(a.out or (cfg.output.get("dir") if cfg is not None else None) or "out/exec")
     if a.moe:
-        check = api.check_layer(graph, cfg, nprocs, a.backend, a.timeout, a.seed, torchrun)
+        check = api.check_layer(
+            graph, cfg, nprocs, a.backend, a.timeout, a.seed, torchrun, resolution=res
+        )
         if check is None:  # not rank 0 under torchrun: rank 0 prints
             return 0
         _print_check(check, nprocs, a.backend, a.json)
@@ -206,13 +208,21 @@ def cmd_exec(a: argparse.Namespace) -> int:
     summary = api.run_graph(graph, nprocs, out, a.backend, a.timeout, a.warmup, torchrun)
     if summary is None:
         return 0
-    print(json.dumps(summary, indent=2) if a.json else _format(summary))
+    if res is not None:
+        summary["resolved"] = res.resolved.as_dict() | {"notes": res.notes}
+    print(json.dumps(summary, indent=2) if a.json else _format(summary, res))
     return 0
 
 
-def _format(s: dict[str, Any]) -> str:
+def _resolved_lines(res: Any) -> list[str]:
+    """'  degree: auto -> 4 (selector: theorem1, ...)' per auto parameter, and notes."""
+    return [f"  {line}" for line in (res.describe() if res is not None else [])]
+
+
+def _format(s: dict[str, Any], res: Any = None) -> str:
     lines = [
         f"executed {s['tasks']} tasks on {s['ranks']} ranks ({s['backend']}, {s['device']})",
+        *_resolved_lines(res),
         f"  makespan (measured)  {s['makespan_s'] * 1e3:.3f} ms",
         f"  clock alignment      offsets to rank 0 within +-{s['clock_bound_us']:.1f} us",
     ]
@@ -228,8 +238,13 @@ def _print_check(check, nprocs: int, backend: str, as_json: bool) -> None:
     """A real-layer check (exec.api.LayerCheck) as JSON or as text."""
     r, spec = check.report, check.spec
     if as_json:
-        print(json.dumps(r, indent=2))
+        print(json.dumps(r, indent=2, default=str))
         return
+    res = r.get("resolved") or {}
+    for k, v in (res.get("auto") or {}).items():
+        print(f"{k}: auto -> {v} (chosen on the config's cluster, as `moesim simulate` would)")
+    for note in r.get("notes", []):
+        print(note)
     rel = r["max_rel_diff"]
     if check.layout:
         print(
@@ -250,4 +265,27 @@ def _print_check(check, nprocs: int, backend: str, as_json: bool) -> None:
         print(f"  max |{r['strategy']} - sequential|  (absolute, relative to max |sequential|)")
         for what, d in r["max_abs_diff"].items():
             print(f"    {what:10s} {d:10.3g} {rel[what]:10.3g}")
+        if "routing" in r:
+            _print_routing(r["routing"])
     print(f"  {'equal' if check.equal else 'DIFFERENT'} within float32 tolerance")
+
+
+def _print_routing(g: dict[str, Any]) -> None:
+    """The real gate's routing against the simulator's (exec.layers.split_check)."""
+    same = "=" if g["kept_equal_simulator"] else "DIFFERENT from"
+    print(
+        f"  routing {g['kind']}: kept tokens per (rank, expert) {same} the simulator's "
+        f"({g['dropped_choices']} choices dropped by capacity)"
+    )
+    if not g["realisable"]:
+        print("  (the simulator's counts are no top-k routing; the gate routes the nearest:")
+        for line in g["not_realised"][:8]:
+            print(f"    {line}")
+        print("  )")
+    bad = g["splits_differ"] + g["splits_missing"]
+    verdict = "all equal" if not bad else f"{len(bad)} DIFFERENT"
+    print(
+        f"  all-to-allv splits vs the simulator's graph: {g['splits_checked']} checked, {verdict}"
+    )
+    for line in bad[:8]:
+        print(f"    {line}")

@@ -61,7 +61,13 @@ DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])  # cuda: pin
 @pytest.mark.parametrize("reuse", ["none", "S1", "S2", "S3", "S4"])
 def test_the_expert_node_keeps_and_restores_per_table_2(reuse, device):
     spec = MoESpec(tokens=12, model_dim=4, hidden_dim=16, experts=2, world=1, top_k=1)
-    moe = SimpleNamespace(spec=spec, act=torch.nn.functional.gelu, comms=_Loopback())
+    comms = _Loopback()
+    moe = SimpleNamespace(  # DistMoE.exchange of one rank: the padded chunk comes back
+        spec=spec,
+        act=torch.nn.functional.gelu,
+        comms=comms,
+        exchange=lambda x, lo, back, stream, what, key: comms.exchange(x, stream, what),
+    )
     ex = [make_expert(spec, e) for e in range(2)]
 
     def param(name: str, bias: bool = False) -> torch.Tensor:

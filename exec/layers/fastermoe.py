@@ -3,7 +3,8 @@
 The layer works on the padded [E, C, M] dispatch buffer (exec.layers.moe). With n = P/g steps, at
 step s this rank sends the slices of the experts of group (G + s) mod n and receives from
 group (G - s) mod n (one all_to_all_single with per-peer splits, zero outside those groups,
-on the stream's process group), runs its experts on them as soon as they are in, and sends
+on the stream's process group; under a routing model only the filled slots, as
+`exec.layers.sparse` moves them), runs its experts on them as soon as they are in, and sends
 the outputs of step s back once they are computed; the steps are queued on the
 communication threads in the order `sim.strategies.chunking.comm_order` gives the simulator.
 
@@ -26,11 +27,14 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
-from exec.layers.moe import Comms, DistMoE, _Aborted, _wait, wait_work
+from exec.layers.moe import Comms, DistMoE, _Aborted, _wait
 from exec.layers.registry import register
+from exec.layers.sparse import ExchangeV, pack, unpack
+from exec.layers.waits import wait_work
 from sim.core.errors import ConfigError
 from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.selector import group_layout, parse_shadow
@@ -41,38 +45,6 @@ SHADOW_STREAM = "comm.1"  # as the simulator's graph: shadow broadcasts and redu
 def _complete(work: Any, comms: Comms, what: str) -> None:
     """Wait for an async collective of the whole world within the layer's timeout."""
     wait_work(work, comms.rank, what, list(range(comms.world)), comms.timeout_s)
-
-
-def _exchange_v(
-    comms: Comms, x: torch.Tensor, stream: str, send: list[int], recv: list[int], what: str
-) -> torch.Tensor:
-    x = x.contiguous()
-    out = x.new_empty(sum(recv), *x.shape[1:])
-    work = dist.all_to_all_single(
-        out,
-        x,
-        output_split_sizes=recv,
-        input_split_sizes=send,
-        group=comms.groups[stream],
-        async_op=True,
-    )
-    _complete(work, comms, f"all_to_allv for {what} (stream {stream})")
-    return out
-
-
-class _ExchangeV(torch.autograd.Function):
-    """Rows split per peer; the gradient goes back with the splits swapped."""
-
-    @staticmethod
-    def forward(ctx, x, comms: Comms, stream: str, send: list[int], recv: list[int], what: str):
-        ctx.args = (comms, stream, send, recv, what)
-        return _exchange_v(comms, x, stream, send, recv, what)
-
-    @staticmethod
-    def backward(ctx, grad):
-        comms, stream, send, recv, what = ctx.args
-        back = _exchange_v(comms, grad, stream, recv, send, f"{what} (gradient)")
-        return back, None, None, None, None, None
 
 
 class _Shadow(torch.autograd.Function):
@@ -146,13 +118,34 @@ def fastermoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
     def peers(group: int) -> range:
         return range(group * g, (group + 1) * g)
 
+    # Slots filled per (rank, expert): all C of them with the padded buffer, else the kept
+    # tokens (exec.layers.sparse), so a step moves what the simulator's step moves.
+    fill = moe.fill
+    sent = np.full(E, C) if fill is None else fill.send  # mine, per expert
+    got = np.full((P, El), C) if fill is None else fill.recv  # to my experts, per source
+
+    def out_blocks(s: int) -> np.ndarray:  # filled rows per block I send at step s
+        return np.array([sent[q * El + i] for q in peers((G + s) % n) for i in active[q]])
+
+    def in_blocks(s: int) -> np.ndarray:  # ... and per block I receive
+        return np.array([got[p, i] for p in peers((G - s) % n) for i in active[me]])
+
     def out_sizes(s: int) -> list[int]:  # rows I send at step s (to group G + s)
-        to = (G + s) % n
-        return [len(active[q]) * C if q // g == to else 0 for q in range(P)]
+        to, b = (G + s) % n, iter(out_blocks(s).tolist())
+        return [sum(next(b) for _ in active[q]) if q // g == to else 0 for q in range(P)]
 
     def in_sizes(s: int) -> list[int]:  # rows I receive at step s (from group G - s)
-        frm = (G - s) % n
-        return [len(active[me]) * C if p // g == frm else 0 for p in range(P)]
+        frm, b = (G - s) % n, iter(in_blocks(s).tolist())
+        return [sum(next(b) for _ in active[me]) if p // g == frm else 0 for p in range(P)]
+
+    def exchange(x: torch.Tensor, s: int, back: bool, stream: str, what: str) -> torch.Tensor:
+        """Step s's blocks of C slots [blocks, C, M] (`back`: the outputs going home) as an
+        all-to-allv of their filled rows, unpacked into blocks again."""
+        ob, ib = (in_blocks(s), out_blocks(s)) if back else (out_blocks(s), in_blocks(s))
+        send, recv = (in_sizes(s), out_sizes(s)) if back else (out_sizes(s), in_sizes(s))
+        key = ("fwd", "combine" if back else "dispatch", s)
+        rows = ExchangeV.apply(pack(x, ob), comms, stream, send, recv, what, moe.splits, key)
+        return unpack(rows, ib, C)
 
     received: dict[int, torch.Tensor] = {}
     expert_out: dict[int, torch.Tensor] = {}
@@ -178,16 +171,13 @@ def fastermoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
                     continue
                 if what == "first":
                     to = (G + s) % n
-                    x = torch.cat([view[q, active[q]].reshape(-1, M) for q in peers(to)])
-                    received[s] = _ExchangeV.apply(
-                        x, comms, stream, out_sizes(s), in_sizes(s), f"dispatch step {s}"
-                    )
+                    x = torch.cat([view[q, active[q]] for q in peers(to)])
+                    received[s] = exchange(x, s, False, stream, f"dispatch step {s}")
                     arrived[s].set()
                 else:
                     _wait(computed[s], abort)
-                    combined[s] = _ExchangeV.apply(
-                        expert_out[s], comms, stream, in_sizes(s), out_sizes(s), f"combine step {s}"
-                    )
+                    out = expert_out[s].view(-1, C, M)
+                    combined[s] = exchange(out, s, True, stream, f"combine step {s}")
         except _Aborted:
             pass
         except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
@@ -226,6 +216,8 @@ def fastermoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
     blocks = [q * El + i for s in range(n) for q in peers((G + s) % n) for i in active[q]]
     blocks += list(shadow)
     position = {e: b for b, e in enumerate(blocks)}
-    flat = torch.cat([combined[s] for s in range(n)] + [shadow_out[e] for e in shadow])
+    flat = torch.cat(
+        [combined[s].reshape(-1, M) for s in range(n)] + [shadow_out[e] for e in shadow]
+    )
     perm = torch.tensor([position[e] for e in range(E)], dtype=torch.long, device=buf.device)
     return flat.view(E, C, M)[perm]

@@ -4,13 +4,16 @@ Every rank holds T seeded tokens [T, M] and E/P of the E experts (FFN M -> H -> 
 are seeded per expert, so any process can rebuild any expert (a single-process reference
 needs nothing from the run). The layer (GShard / Switch):
 
-1. gate: softmax(x W_g) over the E experts, top-k choices per token;
+1. gate: softmax(x W_g) over the E experts, top-k choices per token (under a routing model,
+   zipf or matrix, the choices are prescribed so that the kept tokens per (rank, expert) are
+   the simulator's: `sim.workload.gate_plan`; the combine weights stay the gate's);
 2. capacity: each expert takes at most C = ceil(k f T / E) tokens from each rank; slots are
    given out first to every token's first choice in token order, then to second choices, and
    so on; a choice that finds its expert full is dropped (it adds nothing to the output);
 3. encode: tokens into the [E, C, M] dispatch buffer (empty slots are zero);
 4. the strategy: dispatch all-to-all, experts on the received [E/P, P*C, M], combine
-   all-to-all back to [E, C, M];
+   all-to-all back to [E, C, M] (under a routing model, all-to-allv of the filled slots only,
+   as the simulator's graph: `exec.layers.sparse`);
 5. decode: y[t] = sum over kept choices of gate probability * expert output.
 
 Strategies differ only in step 4 and are registered by name (`exec.layers.registry`), with the same
@@ -30,15 +33,17 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
+import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from exec.errors import ExecError
 from exec.layers.registry import STRATEGIES, resolve_strategy
+from exec.layers.sparse import Fill, SplitLog, exchange_counts, exchange_slots
+from exec.layers.waits import wait_work
 from sim.core.errors import ConfigError
+from sim.workload.gate_plan import plan, token_choices
 from sim.workload.moe import MoELayer, check_sizes, expert_capacity
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
@@ -58,6 +63,8 @@ class MoESpec:
     capacity_factor: float = 1.0
     activation: str = "gelu"
     seed: int = 0
+    # per rank, choices per expert the gate makes (sim.workload.gate_plan); None: the gate's own
+    demand: tuple[tuple[int, ...], ...] | None = None
 
     def __post_init__(self) -> None:
         check_sizes(
@@ -68,6 +75,15 @@ class MoESpec:
             },
             self.capacity_factor,
         )
+        kT = self.top_k * self.tokens
+        if self.demand is not None and (
+            len(self.demand) != self.world
+            or any(len(r) != self.experts or sum(r) != kT for r in self.demand)
+        ):
+            raise ConfigError(
+                f"moe.demand: expected {self.world} rows of {self.experts} choice counts adding "
+                f"up to k*T = {kT} (sim.workload.gate_plan)"
+            )
         if self.activation not in ACTIVATIONS:
             raise ConfigError(
                 f"moe.activation: expected one of {sorted(ACTIVATIONS)}, got {self.activation!r}"
@@ -75,7 +91,10 @@ class MoESpec:
 
     @classmethod
     def from_layer(cls, layer: MoELayer, seed: int = 0, activation: str = "gelu") -> MoESpec:
-        """The simulator's layer as a real one (its routing model is replaced by a real gate)."""
+        """The simulator's layer as a real one: under a routing model (zipf, matrix) the gate
+        chooses experts as `sim.workload.gate_plan` says (the same kept counts); uniform
+        routing (every buffer full whatever the routing) keeps the gate's own choices."""
+        demand = None if layer.uniform else tuple(map(tuple, plan(layer).demand.tolist()))
         return cls(
             layer.tokens,
             layer.model_dim,
@@ -86,6 +105,7 @@ class MoESpec:
             layer.capacity_factor,
             activation,
             seed,
+            demand,
         )
 
     @property
@@ -148,9 +168,21 @@ class Routing:
         return self.slot >= 0
 
 
-def route(x: torch.Tensor, gate: torch.Tensor, top_k: int, capacity: int) -> Routing:
+def route(
+    x: torch.Tensor,
+    gate: torch.Tensor,
+    top_k: int,
+    capacity: int,
+    choices: torch.Tensor | None = None,
+) -> Routing:
+    """Top-k gating with capacity; `choices` [T, k] prescribes the experts (the weights are
+    still the gate's probabilities of them)."""
     probs = torch.softmax(x @ gate, dim=-1)
-    weight, expert = probs.topk(top_k, dim=-1)
+    if choices is None:
+        weight, expert = probs.topk(top_k, dim=-1)
+    else:
+        expert = choices
+        weight = probs.gather(1, expert)
     T, E = probs.shape
     # GShard priority: all first choices (in token order), then all second choices, ...
     onehot = F.one_hot(expert.t().reshape(-1), E)  # [k*T, E], choice-major
@@ -178,22 +210,6 @@ def decode(out: torch.Tensor, routing: Routing) -> torch.Tensor:
 
 
 # -- communication -----------------------------------------------------------------------------
-
-
-def wait_work(work: Any, rank: int, what: str, peers: list[int], timeout_s: float) -> None:
-    """Wait for an async collective within the timeout; fail naming the rank, the operation
-    and its peers, never hang."""
-    try:
-        ok = work.wait(timeout=timedelta(seconds=timeout_s))
-    except RuntimeError as e:
-        ok, err = False, e
-    else:
-        err = None
-    if not ok:
-        why = f"failed: {str(err).strip().splitlines()[0]}" if err else ""
-        if err is None or "timed out" in str(err).lower():
-            why = f"did not complete within {timeout_s:g} s"
-        raise ExecError(f"rank {rank}: {what} (peers {peers}) {why}")
 
 
 class Comms:
@@ -266,16 +282,38 @@ class DistMoE(torch.nn.Module):
         self.gate = torch.nn.Parameter(make_gate(spec).to(device))
         self.w1, self.b1 = stack("w1", M, H), stack("b1", 1, H)
         self.w2, self.b2 = stack("w2", H, M), stack("b2", 1, M)
+        self.choices = None
+        if spec.demand is not None:
+            c = token_choices(spec.demand[rank], spec.tokens, spec.top_k, spec.seed, rank)
+            self.choices = torch.as_tensor(c, dtype=torch.long, device=device)
+        self.fill: Fill | None = None  # this forward's filled slots (under a routing model)
+        self.splits = SplitLog()  # rows per peer of every all-to-allv
 
     def forward(
         self, x: torch.Tensor, strategy: str = "sequential", params: dict | None = None
     ) -> tuple[torch.Tensor, Routing]:
         s = self.spec
         full = resolve_strategy(strategy, params or {})
-        routing = route(x, self.gate, s.top_k, s.capacity)
+        routing = route(x, self.gate, s.top_k, s.capacity, self.choices)
         buf = encode(x, routing, s.experts, s.capacity)
+        self.splits = SplitLog()
+        self.fill = None
+        if self.choices is not None:  # all-to-allv: every rank learns what it will receive
+            kept = routing.expert[routing.kept].cpu().numpy()
+            send = np.bincount(kept, minlength=s.experts)
+            self.fill = Fill(send, exchange_counts(self.comms, send, s.local_experts))
         out = STRATEGIES[strategy](self, buf, full)
         return decode(out, routing), routing
+
+    def exchange(
+        self, x: torch.Tensor, lo: int, back: bool, stream: str, what: str, key: tuple | None
+    ) -> torch.Tensor:
+        """A chunk [E, c, M] of slots [lo, lo + c): dispatched (`back`: combined) as an equal
+        all-to-all of the padded buffer, or under a routing model as an all-to-allv of its
+        filled rows (logged under `key`, the simulator's (phase, step, chunk))."""
+        if self.fill is None:
+            return self.comms.all_to_all(x, stream, what)
+        return exchange_slots(self.comms, x, self.fill, lo, back, stream, what, self.splits, key)
 
     def experts(self, received: torch.Tensor) -> torch.Tensor:
         """Expert FFNs on a received [E, c, M] buffer (from rank p: rows p*E/P .. for my

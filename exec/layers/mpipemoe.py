@@ -92,7 +92,9 @@ class _Expert(torch.autograd.Function):
     T_M as the reuse strategy says."""
 
     @staticmethod
-    def forward(ctx, received, w1, b1, w2, b2, moe: DistMoE, reuse: str, source, what: str):
+    def forward(
+        ctx, received, w1, b1, w2, b2, moe: DistMoE, reuse: str, source, what: str, at=(0, 0)
+    ):
         di_how, m_how = RESTORE[reuse]
         E, c, M = received.shape
         P, El = moe.spec.world, moe.spec.local_experts
@@ -102,6 +104,7 @@ class _Expert(torch.autograd.Function):
         ctx.moe, ctx.what, ctx.shape = moe, what, (E, c, M)
         ctx.di = None if di_how == "comm" else _Stash(x, offload=di_how == "offload")
         ctx.source = source if di_how == "comm" else None  # T_I's rows of this micro-batch
+        ctx.at = at  # (first slot, micro-batch) of the chunk
         ctx.m = None if m_how == "recompute" else _Stash(h, offload=m_how == "offload")
         ctx.save_for_backward(w1, b1, w2, b2)
         return y.reshape(El, P, c, M).transpose(0, 1).reshape(E, c, M)
@@ -115,7 +118,9 @@ class _Expert(torch.autograd.Function):
         if ctx.di is not None:
             x = ctx.di.restore()
         else:  # re-communication: the same rows from the same ranks, so the same T_DI
-            received = moe.comms.exchange(ctx.source, "comm", f"{ctx.what} (re-dispatch)")
+            lo, j = ctx.at
+            key = ("bwd", "redispatch", j)
+            received = moe.exchange(ctx.source, lo, False, "comm", f"{ctx.what} (re-dispatch)", key)
             x = received.reshape(P, El, c, M).transpose(0, 1).reshape(El, P * c, M)
         h = ctx.m.restore() if ctx.m is not None else torch.baddbmm(b1, x, w1)  # re-compute
         gy = grad.reshape(P, El, c, M).transpose(0, 1).reshape(El, P * c, M)
@@ -127,7 +132,7 @@ class _Expert(torch.autograd.Function):
         dw1 = torch.bmm(x.transpose(1, 2), dh)
         db1 = dh.sum(dim=1, keepdim=True)
         dx = dx.reshape(El, P, c, M).transpose(0, 1).reshape(E, c, M)
-        return dx, dw1, db1, dw2, db2, None, None, None, None
+        return dx, dw1, db1, dw2, db2, None, None, None, None, None
 
 
 # -- the pipelined layer --------------------------------------------------------------------------
@@ -155,12 +160,17 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
         try:
             for what, j, _ in plan:
                 if what == "first":
-                    received[j] = moe.comms.all_to_all(chunks[j], "comm", f"dispatch chunk {j}")
+                    received[j] = moe.exchange(
+                        chunks[j], bounds[j], False, "comm", f"dispatch chunk {j}",
+                        ("fwd", "dispatch", j),
+                    )  # fmt: skip
                     arrived[j].set()
                 else:
                     _wait(computed[j], abort)
                     out = expert_out.pop(j)  # T_DO: gone once combined
-                    combined[j] = moe.comms.all_to_all(out, "comm", f"combine chunk {j}")
+                    combined[j] = moe.exchange(
+                        out, bounds[j], True, "comm", f"combine chunk {j}", ("fwd", "combine", j)
+                    )
         except _Aborted:
             pass
         except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
@@ -175,8 +185,9 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
             x = received.pop(j)  # T_DI: from here on only the expert's node may hold it
             source = chunks[j].detach().contiguous()
             expert_out[j] = _Expert.apply(
-                x, moe.w1, moe.b1, moe.w2, moe.b2, moe, reuse, source, f"dispatch chunk {j}"
-            )
+                x, moe.w1, moe.b1, moe.w2, moe.b2, moe, reuse, source, f"dispatch chunk {j}",
+                (bounds[j], j),
+            )  # fmt: skip
             computed[j].set()
     except _Aborted:
         pass

@@ -16,8 +16,8 @@ from sim.strategies.chunking import comm_order
 
 @register("sequential")
 def sequential(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
-    received = moe.comms.all_to_all(buf, "comm", "dispatch")
-    return moe.comms.all_to_all(moe.experts(received), "comm", "combine")
+    received = moe.exchange(buf, 0, False, "comm", "dispatch", ("fwd", "dispatch", 0))
+    return moe.exchange(moe.experts(received), 0, True, "comm", "combine", ("fwd", "combine", 0))
 
 
 @register("pipemoe")
@@ -64,11 +64,16 @@ def pipelined(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
                     continue
                 if what == "first":
                     chunk = buf[:, bounds[j] : bounds[j + 1]]
-                    received[j] = moe.comms.all_to_all(chunk, stream, f"dispatch chunk {j}")
+                    key = ("fwd", "dispatch", j)
+                    what = f"dispatch chunk {j}"
+                    received[j] = moe.exchange(chunk, bounds[j], False, stream, what, key)
                     arrived[j].set()
                 else:
                     _wait(computed[j], abort)
-                    combined[j] = moe.comms.all_to_all(expert_out[j], stream, f"combine chunk {j}")
+                    combined[j] = moe.exchange(
+                        expert_out[j], bounds[j], True, stream, f"combine chunk {j}",
+                        ("fwd", "combine", j),
+                    )  # fmt: skip
         except _Aborted:
             pass
         except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread

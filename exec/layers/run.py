@@ -71,6 +71,7 @@ def moe_job(
             rec["grads"] = {
                 n: p.grad.detach().cpu().numpy() for n, p in [("x", x), *moe.named_parameters()]
             }
+        rec["splits"] = moe.splits.snapshot()  # rows per peer of every all-to-allv (sparse)
         results[v.label] = rec
     return {"rank": rank, "x": x0.cpu().numpy(), "variants": results}
 

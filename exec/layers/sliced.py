@@ -123,6 +123,10 @@ class _Proxy:
     comms: Comms
     experts: Any
 
+    def exchange(self, x: torch.Tensor, lo: int, back: bool, stream: str, what: str, key: Any):
+        """Sliced layouts exchange the padded buffer (their routing is the gate's own)."""
+        return self.comms.all_to_all(x, stream, what)
+
 
 class _GatherExpert(torch.autograd.Function):
     """All-gather an expert from its n slices (one flat message); gradient: reduce-scatter

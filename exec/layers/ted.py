@@ -65,7 +65,7 @@ class TEDMoE(DistMoE):
 
     def __init__(self, spec: MoESpec, rank: int, tp: int, comms: LayoutComms, device):
         ep = check_layout(sim_layer(spec), tp)
-        super().__init__(replace(spec, world=ep), rank // tp, comms.ep[tp], device)
+        super().__init__(replace(spec, world=ep, demand=None), rank // tp, comms.ep[tp], device)
         self.tp_size, self.tp = tp, comms.tp[tp]
 
 

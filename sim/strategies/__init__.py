@@ -25,6 +25,7 @@ from sim.strategies import (
     ted,
     tutel,
 )
+from sim.strategies.resolved import Resolved
 from sim.workload import dp_span
 from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
@@ -53,6 +54,21 @@ def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
             f"(it takes {sorted(mod.DEFAULTS) or 'none'})"
         )
     return {**mod.DEFAULTS, **params}
+
+
+def resolve_auto(
+    name: str,
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    cluster: Cluster | None = None,
+) -> Resolved:
+    """The strategy's parameters as its builder resolves them (the same function): defaults
+    filled in and every `auto` replaced by its selector's choice on `cluster` (the executor
+    runs these, so that it runs what the simulator builds)."""
+    full = resolve_params(name, params)
+    fn = getattr(STRATEGIES[name], "resolve", None)
+    return Resolved(full) if fn is None else fn(layer, full, passes, cluster)
 
 
 def build(

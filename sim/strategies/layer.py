@@ -5,7 +5,9 @@ Chunks split the capacity dimension (Tutel/PipeMoE): chunk j moves capacity slot
 [jC/r, (j+1)C/r) of every (GPU, expert) buffer. Dispatch and combine chunks go to comm
 streams in one of three issue orders; experts run on the compute stream. Backward mirrors the
 forward with chunks walked in reverse: the combine gradient goes out first, the expert does
-dgrad + wgrad (twice the forward GEMM work), then the dispatch gradient returns.
+dgrad + wgrad (twice the forward GEMM work), then the dispatch gradient returns. A gradient
+travels against its forward exchange: the combine gradient from the tokens' ranks to the
+experts' (the dispatch's per-peer sizes), the dispatch gradient back (the combine's).
 
 Chunk sizes and issue orders are in `sim.strategies.chunking`; the id/tag scheme and compute
 steps every builder shares in `sim.strategies.steps`.
@@ -199,7 +201,7 @@ class _RankBuilder(ComputeSteps):
                         j,
                         stream,
                         [head],
-                        reverse=not fwd,
+                        reverse=False,  # dispatch, and its gradient's way: to experts
                         allocs={f"di.{j}": self._di_bytes(j)} if fwd else None,
                     ),
                 )
@@ -282,7 +284,7 @@ class _RankBuilder(ComputeSteps):
                         j,
                         stream,
                         [expert_last[j]],
-                        reverse=fwd,
+                        reverse=True,  # combine, and its gradient's way: to tokens
                         frees=[f"do.{j}"] if fwd else None,
                     ),
                 )

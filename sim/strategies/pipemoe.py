@@ -30,6 +30,7 @@ from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.hardware.costs.derived import gemm_fit
 from sim.strategies.layer import build_layer
+from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
 NAME = "pipemoe"
@@ -50,17 +51,21 @@ class Costs:
     beta_a: float
 
     @classmethod
-    def from_cluster(cls, cluster: Any, ranks: int, layer: MoELayer | None = None) -> Costs:
-        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6); on a
-        cluster without them, fitted to its own models (sim.hardware.costs.derived) at the
-        layer's chunk GEMMs and its all-to-all group."""
+    def from_cluster(
+        cls, cluster: Any, ranks: int, layer: MoELayer | None = None, dtype: str | None = None
+    ) -> Costs:
+        """From a CostModel: the fitted GEMM and all-to-all alpha-beta (PipeMoE Fig. 6). The
+        GEMM fit is the one for the graph's dtype (`dtype`, else the layer's) where the compute
+        model has fits per dtype (a calibration of a GPU: bf16 GEMMs run ~20x faster than fp32
+        ones), else its one fit for every dtype; on a cluster without fits, one fitted to its
+        own models (sim.hardware.costs.derived) at the layer's chunk GEMMs."""
         if cluster is None:
             raise ConfigError(
                 "strategy pipemoe: degree 'auto' needs the cluster's costs "
                 "(give strategy.degree, or run through moesim simulate)"
             )
-        params = getattr(cluster.costs.compute, "params", {}) or {}
-        gemm = params.get("gemm")
+        dtype = dtype or (layer.dtype if layer is not None else None)
+        gemm = measured_gemm_fit(cluster.costs.compute, dtype)
         if gemm is None and layer is not None:
             gemm = gemm_fit(cluster.costs.compute, chunk_gemms(layer), layer.dtype)
         if gemm is None:
@@ -82,6 +87,24 @@ def chunk_gemms(layer: MoELayer) -> list[dict[str, int]]:
             {"batch": layer.local_experts, "m": m, "n": layer.hidden_dim, "k": layer.model_dim}
         )
     return out
+
+
+def measured_gemm_fit(compute: Any, dtype: str | None) -> tuple[float, float] | None:
+    """The compute model's GEMM (alpha, beta) for `dtype`: its per-dtype fit, or its fit for
+    every dtype; None without GEMM fits; a ConfigError when the fits are per dtype and
+    `dtype` has none."""
+    fit_for = getattr(compute, "fit_for", None)  # AlphaBetaCompute (through MeasuredCompute)
+    gemm = fit_for("gemm", dtype) if fit_for is not None else None
+    if gemm is not None:
+        return gemm
+    per_dtype = (getattr(compute, "by_dtype", None) or {}).get("gemm")
+    if per_dtype:
+        raise ConfigError(
+            f"strategy pipemoe: its selector needs a GEMM fit for the layer's dtype {dtype!r}; "
+            f"the calibration has {sorted(per_dtype)} (calibrate on a device that runs "
+            f"{dtype}, or give strategy.degree)"
+        )
+    return None
 
 
 def sizes(layer: MoELayer) -> tuple[float, float]:
@@ -165,12 +188,26 @@ def choose(layer: MoELayer, params: dict[str, Any], cluster: Any) -> tuple[int, 
     return r, {"selector": "theorem1", "case": case, "predicted_s": t}
 
 
+def resolve(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> Resolved:
+    """The parameters the graph is built with: `degree: auto` by Theorem 1 on the cluster."""
+    r, info = choose(layer, params, cluster)
+    chosen = {"degree": r} if params["degree"] == "auto" else {}
+    return Resolved({**params, "degree": r}, chosen, info)
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    r, info = choose(layer, params, cluster)
+    res = resolve(layer, params, passes, cluster)
     g = build_layer(
-        layer, degree=r, order=params["order"], passes=passes, strategy=NAME, algo=params["algo"]
+        layer,
+        degree=res.params["degree"],
+        order=params["order"],
+        passes=passes,
+        strategy=NAME,
+        algo=params["algo"],
     )
-    g.meta["selector"] = info
+    g.meta["selector"] = res.info
     return g

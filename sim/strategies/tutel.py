@@ -37,6 +37,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
 from sim.strategies.layer import build_layer
+from sim.strategies.resolved import Resolved
 from sim.strategies.steps import task_id
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout
@@ -59,6 +60,17 @@ CANDIDATES: tuple[tuple[int, str], ...] = tuple(
 Strategy = tuple[int, str]
 
 
+def resolve(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> Resolved:
+    """The parameters the graph is built with: `parallel: auto` by the inline router."""
+    if params["parallel"] != "auto":
+        return Resolved(dict(params))
+    chosen = route_parallel(layer)
+    info = {"router": "inline", **comm_bytes(layer)} if layer.expert_shards > 1 else {}
+    return Resolved({**params, "parallel": chosen}, {"parallel": chosen}, info)
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
@@ -67,7 +79,7 @@ def build(
     parallel = params["parallel"]
     if parallel not in PARALLEL:
         raise ConfigError(f"strategy.parallel: expected one of {PARALLEL}, got {parallel!r}")
-    chosen = route_parallel(layer) if parallel == "auto" else parallel
+    chosen = resolve(layer, params, passes, cluster).params["parallel"]
     if layer.expert_shards == 1 or chosen == "ep":
         # n = 1: P1 and P2 are plain EP (Fig. 13); the graph is the EP layer's, unchanged
         return build_layer(

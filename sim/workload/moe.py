@@ -124,6 +124,15 @@ class MoELayer:
     def tokens_matrix(self) -> np.ndarray:
         """[P, E] tokens GPU p sends to expert e, after capacity dropping."""
         P, E, C = self.world, self.experts, self.capacity
+        if self.uniform:
+            return np.full((P, E), C, dtype=np.int64)
+        return np.minimum(self.routed_matrix, C)
+
+    @cached_property
+    def routed_matrix(self) -> np.ndarray:
+        """[P, E] choices GPU p's gate makes for expert e, before capacity dropping (those
+        beyond C are dropped); uniform routing has no gate of its own: every buffer full."""
+        P, E, C = self.world, self.experts, self.capacity
         kind = self.routing["kind"]
         if kind == "uniform":
             return np.full((P, E), C, dtype=np.int64)
@@ -134,7 +143,7 @@ class MoELayer:
                     f"model.routing.tokens: expected a {P}x{E} matrix of non-negative counts, "
                     f"got shape {m.shape}"
                 )
-            return np.minimum(m.astype(np.int64), C)
+            return m.astype(np.int64)
         unknown = set(self.routing) - {"kind", "s", "seed"}
         if unknown:
             raise ConfigError(f"model.routing: unknown field(s) {sorted(unknown)} for zipf")
@@ -149,8 +158,7 @@ class MoELayer:
         popularity = 1.0 / np.arange(1, E + 1) ** s
         popularity = popularity[rng.permutation(E)]
         popularity /= popularity.sum()
-        drawn = rng.multinomial(self.top_k * self.tokens, popularity, size=P)
-        return np.minimum(drawn, C)
+        return rng.multinomial(self.top_k * self.tokens, popularity, size=P).astype(np.int64)
 
     def chunk_tokens(self, degree: int) -> np.ndarray:
         """[r, P, E] tokens per capacity chunk: chunk j holds capacity slots [jC/r, (j+1)C/r)."""

@@ -30,7 +30,6 @@ tokens, so skewed routing shows its load imbalance when the capacity C is at lea
 largest per-(rank, expert) count (e.g. capacity_factor = E / top_k makes C = T).
 """
 
-
 from __future__ import annotations
 
 from dataclasses import fields
@@ -42,10 +41,11 @@ from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.builder import _RankBuilder
 from sim.strategies.fastermoe.layout import step_layout
 from sim.strategies.fastermoe.selector import choose_shadow, group_layout, parse_shadow
+from sim.strategies.resolved import Resolved
 from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
 
-__all__ = ["NAME", "DEFAULTS", "build", "group_layout", "parse_shadow"]
+__all__ = ["NAME", "DEFAULTS", "build", "group_layout", "parse_shadow", "resolve"]
 
 NAME = "fastermoe"
 DEFAULTS: dict[str, Any] = {
@@ -58,6 +58,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def resolve(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> Resolved:
+    """The parameters the graph is built with: `shadow: auto` by the greedy rule."""
+    shadow, info = choose_shadow(layer, params, passes, cluster)
+    chosen = {"shadow": list(shadow)} if params["shadow"] == "auto" else {}
+    return Resolved({**params, "shadow": list(shadow)}, chosen, info)
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
@@ -67,7 +76,8 @@ def build(
     require_whole_experts(layer, NAME)
     g, n = group_layout(layer.world, params["group_size"])
     seq = comm_order(n, params["order"])  # checks the order
-    shadow, info = choose_shadow(layer, params, passes, cluster)
+    res = resolve(layer, params, passes, cluster)
+    shadow, info = tuple(res.params["shadow"]), res.info
     lay = step_layout(layer, g, n, shadow)
     graph = TaskGraph(
         layer.world,
@@ -95,4 +105,3 @@ def build(
                 graph.add(t)
     graph.validate()
     return graph
-

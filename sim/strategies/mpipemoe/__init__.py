@@ -27,7 +27,6 @@ online granularity search of Algorithm 1 over changing batch sizes, with simulat
 `sim.search.mpipemoe`.
 """
 
-
 from __future__ import annotations
 
 from typing import Any
@@ -35,9 +34,10 @@ from typing import Any
 from sim.core.graph import TaskGraph
 from sim.strategies.mpipemoe.builder import NAME, build_graph
 from sim.strategies.mpipemoe.selector import choose
+from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
-__all__ = ["NAME", "DEFAULTS", "build"]
+__all__ = ["NAME", "DEFAULTS", "build", "resolve"]
 
 DEFAULTS: dict[str, Any] = {
     "degree": "auto",  # n micro-batches, or "auto" (granularity search on the cost model)
@@ -47,10 +47,19 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
+def resolve(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> Resolved:
+    """The parameters the graph is built with: `auto` degree and reuse on the cluster."""
+    n, reuse, info = choose(layer, params, cluster)
+    chosen = {k: v for k, v in (("degree", n), ("reuse", reuse)) if params[k] == "auto"}
+    return Resolved({**params, "degree": n, "reuse": reuse}, chosen, info)
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    n, reuse, info = choose(layer, params, cluster)
-    g = build_graph(layer, n, reuse, passes, params["algo"])
-    g.meta["selector"] = info
+    res = resolve(layer, params, passes, cluster)
+    g = build_graph(layer, res.params["degree"], res.params["reuse"], passes, params["algo"])
+    g.meta["selector"] = res.info
     return g

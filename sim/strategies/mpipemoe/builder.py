@@ -348,12 +348,13 @@ class _Rank:
             j = j_of[p]
             if what == "second":
                 allocs = self._alloc("dT_I", self.io_bytes)
-                self._comm(P, "dispatch_grad", j, [F1D(p)], reverse=False, allocs=allocs)
+                self._comm(P, "dispatch_grad", j, [F1D(p)], reverse=True, allocs=allocs)
                 continue
             deps = [head.id]
             if ring and p >= self.double:  # dT_DO slot: fc2's gradients of p-2 have read it
                 deps.append(F2W(p - self.double))
-            cg = (P, "combine_grad", j, deps, True, self._buf("DO", p, grad=True))
+            # gradients travel against their forward exchange: combine's to the experts' ranks
+            cg = (P, "combine_grad", j, deps, False, self._buf("DO", p, grad=True))
             rd = None
             if di_how == "comm" and p >= self.double:  # fc1 wgrad of p-2 has read the slot
                 rd = (P, "redispatch", j, [F1W(p - self.double)], False)
@@ -378,5 +379,3 @@ class _Rank:
         """The operator returns: everything it held is freed by its last compute task."""
         last = self.streams["compute"][-1]
         last.frees = list(self.live)
-
-
