@@ -6,8 +6,9 @@ exchange among a member set (eligible for bundling) or explicit (src, dst, bytes
 
 Algorithms (a task's `algo` picks one; ALGORITHMS lists them): all-to-all linear (NCCL
 grouped send/recv: every peer at once), pairwise (n-1 ordered rounds), 2dh (Tutel) and
-rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first), rail_relay and deepep (DeepEP's normal
-kernels: per-node dedup over RDMA to a same-local-rank forwarder, then NVLink); ring
+rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first), rail_relay and
+deepep (DeepEP's normal kernels: per-node dedup over RDMA to a same-local-rank forwarder,
+then NVLink); ring
 all-gather / reduce-scatter / all-reduce; hierarchical all-reduce; linear broadcast from the
 first member, and ring broadcast (pipelined in chunks along the member order, as NCCL's).
 """
