@@ -6,7 +6,9 @@ exchange among a member set (eligible for bundling) or explicit (src, dst, bytes
 
 Algorithms (a task's `algo` picks one; ALGORITHMS lists them): all-to-all linear (NCCL
 grouped send/recv: every peer at once), pairwise (n-1 ordered rounds), 2dh (Tutel) and
-rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first) and rail_relay; ring
+rail_relay (NCCL PXN); all-to-allv linear, sized (count exchange first), rail_relay and
+deepep (DeepEP's normal kernels: per-node dedup over RDMA to a same-local-rank forwarder,
+then NVLink); ring
 all-gather / reduce-scatter / all-reduce; hierarchical all-reduce; linear broadcast from the
 first member, and ring broadcast (pipelined in chunks along the member order, as NCCL's).
 """
@@ -129,6 +131,63 @@ def all_to_allv_rail_relay(tasks: list[Task], topo: Topology) -> list[Phase]:
     return all_to_allv_linear(tasks, topo, relay=True)
 
 
+def all_to_allv_deepep(tasks: list[Task], topo: Topology) -> list[Phase]:
+    """DeepEP's normal dispatch (tag deepep: dispatch) or combine (deepep: combine) as one
+    phase, since its kernel pipelines the RDMA and NVLink legs in chunks. Dispatch: a token
+    owner p sends `split[q]` bytes to each GPU q of its own node over NVLink, and
+    `tags.node_bytes[n]` once to each other node n, to the GPU with its local index (RDMA);
+    that forwarder copies each GPU q of its node what p's tokens owe q (p's split[q]) over
+    NVLink. Combine runs the same flows reversed (the member's split is then what it returns
+    to each owner; node_bytes are still its own tokens' rows, reduced at the forwarder)."""
+    nodes, m = _layout(tasks[0], topo)
+    g = _group(tasks[0])
+    by_rank = {t.rank: t for t in tasks}
+    order = np.sort(g)
+    W = len(order)
+    pos = {int(r): i for i, r in enumerate(order)}
+    gi = np.searchsorted(order, g)  # member order -> sorted order
+    combine = tasks[0].tags.get("deepep") == "combine"
+    D = np.zeros((W, W))  # [owner, expert GPU] bytes, sorted member order
+    Nb = np.zeros((W, nodes))  # [owner, node] bytes
+    for r, t in by_rank.items():
+        row = np.zeros(W)
+        row[gi] = np.asarray(t.split, dtype=float)
+        if combine:
+            D[:, pos[r]] = row
+        else:
+            D[pos[r]] = row
+        Nb[pos[r]] = np.asarray(t.tags.get("node_bytes", [0.0] * nodes), dtype=float)
+    node = np.arange(W) // m  # sorted member order is node-major, local-minor
+    loc = np.arange(W) % m
+    same = node[:, None] == node[None, :]
+    src, dst, nb = [], [], []
+    # direct NVLink copies inside the owner's node
+    ps, qs = np.nonzero(same & ~np.eye(W, dtype=bool) & (D > 0))
+    src.append(ps)
+    dst.append(qs)
+    nb.append(D[ps, qs])
+    # RDMA: owner -> forwarder (node n, owner's local index), once per (token, node)
+    p_i, n_i = np.nonzero((Nb > 0) & (np.arange(nodes)[None, :] != node[:, None]))
+    src.append(p_i)
+    dst.append(n_i * m + loc[p_i])
+    nb.append(Nb[p_i, n_i])
+    # NVLink forward: forwarder f -> q on its node, what remote owners of f's local index owe q
+    remote = ~same
+    fwd = np.zeros((W, W))
+    for f in range(W):
+        owners = remote[:, f] & (loc == loc[f])
+        fwd[f] = D[owners].sum(axis=0) * (node == node[f])
+    fwd[np.arange(W), np.arange(W)] = 0.0
+    fs, qs2 = np.nonzero(fwd > 0)
+    src.append(fs)
+    dst.append(qs2)
+    nb.append(fwd[fs, qs2])
+    s, d, b = (np.concatenate(x) for x in (src, dst, nb))
+    if combine:
+        s, d = d, s
+    return [ExplicitPhase(order[s], order[d], b)]
+
+
 def _ring(tasks: list[Task], steps: int, chunk: float) -> list[Phase]:
     group = _group(tasks[0])
     nxt = np.roll(group, -1)
@@ -219,6 +278,7 @@ ALGORITHMS: dict[tuple[str, str], Callable[[list[Task], Topology], list[Phase]]]
     ("all_to_allv", "linear"): all_to_allv_linear,
     ("all_to_allv", "sized"): all_to_allv_sized,
     ("all_to_allv", "rail_relay"): all_to_allv_rail_relay,
+    ("all_to_allv", "deepep"): all_to_allv_deepep,
     ("all_gather", "ring"): all_gather_ring,
     ("reduce_scatter", "ring"): reduce_scatter_ring,
     ("all_reduce", "ring"): all_reduce_ring,

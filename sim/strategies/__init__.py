@@ -15,6 +15,7 @@ from typing import Any
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import (
+    deepep,
     fastermoe,
     lancet,
     mpipemoe,
@@ -33,7 +34,7 @@ from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet, parm)
+    for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet, parm, deepep)
 }
 
 

@@ -1,0 +1,99 @@
+# ruff: noqa: E501  (markdown table rows are kept one line each)
+"""DeepEP normal kernels on the h800 preset vs DeepEP's published H800 figures (docs/legacy.md:
+4096 tokens, hidden 7168, top-8 of 256 experts, top-min(nodes,4) node groups, FP8 dispatch,
+BF16 combine), plus NCCL all-to-all (`sequential`) vs DeepEP with and without skew.
+
+Bandwidth is computed as DeepEP's tests do: RDMA = (token, node) pairs, the own node included,
+times row bytes, over the kernel time; NVL (intranode) = rows received, own included.
+
+    python benchmarks/deepep_h800.py
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from sim.core.io import atomic_write_text
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.strategies import Cluster, build
+from sim.strategies.deepep.volumes import row_bytes, volumes
+from sim.workload.moe import MoELayer
+
+OUT = Path(__file__).resolve().parent / "results"
+PUBLISHED = {8: (153, 158), 16: (43, 43), 32: (58, 57), 64: (51, 50)}  # GB/s dispatch, combine
+MACHINE = "2-core CI-class container"
+
+
+def _times(name, params, layer, nodes):
+    topo = Topology.load("h800", nodes=nodes)
+    costs = CostModel.build(topo, {})
+    g = build(name, layer, params, ("fwd",), Cluster(topo, costs))
+    r = simulate(g, topo, costs)
+    out = {}
+    for step in ("dispatch", "combine"):
+        idx = [i for i, t in enumerate(g) if t.tags.get("step") == step]
+        out[step] = float(r.end[idx].max() - r.start[idx].min())
+    return out
+
+
+def main() -> None:
+    rows = []
+    for ep, (pd, pc) in PUBLISHED.items():
+        nodes = max(1, ep // 8)
+        layer = MoELayer(batch=1, seq_len=4096, model_dim=7168, hidden_dim=2048, experts=256,
+                         world=ep, top_k=8)  # fmt: skip
+        mn = min(nodes, 4)
+        t = _times("deepep", {"max_nodes": mn}, layer, nodes)
+        v = volumes(layer, 8, mn)
+        count = v.node_tokens.sum(axis=1).mean() if nodes > 1 else v.gpu_tokens.sum(axis=0).mean()
+        sim_d = count * row_bytes(7168, "fp8") / t["dispatch"] / 1e9
+        sim_c = count * row_bytes(7168, "bf16") / t["combine"] / 1e9
+        rows.append({"ep": ep, "link": "RDMA" if nodes > 1 else "NVLink",
+                     "dispatch_us": t["dispatch"] * 1e6, "combine_us": t["combine"] * 1e6,
+                     "sim_dispatch_GBs": sim_d, "pub_dispatch_GBs": pd,
+                     "sim_combine_GBs": sim_c, "pub_combine_GBs": pc})  # fmt: skip
+    claims = []
+    for ep in (8, 16, 32):
+        for kind in ("uniform", "zipf"):
+            routing = {"kind": kind} if kind == "uniform" else {"kind": "zipf", "s": 1.2}
+            layer = MoELayer(batch=1, seq_len=4096, model_dim=7168, hidden_dim=2048,
+                             experts=4 * ep, world=ep, top_k=8,
+                             capacity_factor=8.0 if kind == "zipf" else 1.0, routing=routing)  # fmt: skip
+            c = layer.tokens_matrix.sum(axis=0)
+            nodes = max(1, ep // 8)
+            res = {"ep": ep, "routing": kind, "max_over_mean": float(c.max() / c.mean())}
+            for label, name, params in (("nccl_linear", "sequential", {}),
+                                        ("nccl_rail_relay", "sequential", {"algo": "rail_relay"}),
+                                        ("deepep_bf16", "deepep", {"dispatch_dtype": "bf16"}),
+                                        ("deepep_fp8", "deepep", {})):  # fmt: skip
+                t = _times(name, params, layer, nodes)
+                res[label + "_ms"] = (t["dispatch"] + t["combine"]) * 1e3
+            claims.append(res)
+    data = {"machine": MACHINE, "preset": "h800", "calibration": rows, "claims": claims}
+    atomic_write_text(OUT / "deepep_h800.json", json.dumps(data, indent=2) + "\n")
+    md = ["# DeepEP normal kernels on h800: simulated vs published", "",
+          f"Machine: {MACHINE} (simulation). `python benchmarks/deepep_h800.py`.", "",
+          "| EP | link | dispatch sim / published GB/s | combine sim / published GB/s | dispatch us | combine us |",
+          "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        md.append(f"| {r['ep']} | {r['link']} | {r['sim_dispatch_GBs']:.0f} / {r['pub_dispatch_GBs']} "
+                  f"| {r['sim_combine_GBs']:.0f} / {r['pub_combine_GBs']} | {r['dispatch_us']:.0f} "
+                  f"| {r['combine_us']:.0f} |")  # fmt: skip
+    md += ["", "Dispatch + combine time (ms), 4096 tokens x 7168, top-8, 4 experts per GPU:", "",
+           "| EP | routing | max/mean | NCCL linear | NCCL rail_relay | DeepEP bf16 | DeepEP fp8 |",
+           "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for c in claims:
+        md.append(f"| {c['ep']} | {c['routing']} | {c['max_over_mean']:.1f} | {c['nccl_linear_ms']:.2f} "
+                  f"| {c['nccl_rail_relay_ms']:.2f} | {c['deepep_bf16_ms']:.2f} | {c['deepep_fp8_ms']:.2f} |")  # fmt: skip
+    md += ["", "Published for comparison: DeepSpeed PR #8213, 16 H100: NCCL all-to-all 99.7 ms ->"
+           " 115.8 ms under skew vs DeepEP ~46 ms (a whole training step, not comparable in"
+           " absolute terms; only the direction is).", ""]  # fmt: skip
+    atomic_write_text(OUT / "deepep_h800.md", "\n".join(md) + "\n")
+    print("\n".join(md))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,47 @@
+"""DeepEP's normal kernels (DeepSeek's expert-parallel dispatch/combine library, V1) as a
+layer strategy.
+
+Forward per rank: gate -> layout (which ranks / nodes each token goes to) -> notify (a small
+all-to-all of the counts, then a device-to-host copy the host waits on to size the receive
+buffers) -> dispatch (all-to-allv, algorithm `deepep`: one RDMA transfer per (token,
+destination node) to the same-local-rank forwarder, then NVLink to the expert GPUs; FP8 rows
+with per-128 scales) -> experts (dropless: every (token, expert) pair) -> combine (the
+reverse, BF16, reduced at the forwarder) -> decode. Backward: the combine's gradient goes out
+as a dispatch (BF16; the layout is cached, no notify), the expert's dgrad + wgrad, the
+dispatch's gradient comes back as a combine.
+
+The data kernels reserve SMs: their tasks carry `tags: {sms: N}` (default 24 of 132, as
+DeepEP V1's tests use). The engine ignores the tag until GPU-internal resources land (issue
+14 item 1); then a GEMM beside the kernel runs on the SMs left.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.strategies.deepep.builder import build_deepep
+from sim.workload.moe import MoELayer
+
+NAME = "deepep"
+DEFAULTS: dict[str, Any] = {
+    "max_nodes": None,  # node-limited routing: each token to at most M nodes (None: no limit)
+    "dispatch_dtype": "fp8",  # "fp8" (1 byte + a fp32 scale per 128) or "bf16"
+    "sms": 24,  # SMs the dispatch / combine kernels hold (DeepEP V1 tests: 24 of 132)
+    "gpus_per_node": None,  # None: the cluster's (one node when no cluster is given)
+}
+
+
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    G = params["gpus_per_node"]
+    if G is None:
+        G = cluster.topology.gpus_per_node if cluster is not None else layer.world
+    if not isinstance(G, int) or isinstance(G, bool) or G < 1:
+        raise ConfigError(f"strategy.gpus_per_node: expected a positive integer, got {G!r}")
+    sms = params["sms"]
+    if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
+        raise ConfigError(f"strategy.sms: expected a positive integer, got {sms!r}")
+    return build_deepep(layer, passes, G, params["max_nodes"], params["dispatch_dtype"], sms, NAME)

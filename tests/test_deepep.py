@@ -1,0 +1,102 @@
+"""DeepEP's normal kernels: closed-form dedup volumes, the flows of its dispatch algorithm, and
+the qualitative claims of issue 14 on the h800 preset (relations only, never timings)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.collectives import phases
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.strategies import Cluster, build
+from sim.strategies.deepep.volumes import expected_nodes, row_bytes, volumes
+from sim.workload.moe import MoELayer
+
+
+def _layer(world: int, **kw) -> MoELayer:
+    base = dict(batch=1, seq_len=512, model_dim=1024, hidden_dim=512, experts=4 * world,
+                world=world, top_k=8)  # fmt: skip
+    return MoELayer(**(base | kw))
+
+
+def test_uniform_dedup_matches_closed_form():
+    layer = _layer(32)
+    v = volumes(layer, gpus_per_node=8)
+    per_token = v.node_tokens.sum(axis=1) / layer.tokens
+    np.testing.assert_allclose(per_token, expected_nodes(4, 8), rtol=1e-12)
+    np.testing.assert_allclose(per_token, 4 * (1 - 0.75**8), rtol=1e-12)
+    # one node: the GPU level is the same formula over 8 GPUs
+    v1 = volumes(_layer(8), gpus_per_node=8)
+    np.testing.assert_allclose(v1.gpu_tokens.sum(axis=1) / 512, 8 * (1 - (7 / 8) ** 8))
+    assert v.expert_rows.sum() == pytest.approx(32 * 512 * 8)  # dropless: every pair computed
+    # node-limited routing caps the distinct nodes at M
+    v4 = volumes(_layer(64), gpus_per_node=8, max_nodes=4)
+    np.testing.assert_allclose(v4.node_tokens.sum(axis=1) / 512, 4.0)
+    assert expected_nodes(8, 8, 4) == 4.0
+    assert row_bytes(7168, "fp8") == 7168 * (1 + 4 / 128) and row_bytes(7168, "bf16") == 14336
+
+
+def test_dispatch_flows_cross_ib_once_per_node():
+    topo = Topology.load("h800", nodes=2)
+    layer = _layer(16)
+    g = build("deepep", layer, {}, ("fwd",), Cluster(topo, CostModel.build(topo, {})))
+    tasks = [t for t in g if t.tags.get("step") == "dispatch"]
+    (ph,) = phases(tasks, topo)
+    inter = (ph.src // 8) != (ph.dst // 8)
+    assert np.all((ph.src[inter] % 8) == (ph.dst[inter] % 8))  # same local rank across nodes
+    node_bytes = np.array([t.tags["node_bytes"] for t in sorted(tasks, key=lambda t: t.rank)])
+    other = node_bytes[np.arange(16), 1 - np.arange(16) // 8]
+    assert ph.nbytes[inter].sum() == pytest.approx(other.sum())
+    # everything the owners owe GPUs arrives: direct + forwarded NVLink = the off-GPU split
+    D = np.array([t.split for t in sorted(tasks, key=lambda t: t.rank)])
+    intra = ~inter
+    assert ph.nbytes[intra].sum() == pytest.approx(D.sum() - np.trace(D) - _fwd_self(D))
+    comb = phases([t for t in g if t.tags.get("step") == "combine"], topo)[0]
+    assert sorted(zip(comb.dst, comb.src)) == sorted(zip(ph.src, ph.dst))  # reversed flows
+
+
+def _fwd_self(D: np.ndarray) -> float:
+    """Bytes a remote owner owes the forwarder itself (kept there, no NVLink copy)."""
+    W = len(D)
+    return sum(D[p, f] for f in range(W) for p in range(W) if p // 8 != f // 8 and p % 8 == f % 8)
+
+
+def _comm_time(name: str, params: dict, layer: MoELayer, nodes: int) -> float:
+    topo = Topology.load("h800", nodes=nodes)
+    costs = CostModel.build(topo, {})
+    g = build(name, layer, params, ("fwd",), Cluster(topo, costs))
+    r = simulate(g, topo, costs)
+    total = 0.0
+    for step in ("dispatch", "combine"):
+        idx = [i for i, t in enumerate(g) if t.tags.get("step") == step]
+        total += float(r.end[idx].max() - r.start[idx].min())
+    return total
+
+
+def test_deepep_beats_nccl_all_to_all_across_nodes():
+    for ep in (16, 32):
+        layer = _layer(ep)
+        nccl = min(_comm_time("sequential", {"algo": a}, layer, ep // 8) for a in
+                   (None, "rail_relay"))  # fmt: skip
+        assert _comm_time("deepep", {"dispatch_dtype": "bf16"}, layer, ep // 8) < nccl
+
+
+def test_skew_slows_nccl_more_than_deepep():
+    flat, skew = _layer(16), _layer(16, capacity_factor=8.0, routing={"kind": "zipf", "s": 1.2})
+    counts = skew.tokens_matrix.sum(axis=0)
+    assert counts.max() / counts.mean() > 4  # max/mean tokens per expert ~5
+    n0, n1 = (_comm_time("sequential", {}, x, 2) for x in (flat, skew))
+    d0, d1 = (_comm_time("deepep", {}, x, 2) for x in (flat, skew))
+    assert n1 / n0 > d1 / d0
+
+
+def test_bad_params():
+    with pytest.raises(ConfigError, match="max_nodes"):
+        build("deepep", _layer(16), {"max_nodes": 0, "gpus_per_node": 8}, ("fwd",))
+    with pytest.raises(ConfigError, match="dispatch_dtype"):
+        build("deepep", _layer(8), {"dispatch_dtype": "int4"}, ("fwd",))
+    with pytest.raises(ConfigError, match="whole nodes"):
+        build("deepep", _layer(12), {"gpus_per_node": 8}, ("fwd",))
