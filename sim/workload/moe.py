@@ -123,6 +123,12 @@ class MoELayer:
     @cached_property
     def tokens_matrix(self) -> np.ndarray:
         """[P, E] tokens GPU p sends to expert e, after capacity dropping."""
+        return np.minimum(self.demand_matrix, self.capacity)
+
+    @cached_property
+    def demand_matrix(self) -> np.ndarray:
+        """[P, E] token choices GPU p routes to expert e before capacity dropping (uniform:
+        exactly C, every buffer just full)."""
         P, E, C = self.world, self.experts, self.capacity
         kind = self.routing["kind"]
         if kind == "uniform":
@@ -134,7 +140,7 @@ class MoELayer:
                     f"model.routing.tokens: expected a {P}x{E} matrix of non-negative counts, "
                     f"got shape {m.shape}"
                 )
-            return np.minimum(m.astype(np.int64), C)
+            return m.astype(np.int64)
         unknown = set(self.routing) - {"kind", "s", "seed"}
         if unknown:
             raise ConfigError(f"model.routing: unknown field(s) {sorted(unknown)} for zipf")
@@ -149,8 +155,7 @@ class MoELayer:
         popularity = 1.0 / np.arange(1, E + 1) ** s
         popularity = popularity[rng.permutation(E)]
         popularity /= popularity.sum()
-        drawn = rng.multinomial(self.top_k * self.tokens, popularity, size=P)
-        return np.minimum(drawn, C)
+        return rng.multinomial(self.top_k * self.tokens, popularity, size=P)
 
     def chunk_tokens(self, degree: int) -> np.ndarray:
         """[r, P, E] tokens per capacity chunk: chunk j holds capacity slots [jC/r, (j+1)C/r)."""
