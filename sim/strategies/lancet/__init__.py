@@ -68,7 +68,8 @@ def plan(
         return params
     p = params["partition"]
     ks = list(range(1, MAX_PARTITIONS + 1)) if p == "auto" else [p]
-    chosen = choose(blocks, layer, duration_fn(cluster), ks, params["gate"], params["algo"])
+    chosen = choose(blocks, layer, duration_fn(cluster), ks, params["gate"], params["algo"],
+                    baseline=params["degree"] if p == "auto" else None)  # fmt: skip
     return {**params, PLAN_KEY: chosen}
 
 
@@ -77,7 +78,7 @@ def build(
 ) -> TaskGraph:
     _check(params)
     chosen: Plan | None = params.get(PLAN_KEY)
-    if chosen is None:
+    if chosen is None or chosen.baseline:
         return build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
                            strategy=NAME, algo=params["algo"])  # fmt: skip
     fwd = build_layer(layer, degree=chosen.k, order="tutel", passes=("fwd",), strategy=NAME,
@@ -120,7 +121,7 @@ def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGr
     schedule of the backward (they touch different phases: the order does not matter)."""
     chosen: Plan | None = params.get(PLAN_KEY)
     info: dict[str, Any] = {}
-    if chosen is not None:
+    if chosen is not None and not chosen.baseline:
         graph = partition_graph(graph, chosen, int(graph.meta["layer"]["batch"]))
         info["partitions"] = chosen.k
         info["ranges"] = {b: [len(pre), len(post)] for b, (pre, post) in chosen.ranges.items()}

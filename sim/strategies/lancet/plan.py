@@ -25,6 +25,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from sim.core.graph import Task
+from sim.strategies.chunking import ChunkSizes, chunk_sizes
 from sim.strategies.lancet.capacity import batch_bounds, partition_sizes
 from sim.strategies.lancet.ranges import best_segments, pipeline_time
 from sim.strategies.layer import build_layer
@@ -49,13 +50,14 @@ class Instr:
 @dataclass
 class Plan:
     """k partitions; per MoE block, the steps its pipeline partitions along the batch (the
-    MoE layer's own dispatch..combine are its k chunks); the DP's estimate per k."""
+    MoE layer's own dispatch..combine are its k chunks); the DP's estimate per candidate."""
 
     k: int
     ranges: dict[int, tuple[list[tuple[int, str]], list[tuple[int, str]]]] = field(
         default_factory=dict
     )
-    estimate: dict[int, float] = field(default_factory=dict)
+    baseline: bool = False  # the plain layer of k capacity chunks won: nothing to rewrite
+    estimate: dict[str, float] = field(default_factory=dict)
 
 
 def instructions(blocks: BlockModel, layer: MoELayer) -> list[Instr]:
@@ -99,20 +101,32 @@ def _op_tasks(blocks: BlockModel, layer: MoELayer, moe: bool) -> dict[str, Task]
     ops = block_ops(blocks, layer, moe)
     tags = {"dtype": layer.dtype, "phase": "fwd"}
     return {
-        op.name: Task(f"plan/{op.name}", 0, "compute", op.kind, flops=op.flops,
-                      bytes=op.bytes, shape=dict(op.shape) if op.shape else None,
-                      tags=dict(tags, step=op.name))  # fmt: skip
+        op.name: Task(
+            f"plan/{op.name}",
+            0,
+            "compute",
+            op.kind,
+            flops=op.flops,
+            bytes=op.bytes,
+            shape=dict(op.shape) if op.shape else None,
+            tags=dict(tags, step=op.name),
+        )  # fmt: skip
         for part in ops.values()
         for op in part
     }
 
 
 def _moe_durations(
-    layer: MoELayer, k: int, algo: str | None, duration: Callable[[Task], float]
+    layer: MoELayer,
+    k: int,
+    algo: str | None,
+    duration: Callable[[Task], float],
+    sizes: ChunkSizes | None = None,
 ) -> dict[str, list[float]]:
     """Per MoE step, its k partitions' times: the slowest rank's (even routing: any rank)."""
+    sizes = sizes or partition_sizes(layer, k)
     g = build_layer(layer, degree=k, order="tutel", passes=("fwd",), strategy="lancet",
-                    algo=algo, sizes=partition_sizes(layer, k))  # fmt: skip
+                    algo=algo, sizes=sizes)  # fmt: skip
     fr = fractions(layer.batch, k)
     out = {s: [0.0] * k for s in MOE_STEPS}
     ranks = [0] if layer.uniform else range(layer.world)
@@ -136,36 +150,40 @@ def choose(
     ks: list[int],
     gate: str,
     algo: str | None = None,
+    baseline: int | None = None,
 ) -> Plan:
-    """The best plan over the partition counts `ks` (module docstring)."""
+    """The best plan over the partition counts `ks` (module docstring); with `baseline`, the
+    plain layer of that many capacity chunks (Tutel's) is a candidate too, so the plan is
+    never worse than it by the same estimate."""
     seq = instructions(blocks, layer)
     ops = {moe: _op_tasks(blocks, layer, moe) for moe in (False, True)}
     best: Plan | None = None
-    estimate: dict[int, float] = {}
+    best_t = math.inf
+    estimate: dict[str, float] = {}
     moe_whole = {s: d[0] for s, d in _moe_durations(layer, 1, algo, duration).items()}
-    for k in ks:
+    whole = [
+        moe_whole[i.step] if i.step in moe_whole else duration(ops[i.moe][i.step]) for i in seq
+    ]
+    cands = [(k, False) for k in ks] + ([(baseline, True)] if baseline else [])
+    for k, plain in cands:
         if k > layer.capacity:
             continue
         fr = fractions(layer.batch, k)
-        moe_d = _moe_durations(layer, k, algo, duration)
-        durs = []
-        for ins in seq:
-            if ins.step in MOE_STEPS:
-                durs.append(moe_d[ins.step])
-            else:
-                t = ops[ins.moe][ins.step]
-                durs.append([duration(scale(t, f)) for f in fr])
-        whole = [
-            moe_whole[i.step] if i.step in moe_whole else duration(ops[i.moe][i.step])
+        sizes = chunk_sizes(layer, k) if plain else partition_sizes(layer, k)
+        moe_d = _moe_durations(layer, k, algo, duration, sizes)
+        durs = [
+            moe_d[i.step] if i.step in MOE_STEPS
+            else [duration(scale(ops[i.moe][i.step], f)) for f in fr]
             for i in seq
-        ]
-        seg = _segment_cost(seq, durs, whole, k, layer.batch, gate)
+        ]  # fmt: skip
+        seg = _segment_cost(seq, durs, whole, k, 0 if plain else layer.batch, gate)
         total, segs = best_segments(len(seq), seg, _max_len(seq))
-        estimate[k] = total
-        if total < math.inf and (best is None or total < estimate[best.k]):
-            best = Plan(k, _ranges(seq, segs))
+        estimate[f"tutel {k}" if plain else f"k={k}"] = total
+        if total < best_t:
+            best_t = total
+            best = Plan(k, _ranges(seq, segs) if k > 1 else {}, baseline=plain)
     if best is None:  # no k fits (e.g. capacity 1): the plain layer
-        best = Plan(1, {})
+        best = Plan(1, {}, baseline=True)
     best.estimate = estimate
     return best
 
@@ -179,23 +197,33 @@ def _segment_cost(
     gate: str,
 ) -> Callable[[int, int], float]:
     cache: dict[tuple, float] = {}
+    n = len(seq)
+    ncore = [0] * (n + 1)  # core instructions before each index
+    for x, ins in enumerate(seq):
+        ncore[x + 1] = ncore[x] + (ins.step in PIPE_CORE)
+    nxt = [n] * (n + 1)  # the first core instruction at or after each index
+    for x in range(n - 1, -1, -1):
+        nxt[x] = x if seq[x].step in PIPE_CORE else nxt[x + 1]
+    ids: dict[tuple[bool, str], int] = {}
+    sig = [ids.setdefault((ins.moe, ins.step), len(ids)) for ins in seq]
+    kinds = [ins.comm for ins in seq]
 
     def cost(i: int, m: int) -> float:
-        core = [x for x in range(i, m) if seq[x].step in PIPE_CORE]
-        if not core:
+        cores = ncore[m] - ncore[i]
+        if not cores:
             return whole[i] if m == i + 1 else math.inf
-        d = core[0]
-        if seq[d].step != "dispatch" or core != [d, d + 1, d + 2]:
+        d = nxt[i]
+        if cores != 3 or seq[d].step != "dispatch" or d + 3 > m:
             return math.inf  # a MoE layer cut apart, or two in one pipeline
-        batch_ops = m - i - 3
-        if batch_ops and k > batch:
-            return math.inf
+        if m - i > 3 and k > batch:
+            return math.inf  # batch 0: the plain layer, nothing around it partitioned
         if gate == "batch_prioritized" and i < d - 1:
             return math.inf  # the gate (and before) stays whole
-        key = tuple((seq[x].moe, seq[x].step) for x in range(i, m))
-        if key not in cache:
-            cache[key] = pipeline_time([seq[x].comm for x in range(i, m)], durs[i:m])
-        return cache[key]
+        key = tuple(sig[i:m])
+        t = cache.get(key)
+        if t is None:
+            t = cache[key] = pipeline_time(kinds[i:m], durs[i:m])
+        return t
 
     return cost
 

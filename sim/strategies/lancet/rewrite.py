@@ -80,5 +80,4 @@ def partition_graph(graph: TaskGraph, plan: Plan, batch: int) -> TaskGraph:
                                 tags=dict(src.tags, part=j),
                                 allocs=src.allocs if last else {},
                                 frees=src.frees if last else []))  # fmt: skip
-    new.validate()
-    return new
+    return new  # validated by the caller, after the dW pass
