@@ -94,6 +94,11 @@ class DistBlock(torch.nn.Module):
         self.moe = DistMoE(spec.moe, rank, comms, device)
 
     def forward(self, x: torch.Tensor, strategy: str, params: dict | None = None) -> torch.Tensor:
+        if strategy == "lancet":  # its passes reach around the MoE layer: a block of its own
+            from exec.layers.lancet import lancet_block
+            from exec.layers.registry import resolve_strategy
+
+            return lancet_block(self, x, resolve_strategy(strategy, params or {}))
         return block(x, self.attn, self.spec, lambda z: self.moe(z, strategy, params)[0])
 
 
