@@ -25,7 +25,6 @@ tests check it against the single-process reference.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
 import torch
@@ -158,10 +157,14 @@ def _plan_rows(r: Routing, E: int, C: int) -> tuple[torch.Tensor, torch.Tensor, 
     return token, choice, counts.tolist()
 
 
-def lancet_block(blk: Any, x: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
-    """The block `blk` (`exec.layers.block.DistBlock`) in Lancet's schedule (module doc)."""
-    from exec.layers.block import BlockSpec, attention
-
+def lancet_block(
+    blk: Any,
+    x: torch.Tensor,
+    params: dict[str, Any],
+    attend: Callable[[torch.Tensor, int], torch.Tensor],
+) -> torch.Tensor:
+    """The block `blk` (`exec.layers.block.DistBlock`) in Lancet's schedule (module doc);
+    `attend(x, b)` is its attention sublayer on b sequences."""
     spec, moe, w = blk.spec, blk.moe, blk.attn
     s = spec.moe
     k, gate = params["partition"], params["gate"]
@@ -184,13 +187,11 @@ def lancet_block(blk: Any, x: torch.Tensor, params: dict[str, Any]) -> torch.Ten
     if gate == "switch":
         used = torch.zeros(E, dtype=torch.long)
         for j, rs in enumerate(rows):
-            sub = BlockSpec(replace(s, tokens=L * (cuts[j + 1] - cuts[j])), cuts[j + 1] - cuts[j],
-                            spec.heads)  # fmt: skip
-            h.append(x[rs] + attention(x[rs], w, sub))
+            h.append(x[rs] + attend(x[rs], cuts[j + 1] - cuts[j]))
             z.append(F.layer_norm(h[-1], (M,), w["ln2_w"], w["ln2_b"]))
             rt.append(route_after(z[-1], moe.gate, C, used))
     else:  # the gate ranks the whole batch: partitions start after it
-        hh = x + attention(x, w, spec)
+        hh = x + attend(x, spec.batch)
         zz = F.layer_norm(hh, (M,), w["ln2_w"], w["ln2_b"])
         r = route(zz, moe.gate, s.top_k, C)
         for rs in rows:
