@@ -121,7 +121,9 @@ def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGr
     schedule of the backward (they touch different phases: the order does not matter)."""
     chosen: Plan | None = params.get(PLAN_KEY)
     info: dict[str, Any] = {}
-    if chosen is not None and not chosen.baseline:
+    if chosen is not None and chosen.baseline:
+        info["plan"] = f"tutel chunks ({chosen.k}): no partition beats them"
+    elif chosen is not None:
         graph = partition_graph(graph, chosen, int(graph.meta["layer"]["batch"]))
         info["partitions"] = chosen.k
         info["ranges"] = {b: [len(pre), len(post)] for b, (pre, post) in chosen.ranges.items()}
