@@ -191,6 +191,7 @@ RUNNABLE = {
     "ted": {"tp": 2},
     "fastermoe": {"group_size": 1, "shadow": [0]},
     "mpipemoe": {"degree": 2, "reuse": "S1"},  # d2h / h2d on the copy stream
+    "lancet": {"degree": 2},  # one layer: Tutel's chunks (its passes need model.blocks)
 }
 
 
