@@ -34,6 +34,7 @@ VARIANTS = (
     + [Variant("ted", {"tp": 1})]  # no TP group here; tp > 1: tests/test_exec_layouts.py
     + [Variant("mpipemoe", {"degree": 3, "reuse": "S4"})]  # re-dispatch + recompute in backward
     + [Variant("fastermoe", {"group_size": 1, "shadow": [1]})]  # 2 steps, expert 1 shadowed
+    + [Variant("lancet", {"degree": 2})]  # alone: Tutel chunks (block: test_exec_lancet)
 )
 
 

@@ -7,4 +7,4 @@ wraps the "tutel" it registers.
 """
 
 from exec.layers import pipelined  # noqa: F401, I001
-from exec.layers import fastermoe, layouts, mpipemoe  # noqa: F401
+from exec.layers import fastermoe, lancet, layouts, mpipemoe  # noqa: F401

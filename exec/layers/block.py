@@ -13,7 +13,7 @@ plain computation on the same inputs.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import torch
@@ -94,6 +94,16 @@ class DistBlock(torch.nn.Module):
         self.moe = DistMoE(spec.moe, rank, comms, device)
 
     def forward(self, x: torch.Tensor, strategy: str, params: dict | None = None) -> torch.Tensor:
+        if strategy == "lancet":  # its passes reach around the MoE layer: a block of its own
+            from exec.layers.lancet import lancet_block
+            from exec.layers.registry import resolve_strategy
+
+            def attend(xs: torch.Tensor, b: int) -> torch.Tensor:  # b of the B sequences
+                sub = BlockSpec(replace(self.spec.moe, tokens=b * self.spec.seq_len), b,
+                                self.spec.heads)  # fmt: skip
+                return attention(xs, self.attn, sub)
+
+            return lancet_block(self, x, resolve_strategy(strategy, params or {}), attend)
         return block(x, self.attn, self.spec, lambda z: self.moe(z, strategy, params)[0])
 
 

@@ -85,6 +85,8 @@ def build(
     every replica of `layout` (None or dp = 1: the replica is the world). With `blocks`, the
     graph of the whole model, its MoE layers the strategy's (`sim.strategies.model`)."""
     full = resolve_params(name, params)
+    if blocks is not None and hasattr(STRATEGIES[name], "plan"):  # model-wide choices (Lancet)
+        full = STRATEGIES[name].plan(layer, full, blocks, cluster)
     graph = STRATEGIES[name].build(layer, full, passes, cluster)
     if blocks is not None:
         from sim.strategies.model import build_model

@@ -41,9 +41,11 @@ def build_layer(
     layer_id: int = 0,
     strategy: str = "pipelined",
     algo: str | None = None,
+    sizes: ChunkSizes | None = None,
 ) -> TaskGraph:
     """The layer's graph; `algo` picks the all-to-all algorithm of every exchange (None: the
-    collective's default, see sim.hardware.collectives)."""
+    collective's default, see sim.hardware.collectives). `sizes`: what each of the `degree`
+    chunks moves, where not the capacity chunks (Lancet's batch partitions)."""
     if not isinstance(degree, int) or isinstance(degree, bool) or degree < 1:
         raise ConfigError(f"strategy.degree: expected a positive integer, got {degree!r}")
     if degree > layer.capacity:
@@ -54,7 +56,8 @@ def build_layer(
     for p in passes:
         if p not in PASSES:
             raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
-    sizes = chunk_sizes(layer, degree)
+    if sizes is None:
+        sizes = chunk_sizes(layer, degree)
     g = TaskGraph(
         layer.world,
         meta={
@@ -157,7 +160,7 @@ class _RankBuilder(ComputeSteps):
         l = self.l
         rows = float(self.s.rows[j][self.rank])
         if self.s.uniform:
-            m = l.world * l.chunk_capacity(self.r)[j]
+            m = int(rows) // l.local_experts  # P * (the chunk's capacity slots)
             fc1 = {"batch": l.local_experts, "m": m, "n": l.hidden_dim, "k": l.model_dim}
             fc2 = {"batch": l.local_experts, "m": m, "n": l.model_dim, "k": l.hidden_dim}
         else:

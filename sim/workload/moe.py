@@ -123,10 +123,7 @@ class MoELayer:
     @cached_property
     def tokens_matrix(self) -> np.ndarray:
         """[P, E] tokens GPU p sends to expert e, after capacity dropping."""
-        P, E, C = self.world, self.experts, self.capacity
-        if self.uniform:
-            return np.full((P, E), C, dtype=np.int64)
-        return np.minimum(self.routed_matrix, C)
+        return np.minimum(self.routed_matrix, self.capacity)
 
     @cached_property
     def routed_matrix(self) -> np.ndarray:

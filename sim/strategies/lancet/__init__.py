@@ -1,66 +1,135 @@
 """Lancet (paper 004): whole-graph overlap of the all-to-alls.
 
-The MoE layer is Tutel-style pipelined (`degree` chunks of the capacity, Tutel issue order);
-on a model of many blocks (`model.blocks`) the weight-gradient schedule pass
-(`sim.strategies.lancet.dw_schedule`, Sec. 4 / Alg. 1) then moves the backward's weight
-gradients into the all-to-all windows, timed by the run's cost model. The operator
-partition pass of Sec. 5.1 is not built yet.
+Alone (one MoE layer) the layer is Tutel-style pipelined (`degree` chunks of the capacity,
+Tutel issue order). On a model of many blocks (`model.blocks`) both of Lancet's passes run:
+- the operator partition pass (Sec. 5): `plan` picks, with the range DP and the pipeline
+  cost simulation, the partition count k and how far before and after each MoE layer the
+  forward is partitioned along the batch (`sim.strategies.lancet.plan`); the layer is built
+  with k irregular chunks that pass the capacity on (`capacity`), and `model_pass` rewrites
+  the ranges (`rewrite`). `partition: off` keeps Tutel's `degree` capacity chunks, an integer
+  fixes k and lets the DP choose only the ranges; `gate` limits the ranges (switch: before
+  and after the layer; batch_prioritized: only after);
+- the weight-gradient schedule pass (Sec. 4, `dw_schedule`, `dw: on|off`) moves the
+  backward's weight gradients into the all-to-all windows.
+Both are timed by the run's cost model.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.lancet.capacity import partition_sizes
 from sim.strategies.lancet.dw_schedule import schedule_dw
+from sim.strategies.lancet.plan import GATES, MAX_PARTITIONS, Plan, choose
+from sim.strategies.lancet.profile import duration_fn
+from sim.strategies.lancet.rewrite import partition_graph
 from sim.strategies.layer import build_layer
+from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "lancet"
-DEFAULTS: dict[str, Any] = {"degree": 1, "algo": None}
+DEFAULTS: dict[str, Any] = {
+    "degree": 1,
+    "algo": None,
+    "partition": "auto",
+    "dw": "on",
+    "gate": "switch",
+}
+PLAN_KEY = "_plan"  # the partition plan, from `plan` to `build` and `model_pass`
+
+
+def _check(params: dict[str, Any]) -> None:
+    p = params["partition"]
+    ok_int = isinstance(p, int) and not isinstance(p, bool) and 1 <= p <= MAX_PARTITIONS
+    if p not in ("auto", "off") and not ok_int:
+        raise ConfigError(
+            f"strategy.partition: expected auto, off or 1..{MAX_PARTITIONS} partitions, got {p!r}"
+        )
+    if params["dw"] not in ("on", "off", True, False):  # YAML 1.1 reads on/off as booleans
+        raise ConfigError(f"strategy.dw: expected on or off, got {params['dw']!r}")
+    if params["gate"] not in GATES:
+        raise ConfigError(f"strategy.gate: expected one of {list(GATES)}, got {params['gate']!r}")
+
+
+def dw_on(params: dict[str, Any]) -> bool:
+    return params["dw"] in ("on", True)
+
+
+def plan(
+    layer: MoELayer, params: dict[str, Any], blocks: BlockModel, cluster: Any
+) -> dict[str, Any]:
+    """The partition plan of a model (needs the cluster's cost model; without one, or with
+    `partition: off`, Tutel's chunks are kept)."""
+    _check(params)
+    if cluster is None or params["partition"] == "off":
+        return params
+    p = params["partition"]
+    ks = list(range(1, MAX_PARTITIONS + 1)) if p == "auto" else [p]
+    chosen = choose(blocks, layer, duration_fn(cluster), ks, params["gate"], params["algo"],
+                    baseline=params["degree"] if p == "auto" else None)  # fmt: skip
+    return {**params, PLAN_KEY: chosen}
 
 
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    return build_layer(
-        layer,
-        degree=params["degree"],
-        order="tutel",
-        passes=passes,
-        strategy=NAME,
-        algo=params["algo"],
-    )
+    _check(params)
+    chosen: Plan | None = params.get(PLAN_KEY)
+    if chosen is None or chosen.baseline:
+        return build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
+                           strategy=NAME, algo=params["algo"])  # fmt: skip
+    fwd = build_layer(layer, degree=chosen.k, order="tutel", passes=("fwd",), strategy=NAME,
+                      algo=params["algo"], sizes=partition_sizes(layer, chosen.k))  # fmt: skip
+    if "bwd" not in passes:
+        return fwd
+    plain = build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
+                        strategy=NAME, algo=params["algo"])  # fmt: skip
+    return _merge(fwd, plain)
+
+
+def _merge(fwd: TaskGraph, plain: TaskGraph) -> TaskGraph:
+    """The partitioned forward (k chunks) with the backward of Tutel's `degree` chunks. The
+    activations the backward frees are the plain forward's chunk buffers: the partitioned
+    forward's are renamed, and its decode (the layer's last forward step, when every
+    partition's rows have arrived) frees them and holds the plain chunks' instead (the same
+    rows in total, cut as the backward reads them)."""
+    out = TaskGraph(plain.world_size, meta=dict(plain.meta) | {"degree": fwd.meta["degree"]})
+    kept = {n: b for t in plain if t.tags.get("phase") == "fwd" for n, b in t.allocs.items()}
+    kept = {n: b for n, b in kept.items() if not any(
+        n in t.frees for t in plain if t.tags.get("phase") == "fwd")}  # fmt: skip
+    for t in fwd:
+        allocs = {f"p.{n}": b for n, b in t.allocs.items()}
+        frees = [f"p.{n}" for n in t.frees]
+        if t.tags.get("step") == "decode":
+            live = {f"p.{n}" for u in fwd if u.rank == t.rank for n in u.allocs}
+            live -= {f"p.{n}" for u in fwd if u.rank == t.rank for n in u.frees}
+            frees += sorted(live)
+            allocs |= kept
+        out.add(replace(t, allocs=allocs, frees=frees))
+    for t in plain:
+        if t.tags.get("phase") == "bwd":
+            out.add(t)
+    out.validate()
+    return out
 
 
 def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGraph:
-    """The dW schedule over the whole model's graph (needs the cluster's cost model)."""
-    if cluster is None or "bwd" not in graph.meta.get("passes", []):
-        return graph
-    costs, topo = cluster.costs, cluster.topology
-
-    def duration(t: Any) -> float:
-        if not t.is_comm:
-            return costs.compute.duration(t)
-        group = t.group or [t.rank]
-        try:
-            return costs.comm_duration(t, t.kind, len(group))
-        except ConfigError:  # no collective fit: the bottleneck route of an even exchange
-            return a2a_estimate(topo, group, t.bytes, costs.alpha)
-
-    moved = schedule_dw(graph, duration)
-    graph.meta["lancet"] = {"dw_moved": len(moved)}
+    """Both passes over the whole model's graph: the partition of the forward, then the dW
+    schedule of the backward (they touch different phases: the order does not matter)."""
+    chosen: Plan | None = params.get(PLAN_KEY)
+    info: dict[str, Any] = {}
+    if chosen is not None and chosen.baseline:
+        info["plan"] = f"tutel chunks ({chosen.k}): no partition beats them"
+    elif chosen is not None:
+        graph = partition_graph(graph, chosen, int(graph.meta["layer"]["batch"]))
+        info["partitions"] = chosen.k
+        info["ranges"] = {b: [len(pre), len(post)] for b, (pre, post) in chosen.ranges.items()}
+    if cluster is not None and dw_on(params) and "bwd" in graph.meta.get("passes", []):
+        moved = schedule_dw(graph, duration_fn(cluster))
+        info["dw_moved"] = len(moved)
+    graph.meta["lancet"] = info
     graph.validate()
     return graph
-
-
-def a2a_estimate(topo: Any, group: list[int], nbytes: float, alpha: float) -> float:
-    """An all-to-all's time as Lancet's profiled model would see it, where no fit is given:
-    every member sends (n-1)/n of its bytes, as fast as the slowest link on a route from
-    the first member allows (its NIC where the group spans nodes)."""
-    n = len(group)
-    if n < 2:
-        return alpha
-    cap = min(float(topo.link_cap[topo.route(group[0], p)].min()) for p in group[1:])
-    return alpha + nbytes * (n - 1) / n / cap
