@@ -127,3 +127,48 @@ def test_node_size():
         node_size({"gpus_per_node": 3}, 4)
     with pytest.raises(ConfigError, match="gpus_per_node"):
         node_size({"gpus_per_node": 0}, 4)
+
+
+def _topology_2x2(path) -> str:
+    """localhost-cpu with 2 CPU "GPUs" per node (a loopback link between them)."""
+    from pathlib import Path
+
+    src = (Path(__file__).parents[1] / "topologies" / "localhost-cpu.yaml").read_text()
+    text = (
+        src.replace("name: localhost-cpu\n", "name: localhost-cpu-2x2\n")
+        .replace("gpus_per_node: 1", "gpus_per_node: 2")
+        .replace("  links: []\n  nic_of_gpu: [gpu0]",
+                 "  links:\n    - {a: gpu0, b: gpu1, class: loopback}\n  nic_of_gpu: [gpu0, gpu1]")
+        .replace("  attach: [gpu0]", "  attach: [gpu0, gpu1]")
+    )  # fmt: skip
+    path.write_text(text)
+    return str(path)
+
+
+@pytest.mark.slow  # a CLI run of 4 real processes; the pieces are tested above
+def test_cli_exec_moe_strategy_deepep(tmp_path, capsys):
+    import json
+
+    import yaml
+
+    from sim.cli import main
+
+    cfg = {
+        "topology": _topology_2x2(tmp_path / "cpu-2x2.yaml"),
+        "nodes": 2,
+        "model": {k: v for k, v in BASE.items() if k not in ("experts", "world")}
+        | {"experts_per_gpu": 2, "top_k": 1, "capacity_factor": 8.0,
+           "routing": {"kind": "zipf", "s": 0.8, "seed": 2}},
+        "strategy": {"name": "sequential"},
+        "costs": {"compute": "alpha_beta", "network": "collective"},
+        "passes": ["fwd", "bwd"],
+    }  # fmt: skip
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rc = main(["exec", str(path), "--nprocs", "4", "--moe", "--strategy", "deepep", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["strategy"] == "deepep(gpus_per_node=2)"  # nodes of the config's topology
+    assert report["equal"] is True and report["routing"]["matches"] is True
+    assert report["routing"]["splits_checked"] == 32 and not report["routing"]["splits_differ"]
