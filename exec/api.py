@@ -22,6 +22,8 @@ if TYPE_CHECKING:
 # float32: outputs agree to rounding; weight gradients are sums over chunks taken in another
 # order, so they agree to a few ulps of their magnitude
 Y_RTOL, GRAD_RTOL = 1e-5, 1e-4
+# a deepep graph's parameters, as its meta records them (sim.strategies.deepep.builder)
+DEEPEP_META = ("gpus_per_node", "max_nodes", "dispatch_dtype", "sms")
 
 
 # -- calibration ------------------------------------------------------------------------------
@@ -208,6 +210,9 @@ def check_layer(
             resolution = resolve_for(cfg, nprocs)
         # the config's parameters with every `auto` one as its selector chose it
         name, params = cfg.strategy, {**cfg.strategy_params, **resolution.resolved.chosen}
+        if name == "deepep" and params.get("gpus_per_node") is None:
+            # as `moesim simulate` builds it: nodes of the config's topology
+            params["gpus_per_node"] = cfg.load_topology().gpus_per_node
     else:  # a graph from sim.strategies carries its layer and strategy in meta
         meta = graph.meta
         if "layer" not in meta or "strategy" not in meta:
@@ -215,7 +220,8 @@ def check_layer(
         fields = {k: v for k, v in meta["layer"].items() if k not in ("routing", "capacity")}
         layer = MoELayer(**fields)
         name = meta["strategy"]
-        params = {k: meta[k] for k in ("degree", "order") if name == "pipelined" and k in meta}
+        keys = {"pipelined": ("degree", "order"), "deepep": DEEPEP_META}.get(name, ())
+        params = {k: meta[k] for k in keys if k in meta}
     spec = MoESpec.from_layer(layer, seed=seed)
     resolved = {} if resolution is None else {"resolved": resolution.resolved.as_dict()}
     if resolution is not None and resolution.notes:

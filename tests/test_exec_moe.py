@@ -35,7 +35,8 @@ VARIANTS = (
     + [Variant("mpipemoe", {"degree": 3, "reuse": "S4"})]  # re-dispatch + recompute in backward
     + [Variant("fastermoe", {"group_size": 1, "shadow": [1]})]  # 2 steps, expert 1 shadowed
     + [Variant("lancet", {"degree": 2})]  # alone: Tutel chunks (block: test_exec_lancet)
-)
+    + [Variant("deepep", {"gpus_per_node": 1})]  # 2 nodes of 1: dedup across them; 2x2 in
+)  # tests/test_exec_deepep.py
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,5 @@
 """The real MoE layers: `moe` (the layer and its parts), the strategies registered by name in
-`registry` (`pipelined`, `fastermoe`, `mpipemoe`, `ted` and `sliced` Tutel, whose cases
+`registry` (`pipelined`, `fastermoe`, `mpipemoe`, `ted`, `deepep` and `sliced` Tutel, whose cases
 `layouts` runs), and `run` (every variant on every rank, compared against `sequential`).
 
 Importing the package registers every strategy; `pipelined` comes first because `sliced`
@@ -7,4 +7,4 @@ wraps the "tutel" it registers.
 """
 
 from exec.layers import pipelined  # noqa: F401, I001
-from exec.layers import fastermoe, lancet, layouts, mpipemoe  # noqa: F401
+from exec.layers import deepep, fastermoe, lancet, layouts, mpipemoe  # noqa: F401

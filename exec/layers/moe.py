@@ -16,14 +16,16 @@ needs nothing from the run). The layer (GShard / Switch):
    as the simulator's graph: `exec.layers.sparse`);
 5. decode: y[t] = sum over kept choices of gate probability * expert output.
 
-Strategies differ only in step 4 and are registered by name (`exec.layers.registry`), with the same
-names and parameters as `sim.strategies`. `pipelined` splits the capacity dimension into r
-chunks (chunk j = slots [jC/r, (j+1)C/r)) and runs the communication on threads of its own,
-one per communication stream, in the issue order `sim.strategies.chunking.comm_order` gives the
-simulator (tutel / alternating / two_streams); each stream has its own process group. Its
-output equals `sequential`'s because every token row goes through the same expert either
-way; the tests check it, forward and backward (autograd through the all-to-alls; the backward
-all-to-alls run where autograd runs them, so the backward is exact but not overlapped).
+Strategies differ only in step 4 and are registered by name (`exec.layers.registry`), with the
+same names and parameters as `sim.strategies`; a `token_level` one (`deepep`) replaces steps
+3-5: it moves token rows (deduplicated) rather than capacity slots, for the same kept choices.
+`pipelined` splits the capacity dimension into r chunks (chunk j = slots [jC/r, (j+1)C/r)) and
+runs the communication on threads of its own, one per communication stream, in the issue order
+`sim.strategies.chunking.comm_order` gives the simulator (tutel / alternating / two_streams);
+each stream has its own process group. Its output equals `sequential`'s because every token row
+goes through the same expert either way; the tests check it, forward and backward (autograd
+through the all-to-alls; the backward all-to-alls run where autograd runs them, so the backward
+is exact but not overlapped).
 """
 
 from __future__ import annotations
@@ -295,14 +297,17 @@ class DistMoE(torch.nn.Module):
         s = self.spec
         full = resolve_strategy(strategy, params or {})
         routing = route(x, self.gate, s.top_k, s.capacity, self.choices)
-        buf = encode(x, routing, s.experts, s.capacity)
         self.splits = SplitLog()
         self.fill = None
+        fn = STRATEGIES[strategy]
+        if getattr(fn, "token_level", False):  # DeepEP: moves tokens, not slots; decodes itself
+            return fn(self, x, routing, full), routing
+        buf = encode(x, routing, s.experts, s.capacity)
         if self.choices is not None:  # all-to-allv: every rank learns what it will receive
             kept = routing.expert[routing.kept].cpu().numpy()
             send = np.bincount(kept, minlength=s.experts)
             self.fill = Fill(send, exchange_counts(self.comms, send, s.local_experts))
-        out = STRATEGIES[strategy](self, buf, full)
+        out = fn(self, buf, full)
         return decode(out, routing), routing
 
     def exchange(

@@ -62,8 +62,11 @@ def _group(t: Task) -> np.ndarray:
 
 
 def _layout(t: Task, topo: Topology) -> tuple[int, int]:
-    """(nodes, GPUs per node) of a group made of whole nodes' worth of local ranks."""
-    G = topo.gpus_per_node
+    return _layout_of(t, topo.gpus_per_node)
+
+
+def _layout_of(t: Task, G: int) -> tuple[int, int]:
+    """(nodes, GPUs per node) of a group made of whole nodes' worth of local ranks (G each)."""
     g = np.sort(_group(t))
     nodes, locs = np.unique(g // G), np.unique(g % G)
     full = (nodes[:, None] * G + locs[None, :]).ravel()
@@ -139,7 +142,13 @@ def all_to_allv_deepep(tasks: list[Task], topo: Topology) -> list[Phase]:
     that forwarder copies each GPU q of its node what p's tokens owe q (p's split[q]) over
     NVLink. Combine runs the same flows reversed (the member's split is then what it returns
     to each owner; node_bytes are still its own tokens' rows, reduced at the forwarder)."""
-    nodes, m = _layout(tasks[0], topo)
+    return [deepep_flows(tasks, topo.gpus_per_node)]
+
+
+def deepep_flows(tasks: list[Task], gpus_per_node: int) -> ExplicitPhase:
+    """The flows of `all_to_allv_deepep` on nodes of `gpus_per_node` GPUs (the executor's
+    DeepEP stand-in checks the bytes of its two stages against them)."""
+    nodes, m = _layout_of(tasks[0], gpus_per_node)
     g = _group(tasks[0])
     by_rank = {t.rank: t for t in tasks}
     order = np.sort(g)
@@ -185,7 +194,7 @@ def all_to_allv_deepep(tasks: list[Task], topo: Topology) -> list[Phase]:
     s, d, b = (np.concatenate(x) for x in (src, dst, nb))
     if combine:
         s, d = d, s
-    return [ExplicitPhase(order[s], order[d], b)]
+    return ExplicitPhase(order[s], order[d], b)
 
 
 def _ring(tasks: list[Task], steps: int, chunk: float) -> list[Phase]:
