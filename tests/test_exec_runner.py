@@ -193,7 +193,7 @@ RUNNABLE = {
     "mpipemoe": {"degree": 2, "reuse": "S1"},  # d2h / h2d on the copy stream
     "parm": {"schedule": "s2", "saa": True, "tp": 2, "esp": 1},  # SAA rounds + comm.1 gathers
     "lancet": {"degree": 2},
-    "deepep": {"gpus_per_node": 1},  # 2 nodes of 1: the forwarder path across them  # one layer: Tutel's chunks (its passes need model.blocks)
+    "deepep": {"gpus_per_node": 1},  # 2 nodes of 1: the forwarder path across them
 }
 
 
