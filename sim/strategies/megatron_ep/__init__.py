@@ -1,0 +1,152 @@
+"""Megatron-Core's expert-parallel communication overlap as a strategy
+(`--overlap-moe-expert-parallel-comm --delay-wgrad-compute`, "combined 1F1B").
+
+The graph is one pipeline stage of `layers` MoE transformer layers (attention of `heads`
+heads, `shared` shared experts) over `micro` micro-batches in the 1F1B order: forward of
+micro-batch 0, then forward i+1 with backward i, then the last backward. With `overlap`
+on, forward i+1 and backward i are merged layer by layer so that one's dispatch / combine
+hides behind the other's attention / MLP (`sim.strategies.megatron_ep.schedule`); off, every
+kernel waits for the one launched before it (the plain schedule, the baseline).
+
+Parameters:
+- `dispatcher`: `alltoall` (all-to-allv), `allgather` (all-gather / reduce-scatter) or
+  `flex` (DeepEP's normal kernels: `sim.strategies.deepep` volumes, FP8 dispatch, `sms`);
+- `overlap`: true | false;
+- `shared_overlap`: the shared experts on a second compute stream beside the dispatch and
+  combine (true) or inside the MLP node (false);
+- `micro`: micro-batches (>= 1; recorded as `graph.meta["micro"]`: per-token metrics divide
+  by micro x tokens);
+- `layers`, `heads`, `shared`, `flash`: the model around the MoE layer; None takes
+  `model.blocks` (its MoE blocks, heads, shared experts, flash) when given, else 2 layers,
+  heads = model_dim / 128, no shared expert, flash attention;
+- `sms`: SMs a `flex` kernel holds (DeepEP V1: 24 of 132); `gpus_per_node`: None = the
+  cluster's.
+
+Tasks enter the graph in the order Megatron's host thread launches them (with one hardware
+queue, kernels of every stream start in that order). With `model.blocks` the strategy
+builds the whole stage itself (dense blocks are not modelled: the stage is its MoE layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, layer_spec
+from sim.strategies.megatron_ep.schedule import backward, forward, merged
+from sim.strategies.steps import require_whole_experts
+from sim.workload.blocks import BlockModel
+from sim.workload.moe import MoELayer
+
+NAME = "megatron_ep"
+DEFAULTS: dict[str, Any] = {
+    "dispatcher": "alltoall",
+    "overlap": True,
+    "shared_overlap": True,
+    "micro": 4,
+    "layers": None,
+    "heads": None,
+    "shared": None,
+    "flash": None,
+    "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
+    "gpus_per_node": None,
+}
+MODEL_KEY = "_model"  # the stage's model, from `plan` to `build` / `model_pass`
+GRAPH_KEY = "_graph"
+
+
+def _int(params: dict[str, Any], key: str, low: int = 1) -> int:
+    v = params[key]
+    if not isinstance(v, int) or isinstance(v, bool) or v < low:
+        raise ConfigError(f"strategy.{key}: expected an integer >= {low}, got {v!r}")
+    return v
+
+
+def _bool(params: dict[str, Any], key: str) -> bool:
+    v = params[key]
+    if v not in (True, False, "on", "off"):  # YAML 1.1 reads on/off as booleans
+        raise ConfigError(f"strategy.{key}: expected true or false, got {v!r}")
+    return v in (True, "on")
+
+
+def model_fields(layer: MoELayer, params: dict[str, Any]) -> dict[str, Any]:
+    """layers, heads, shared, flash: the parameters, else `model.blocks`, else defaults."""
+    blocks: BlockModel | None = params.get(MODEL_KEY)
+    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True}
+    if blocks is not None:
+        base = {"layers": max(1, len(blocks.moe_blocks)), "heads": blocks.heads,
+                "shared": blocks.shared, "flash": blocks.flash}  # fmt: skip
+    out = {k: base[k] if params.get(k) is None else params[k] for k in base}
+    for k in ("layers", "heads"):
+        _int(out, k)
+    _int(out, "shared", 0)
+    _bool(out, "flash")
+    return out
+
+
+def gpus_per_node(layer: MoELayer, params: dict[str, Any], cluster: Any) -> int:
+    G = params["gpus_per_node"]
+    if G is None:
+        G = cluster.topology.gpus_per_node if cluster is not None else layer.world
+    if not isinstance(G, int) or isinstance(G, bool) or G < 1:
+        raise ConfigError(f"strategy.gpus_per_node: expected a positive integer, got {G!r}")
+    return min(G, layer.world)
+
+
+def plan(
+    layer: MoELayer, params: dict[str, Any], blocks: BlockModel, cluster: Any
+) -> dict[str, Any]:
+    return {**params, MODEL_KEY: blocks}
+
+
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    g = build_stage(layer, params, passes, cluster)
+    if MODEL_KEY in params:
+        # sim.strategies.build splices a layer graph into the model; this strategy's graph
+        # is already the stage: hand `model_pass` the real one, the splice a stand-in
+        params[GRAPH_KEY] = g
+        return build_stage(layer, {**params, "layers": 1, "micro": 1}, ("fwd",), cluster)
+    return g
+
+
+def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGraph:
+    return params.pop(GRAPH_KEY, graph)
+
+
+def build_stage(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    require_whole_experts(layer, NAME)
+    if params["dispatcher"] not in DISPATCHERS:
+        raise ConfigError(
+            f"strategy.dispatcher: expected one of {DISPATCHERS}, got {params['dispatcher']!r}"
+        )
+    overlap, shared_overlap = _bool(params, "overlap"), _bool(params, "shared_overlap")
+    micro, sms = _int(params, "micro"), _int(params, "sms")
+    m = model_fields(layer, params)
+    spec = layer_spec(layer, m["heads"], m["shared"], m["flash"], params["dispatcher"],
+                      gpus_per_node(layer, params, cluster), sms)  # fmt: skip
+    g = TaskGraph(layer.world, meta={
+        "strategy": NAME, "passes": list(passes), "micro": micro, "dispatcher": spec.dispatcher,
+        "overlap": overlap, "shared_overlap": shared_overlap, **m,
+    })  # fmt: skip
+    L = m["layers"]
+    for rank in range(layer.world):
+        em = Emitter(g, spec, rank, shared_overlap, chain=not overlap, dtype=layer.dtype)
+        if "bwd" not in passes:
+            for i in range(micro):
+                forward(em, i, L, [])
+            continue
+        outs = {0: forward(em, 0, L, [])}
+        for i in range(1, micro):
+            if overlap:
+                outs[i], _ = merged(em, i, i - 1, L, [], outs.pop(i - 1))
+            else:
+                outs[i] = forward(em, i, L, [])
+                backward(em, i - 1, L, outs.pop(i - 1))
+        backward(em, micro - 1, L, outs.pop(micro - 1))
+    g.validate()
+    return g

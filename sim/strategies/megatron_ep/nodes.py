@@ -1,0 +1,260 @@
+"""One MoE transformer layer cut into Megatron-Core's schedule nodes, and the tasks of each.
+
+Forward nodes: `attn` (the previous layer's residual, LN1, attention, residual, LN2, router),
+`dispatch` (tokens to their experts' GPUs), `mlp` (the local experts' grouped GEMMs; the
+shared experts too unless they overlap), `combine` (expert outputs back). Backward nodes, in
+the order the gradient flows: `combine` (the output gradient goes out as a dispatch), `mlp`
+(input gradients), `mlp_dw` (the experts' weight gradients, kept apart so that they can be
+delayed), `dispatch` (the gradient comes back as a combine), `attn` (input gradients) and
+`attn_dw`. With shared-expert overlap the shared experts run on a second compute stream
+(`compute.1`) beside the dispatch / combine.
+
+Dispatchers (the tokens each rank sends, per destination, from the layer's routing):
+- `alltoall`: an all-to-allv of the (token, expert) rows (dropless, BF16 both ways);
+- `allgather`: every rank all-gathers all tokens and keeps its experts' (dispatch), the
+  outputs come back by a reduce-scatter of the full token buffer (combine);
+- `flex`: DeepEP's normal kernels (`sim.strategies.deepep.volumes`: per-node dedup, FP8
+  dispatch, BF16 combine, `sms` SMs held).
+
+`Emitter` adds a node's tasks to the graph when asked: a schedule calls the nodes in the
+order the host launches them, which is the order they enter the graph (with one hardware
+queue, kernels of all streams start in that order). Attention is the model's
+(`sim.workload.blocks.attention_ops`); the small unpermute is not modelled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from sim.core.errors import ConfigError
+from sim.core.graph import Task, TaskGraph
+from sim.strategies.deepep.volumes import choice_probs, row_bytes, volumes
+from sim.strategies.model.builder import backward_ops
+from sim.workload.blocks import Op, attention_ops, dense_ffn_ops, gemm, residual
+from sim.workload.moe import MoELayer
+
+DISPATCHERS = ("alltoall", "allgather", "flex")
+COMM = "comm"  # the EP communication stream (Megatron's one comm stream)
+SHARED = "compute.1"  # shared experts, when they overlap the dispatch / combine
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """What one MoE layer costs on each rank, whatever the schedule."""
+
+    attn: list[Op]  # forward ops of the attention node (residual .. router)
+    shared: list[Op]  # shared experts' forward ops (empty: none)
+    experts: list[list[Op]]  # per rank: fc1, activation, fc2 on its expert rows
+    dispatcher: str
+    sms: int | None
+    world: int
+    send: dict[str, np.ndarray] = field(default_factory=dict)  # direction -> [P, P] bytes
+    node_bytes: dict[str, np.ndarray] = field(default_factory=dict)  # flex only: [P, N]
+    ag_bytes: float = 0.0  # allgather: one rank's tokens (bf16)
+
+
+def layer_spec(
+    layer: MoELayer,
+    heads: int,
+    shared: int,
+    flash: bool,
+    dispatcher: str,
+    gpus_per_node: int,
+    sms: int | None = None,
+) -> LayerSpec:
+    if dispatcher not in DISPATCHERS:
+        raise ConfigError(f"strategy.dispatcher: expected one of {DISPATCHERS}, got {dispatcher!r}")
+    if layer.model_dim % heads:
+        raise ConfigError(f"strategy.heads: {heads} heads must divide model_dim {layer.model_dim}")
+    B, L, M, H, E, P, e = (layer.batch, layer.seq_len, layer.model_dim, layer.hidden_dim,
+                           layer.experts, layer.world, layer.elem)  # fmt: skip
+    T, k = B * L, layer.top_k
+    attn = _order_attention(B, L, M, heads, e, flash, T, E)
+    sh = dense_ffn_ops("shared_", T, M, shared * H, e) if shared else []
+    q = choice_probs(layer)  # [P, E]
+    El = E // P
+    share = q.reshape(P, P, El).sum(axis=2)  # [P, P]: share of a source's choices per GPU
+    rows_to = T * k * share  # (token, expert) rows each source sends each GPU
+    rows = rows_to.sum(axis=0)  # rows each GPU's experts compute
+    experts = []
+    for p in range(P):
+        m = int(round(rows[p]))
+        experts.append([
+            gemm("fc1", 1, m, H, M, e, params=El * (M * H + H)),
+            Op("act", "elementwise", 8.0 * m * H, float(2 * e * m * H)),
+            gemm("fc2", 1, m, M, H, e, params=El * (H * M + M)),
+        ])  # fmt: skip
+    spec = LayerSpec(attn, sh, experts, dispatcher, sms, P)
+    bf16 = row_bytes(M, "bf16")
+    if dispatcher == "alltoall":
+        spec.send["dispatch"] = rows_to * bf16
+        spec.send["combine"] = rows_to.T * bf16
+    elif dispatcher == "flex":
+        vol = volumes(layer, gpus_per_node)
+        fp8 = row_bytes(M, "fp8")
+        spec.send["dispatch"] = vol.gpu_tokens * fp8
+        spec.send["combine"] = vol.gpu_tokens.T * bf16
+        spec.send["dispatch_bf16"] = vol.gpu_tokens * bf16  # backward of the combine
+        spec.node_bytes["dispatch"] = vol.node_tokens * fp8
+        spec.node_bytes["bf16"] = vol.node_tokens * bf16
+    else:
+        object.__setattr__(spec, "ag_bytes", float(T * bf16))
+    return spec
+
+
+def _order_attention(B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int,
+                     E: int) -> list[Op]:  # fmt: skip
+    """res2 (the previous layer's residual), LN1 .. output projection, res1, LN2, router."""
+    att = attention_ops(B, L, M, heads, e, flash)
+    ln = att[0]
+    return [
+        residual("res2", T, M, e),
+        Op("ln1", ln.kind, ln.flops, ln.bytes, params=ln.params),
+        *att[1:],
+        residual("res1", T, M, e),
+        Op("ln2", ln.kind, ln.flops, ln.bytes, params=ln.params),
+        Op("gate", "gate", 2.0 * T * M * E, float(e * (T * M + M * E) + 4 * T * E), params=M * E),
+    ]
+
+
+def _bwd(ops: list[Op], role: str) -> list[tuple[str, str, float, float, dict | None]]:
+    """The `role` (dX or dW) backward tasks of ops, in backward order."""
+    out = []
+    for op in reversed(ops):
+        for step, kind, flops, nbytes, shape, r in backward_ops(op):
+            if r == role:
+                out.append((step, kind, flops, nbytes, shape))
+    return out
+
+
+class Emitter:
+    """One rank's tasks, added to `graph` in the order the node methods are called.
+
+    `chain` (the plain schedule): every task also waits for the one launched before it on
+    the rank, as when every kernel, communication included, runs on one stream in order."""
+
+    def __init__(self, graph: TaskGraph, spec: LayerSpec, rank: int, shared_overlap: bool,
+                 chain: bool = False, dtype: str = "bf16", prefix: str = ""):  # fmt: skip
+        self.g, self.s, self.rank = graph, spec, rank
+        self.shared_overlap, self.chain, self.dtype, self.prefix = (shared_overlap, chain, dtype,
+                                                                     prefix)  # fmt: skip
+        self.last: str | None = None
+        self.group = list(range(spec.world))
+        self.offset = 0  # rank offset of this EP group in the graph (pipeline stages)
+
+    # -- plumbing -------------------------------------------------------------------------
+    def _id(self, mb: int, lid: int, phase: str, step: str) -> str:
+        return f"r{self.rank + self.offset}/{self.prefix}mb{mb}/L{lid}/{phase}/{step}"
+
+    def add(self, t: Task, mb: int, lid: int, phase: str, step: str, node: str,
+            role: str | None = None) -> str:  # fmt: skip
+        t.tags.update({"layer": lid, "phase": phase, "step": step, "micro": mb, "node": node,
+                       "dtype": self.dtype})  # fmt: skip
+        if role is not None:
+            t.tags["role"] = role
+        if self.chain and self.last is not None and self.last not in t.deps:
+            t.deps.append(self.last)
+        self.g.add(t)
+        self.last = t.id
+        return t.id
+
+    def _compute(self, mb, lid, phase, node, items, deps, stream="compute", role=None) -> str:
+        out = list(deps)
+        for step, kind, flops, nbytes, shape in items:
+            t = Task(self._id(mb, lid, phase, step), self.rank + self.offset, stream, kind,
+                     deps=out, flops=flops, bytes=nbytes, shape=dict(shape) if shape else None)  # fmt: skip
+            out = [self.add(t, mb, lid, phase, step, node, role)]
+        return out[0] if out else (deps[0] if deps else "")
+
+    @staticmethod
+    def _fwd_items(ops: list[Op]) -> list[tuple]:
+        return [(op.name, op.kind, op.flops, op.bytes, op.shape) for op in ops]
+
+    def _exchange(self, mb, lid, phase, step, node, direction, deps) -> str:
+        s, p, r0 = self.s, self.rank, self.offset
+        group = [g + r0 for g in self.group]
+        coll = f"{self.prefix}mb{mb}/L{lid}/{phase}/{step}/{r0}"
+        tags: dict[str, Any] = {}
+        if s.dispatcher == "allgather":
+            kind = "all_gather" if direction == "dispatch" else "reduce_scatter"
+            nbytes = s.ag_bytes if kind == "all_gather" else s.ag_bytes * s.world
+            t = Task(self._id(mb, lid, phase, step), p + r0, COMM, kind, deps=list(deps),
+                     bytes=nbytes, group=group, coll=coll, algo="ring")  # fmt: skip
+        else:
+            key = direction
+            if s.dispatcher == "flex" and phase == "bwd" and direction == "dispatch":
+                key = "dispatch_bf16"
+            D = s.send[key]
+            send, recv = D[p], D[:, p]
+            algo = None
+            if s.dispatcher == "flex":
+                algo = "deepep"
+                nb = s.node_bytes["dispatch" if key == "dispatch" else "bf16"]
+                # the combine direction returns what the dispatch direction brought
+                tags = {"deepep": "combine" if direction == "combine" else "dispatch",
+                        "node_bytes": nb[p].tolist(), "sms": s.sms}  # fmt: skip
+            t = Task(self._id(mb, lid, phase, step), p + r0, COMM, "all_to_allv",
+                     deps=list(deps), bytes=float(send.sum()), split=send.tolist(),
+                     recv_split=recv.tolist(), group=group, coll=coll, algo=algo)  # fmt: skip
+        t.tags.update(tags)
+        return self.add(t, mb, lid, phase, step, node)
+
+    # -- forward nodes -----------------------------------------------------------------------
+    def attn_fwd(self, mb: int, lid: int, deps: list[str]) -> str:
+        return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps)
+
+    def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
+        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", [attn])
+
+    def shared_fwd(self, mb: int, lid: int, attn: str) -> str | None:
+        """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
+        if not self.s.shared or not self.shared_overlap:
+            return None
+        return self._compute(mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn],
+                             stream=SHARED)  # fmt: skip
+
+    def mlp_fwd(self, mb: int, lid: int, dispatched: str, attn: str) -> str:
+        ops = self.s.experts[self.rank] + ([] if self.shared_overlap else self.s.shared)
+        return self._compute(mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched])
+
+    def combine_fwd(self, mb: int, lid: int, mlp: str) -> str:
+        return self._exchange(mb, lid, "fwd", "combine", "combine", "combine", [mlp])
+
+    # -- backward nodes ----------------------------------------------------------------------
+    def combine_bwd(self, mb: int, lid: int, deps: list[str]) -> str:
+        return self._exchange(mb, lid, "bwd", "combine_grad", "combine", "dispatch", deps)
+
+    def shared_bwd(self, mb: int, lid: int, deps: list[str]) -> str | None:
+        """Shared experts' input gradients on their stream (overlap on), else None."""
+        if not self.s.shared or not self.shared_overlap:
+            return None
+        return self._compute(mb, lid, "bwd", "shared", _bwd(self.s.shared, "dX"), deps, SHARED,
+                             "dX")  # fmt: skip
+
+    def shared_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str | None:
+        if not self.s.shared or not self.shared_overlap:
+            return None
+        return self._compute(mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED,
+                             "dW")  # fmt: skip
+
+    def _mlp_ops(self) -> list[Op]:
+        return self.s.experts[self.rank] + ([] if self.shared_overlap else self.s.shared)
+
+    def mlp_bwd(self, mb: int, lid: int, got: str) -> str:
+        return self._compute(mb, lid, "bwd", "mlp", _bwd(self._mlp_ops(), "dX"), [got], role="dX")
+
+    def mlp_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
+        return self._compute(mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps,
+                             role="dW")  # fmt: skip
+
+    def dispatch_bwd(self, mb: int, lid: int, mlp: str) -> str:
+        return self._exchange(mb, lid, "bwd", "dispatch_grad", "dispatch", "combine", [mlp])
+
+    def attn_bwd(self, mb: int, lid: int, deps: list[str]) -> str:
+        return self._compute(mb, lid, "bwd", "attn", _bwd(self.s.attn, "dX"), deps, role="dX")
+
+    def attn_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
+        return self._compute(mb, lid, "bwd", "attn_dw", _bwd(self.s.attn, "dW"), deps, role="dW")
