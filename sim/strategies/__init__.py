@@ -16,8 +16,10 @@ from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import (
     deepep,
+    dualpipe,
     fastermoe,
     lancet,
+    megatron_ep,
     mpipemoe,
     parm,
     pipelined,
@@ -34,7 +36,20 @@ from sim.workload.parallel import ParallelLayout, replicate
 
 STRATEGIES: dict[str, ModuleType] = {
     m.NAME: m
-    for m in (sequential, pipelined, pipemoe, tutel, ted, fastermoe, mpipemoe, lancet, parm, deepep)
+    for m in (
+        sequential,
+        pipelined,
+        pipemoe,
+        tutel,
+        ted,
+        fastermoe,
+        mpipemoe,
+        lancet,
+        parm,
+        deepep,
+        megatron_ep,
+        dualpipe,
+    )
 }
 
 

@@ -75,8 +75,12 @@ def model_fields(layer: MoELayer, params: dict[str, Any]) -> dict[str, Any]:
     blocks: BlockModel | None = params.get(MODEL_KEY)
     base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True}
     if blocks is not None:
-        base = {"layers": max(1, len(blocks.moe_blocks)), "heads": blocks.heads,
-                "shared": blocks.shared, "flash": blocks.flash}  # fmt: skip
+        base = {
+            "layers": max(1, len(blocks.moe_blocks)),
+            "heads": blocks.heads,
+            "shared": blocks.shared,
+            "flash": blocks.flash,
+        }
     out = {k: base[k] if params.get(k) is None else params[k] for k in base}
     for k in ("layers", "heads"):
         _int(out, k)
@@ -127,12 +131,27 @@ def build_stage(
     overlap, shared_overlap = _bool(params, "overlap"), _bool(params, "shared_overlap")
     micro, sms = _int(params, "micro"), _int(params, "sms")
     m = model_fields(layer, params)
-    spec = layer_spec(layer, m["heads"], m["shared"], m["flash"], params["dispatcher"],
-                      gpus_per_node(layer, params, cluster), sms)  # fmt: skip
-    g = TaskGraph(layer.world, meta={
-        "strategy": NAME, "passes": list(passes), "micro": micro, "dispatcher": spec.dispatcher,
-        "overlap": overlap, "shared_overlap": shared_overlap, **m,
-    })  # fmt: skip
+    spec = layer_spec(
+        layer,
+        m["heads"],
+        m["shared"],
+        m["flash"],
+        params["dispatcher"],
+        gpus_per_node(layer, params, cluster),
+        sms,
+    )
+    g = TaskGraph(
+        layer.world,
+        meta={
+            "strategy": NAME,
+            "passes": list(passes),
+            "micro": micro,
+            "dispatcher": spec.dispatcher,
+            "overlap": overlap,
+            "shared_overlap": shared_overlap,
+            **m,
+        },
+    )
     L = m["layers"]
     for rank in range(layer.world):
         em = Emitter(g, spec, rank, shared_overlap, chain=not overlap, dtype=layer.dtype)

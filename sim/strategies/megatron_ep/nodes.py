@@ -69,8 +69,15 @@ def layer_spec(
         raise ConfigError(f"strategy.dispatcher: expected one of {DISPATCHERS}, got {dispatcher!r}")
     if layer.model_dim % heads:
         raise ConfigError(f"strategy.heads: {heads} heads must divide model_dim {layer.model_dim}")
-    B, L, M, H, E, P, e = (layer.batch, layer.seq_len, layer.model_dim, layer.hidden_dim,
-                           layer.experts, layer.world, layer.elem)  # fmt: skip
+    B, L, M, H, E, P, e = (
+        layer.batch,
+        layer.seq_len,
+        layer.model_dim,
+        layer.hidden_dim,
+        layer.experts,
+        layer.world,
+        layer.elem,
+    )
     T, k = B * L, layer.top_k
     attn = _order_attention(B, L, M, heads, e, flash, T, E)
     sh = dense_ffn_ops("shared_", T, M, shared * H, e) if shared else []
@@ -82,11 +89,13 @@ def layer_spec(
     experts = []
     for p in range(P):
         m = int(round(rows[p]))
-        experts.append([
-            gemm("fc1", 1, m, H, M, e, params=El * (M * H + H)),
-            Op("act", "elementwise", 8.0 * m * H, float(2 * e * m * H)),
-            gemm("fc2", 1, m, M, H, e, params=El * (H * M + M)),
-        ])  # fmt: skip
+        experts.append(
+            [
+                gemm("fc1", 1, m, H, M, e, params=El * (M * H + H)),
+                Op("act", "elementwise", 8.0 * m * H, float(2 * e * m * H)),
+                gemm("fc2", 1, m, M, H, e, params=El * (H * M + M)),
+            ]
+        )
     spec = LayerSpec(attn, sh, experts, dispatcher, sms, P)
     bf16 = row_bytes(M, "bf16")
     if dispatcher == "alltoall":
@@ -105,8 +114,9 @@ def layer_spec(
     return spec
 
 
-def _order_attention(B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int,
-                     E: int) -> list[Op]:  # fmt: skip
+def _order_attention(
+    B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int, E: int
+) -> list[Op]:
     """res2 (the previous layer's residual), LN1 .. output projection, res1, LN2, router."""
     att = attention_ops(B, L, M, heads, e, flash)
     ln = att[0]
@@ -136,36 +146,68 @@ class Emitter:
     `chain` (the plain schedule): every task also waits for the one launched before it on
     the rank, as when every kernel, communication included, runs on one stream in order."""
 
-    def __init__(self, graph: TaskGraph, spec: LayerSpec, rank: int, shared_overlap: bool,
-                 chain: bool = False, dtype: str = "bf16", prefix: str = ""):  # fmt: skip
+    def __init__(
+        self,
+        graph: TaskGraph,
+        spec: LayerSpec,
+        rank: int,
+        shared_overlap: bool,
+        chain: bool = False,
+        dtype: str = "bf16",
+        prefix: str = "",
+    ):
         self.g, self.s, self.rank = graph, spec, rank
-        self.shared_overlap, self.chain, self.dtype, self.prefix = (shared_overlap, chain, dtype,
-                                                                     prefix)  # fmt: skip
+        self.shared_overlap, self.chain, self.dtype, self.prefix = (
+            shared_overlap,
+            chain,
+            dtype,
+            prefix,
+        )
         self.last: str | None = None
         self.group = list(range(spec.world))
         self.offset = 0  # rank offset of this EP group in the graph (pipeline stages)
+        self.tips: dict[str, str] | None = None  # stream -> its last task, when tracked
 
     # -- plumbing -------------------------------------------------------------------------
     def _id(self, mb: int, lid: int, phase: str, step: str) -> str:
         return f"r{self.rank + self.offset}/{self.prefix}mb{mb}/L{lid}/{phase}/{step}"
 
-    def add(self, t: Task, mb: int, lid: int, phase: str, step: str, node: str,
-            role: str | None = None) -> str:  # fmt: skip
-        t.tags.update({"layer": lid, "phase": phase, "step": step, "micro": mb, "node": node,
-                       "dtype": self.dtype})  # fmt: skip
+    def add(
+        self, t: Task, mb: int, lid: int, phase: str, step: str, node: str, role: str | None = None
+    ) -> str:
+        t.tags.update(
+            {
+                "layer": lid,
+                "phase": phase,
+                "step": step,
+                "micro": mb,
+                "node": node,
+                "dtype": self.dtype,
+            }
+        )
         if role is not None:
             t.tags["role"] = role
         if self.chain and self.last is not None and self.last not in t.deps:
             t.deps.append(self.last)
         self.g.add(t)
         self.last = t.id
+        if self.tips is not None:
+            self.tips[t.stream] = t.id
         return t.id
 
     def _compute(self, mb, lid, phase, node, items, deps, stream="compute", role=None) -> str:
         out = list(deps)
         for step, kind, flops, nbytes, shape in items:
-            t = Task(self._id(mb, lid, phase, step), self.rank + self.offset, stream, kind,
-                     deps=out, flops=flops, bytes=nbytes, shape=dict(shape) if shape else None)  # fmt: skip
+            t = Task(
+                self._id(mb, lid, phase, step),
+                self.rank + self.offset,
+                stream,
+                kind,
+                deps=out,
+                flops=flops,
+                bytes=nbytes,
+                shape=dict(shape) if shape else None,
+            )
             out = [self.add(t, mb, lid, phase, step, node, role)]
         return out[0] if out else (deps[0] if deps else "")
 
@@ -181,8 +223,17 @@ class Emitter:
         if s.dispatcher == "allgather":
             kind = "all_gather" if direction == "dispatch" else "reduce_scatter"
             nbytes = s.ag_bytes if kind == "all_gather" else s.ag_bytes * s.world
-            t = Task(self._id(mb, lid, phase, step), p + r0, COMM, kind, deps=list(deps),
-                     bytes=nbytes, group=group, coll=coll, algo="ring")  # fmt: skip
+            t = Task(
+                self._id(mb, lid, phase, step),
+                p + r0,
+                COMM,
+                kind,
+                deps=list(deps),
+                bytes=nbytes,
+                group=group,
+                coll=coll,
+                algo="ring",
+            )
         else:
             key = direction
             if s.dispatcher == "flex" and phase == "bwd" and direction == "dispatch":
@@ -194,11 +245,24 @@ class Emitter:
                 algo = "deepep"
                 nb = s.node_bytes["dispatch" if key == "dispatch" else "bf16"]
                 # the combine direction returns what the dispatch direction brought
-                tags = {"deepep": "combine" if direction == "combine" else "dispatch",
-                        "node_bytes": nb[p].tolist(), "sms": s.sms}  # fmt: skip
-            t = Task(self._id(mb, lid, phase, step), p + r0, COMM, "all_to_allv",
-                     deps=list(deps), bytes=float(send.sum()), split=send.tolist(),
-                     recv_split=recv.tolist(), group=group, coll=coll, algo=algo)  # fmt: skip
+                tags = {
+                    "deepep": "combine" if direction == "combine" else "dispatch",
+                    "node_bytes": nb[p].tolist(),
+                    "sms": s.sms,
+                }
+            t = Task(
+                self._id(mb, lid, phase, step),
+                p + r0,
+                COMM,
+                "all_to_allv",
+                deps=list(deps),
+                bytes=float(send.sum()),
+                split=send.tolist(),
+                recv_split=recv.tolist(),
+                group=group,
+                coll=coll,
+                algo=algo,
+            )
         t.tags.update(tags)
         return self.add(t, mb, lid, phase, step, node)
 
@@ -213,8 +277,9 @@ class Emitter:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
         if not self.s.shared or not self.shared_overlap:
             return None
-        return self._compute(mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn],
-                             stream=SHARED)  # fmt: skip
+        return self._compute(
+            mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn], stream=SHARED
+        )
 
     def mlp_fwd(self, mb: int, lid: int, dispatched: str, attn: str) -> str:
         ops = self.s.experts[self.rank] + ([] if self.shared_overlap else self.s.shared)
@@ -231,14 +296,16 @@ class Emitter:
         """Shared experts' input gradients on their stream (overlap on), else None."""
         if not self.s.shared or not self.shared_overlap:
             return None
-        return self._compute(mb, lid, "bwd", "shared", _bwd(self.s.shared, "dX"), deps, SHARED,
-                             "dX")  # fmt: skip
+        return self._compute(
+            mb, lid, "bwd", "shared", _bwd(self.s.shared, "dX"), deps, SHARED, "dX"
+        )
 
     def shared_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str | None:
         if not self.s.shared or not self.shared_overlap:
             return None
-        return self._compute(mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED,
-                             "dW")  # fmt: skip
+        return self._compute(
+            mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED, "dW"
+        )
 
     def _mlp_ops(self) -> list[Op]:
         return self.s.experts[self.rank] + ([] if self.shared_overlap else self.s.shared)
@@ -247,8 +314,7 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "mlp", _bwd(self._mlp_ops(), "dX"), [got], role="dX")
 
     def mlp_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        return self._compute(mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps,
-                             role="dW")  # fmt: skip
+        return self._compute(mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps, role="dW")
 
     def dispatch_bwd(self, mb: int, lid: int, mlp: str) -> str:
         return self._exchange(mb, lid, "bwd", "dispatch_grad", "dispatch", "combine", [mlp])

@@ -68,25 +68,33 @@ def backward(
 
 
 def merged(
-    em: Emitter, f_mb: int, b_mb: int, layers: int, x: list[str], g: list[str]
+    em: Emitter,
+    f_mb: int,
+    b_mb: int,
+    layers: int,
+    x: list[str],
+    g: list[str],
+    em_b: Emitter | None = None,
 ) -> tuple[list[str], list[str]]:
     """Forward of `f_mb` merged with backward of `b_mb` (module docstring); returns the
-    forward's output producers and the backward's input-gradient producers."""
+    forward's output producers and the backward's input-gradient producers. `em_b`: the
+    backward's emitter when it differs (DualPipe pairs chunks of two pipeline directions)."""
+    eb = em if em_b is None else em_b
     for k in range(layers):
         lf, lb = k, layers - 1 - k
-        cb = em.combine_bwd(b_mb, lb, g)
+        cb = eb.combine_bwd(b_mb, lb, g)
         a = em.attn_fwd(f_mb, lf, x)
         d = em.dispatch_fwd(f_mb, lf, a)
         shf = em.shared_fwd(f_mb, lf, a)
-        shb = em.shared_bwd(b_mb, lb, g)
-        m_b = em.mlp_bwd(b_mb, lb, cb)
-        db = em.dispatch_bwd(b_mb, lb, m_b)
-        em.mlp_bwd_dw(b_mb, lb, [m_b])
+        shb = eb.shared_bwd(b_mb, lb, g)
+        m_b = eb.mlp_bwd(b_mb, lb, cb)
+        db = eb.dispatch_bwd(b_mb, lb, m_b)
+        eb.mlp_bwd_dw(b_mb, lb, [m_b])
         c = em.combine_fwd(f_mb, lf, em.mlp_fwd(f_mb, lf, d, a))
-        ab = em.attn_bwd(b_mb, lb, [db] + ([shb] if shb else []))
-        em.attn_bwd_dw(b_mb, lb, [ab])
+        ab = eb.attn_bwd(b_mb, lb, [db] + ([shb] if shb else []))
+        eb.attn_bwd_dw(b_mb, lb, [ab])
         if shb is not None:
-            em.shared_bwd_dw(b_mb, lb, [shb])
+            eb.shared_bwd_dw(b_mb, lb, [shb])
         x, g = [c] + ([shf] if shf else []), [ab]
     return x, g
 

@@ -1,0 +1,91 @@
+"""DualPipe and DualPipeV (DeepSeek-V3 report Sec. 3.2.1; github.com/deepseek-ai/DualPipe)
+as a strategy: a bidirectional (or V-shaped) pipeline whose devices pair the forward chunk
+of one micro-batch with the backward chunk of another, overlapping one's all-to-all
+dispatch / combine with the other's computation, and split backward chunks into input (B)
+and weight (W) gradients to fill bubbles (zero-bubble).
+
+Parameters:
+- `variant`: `dualpipe` (PP devices, two directions, half the micro-batches each) or
+  `dualpipev` (PP/2 devices, one V-shaped pipeline);
+- `pp`: pipeline stages (even);
+- `micro`: micro-batches in all (dualpipe: even and >= 2 PP; dualpipev: >= PP; None: 2 PP);
+- `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `dispatcher`,
+  `shared_overlap`, `sms`, `gpus_per_node`: a chunk's layers as `megatron_ep` builds them;
+  the layer's world is one stage's EP group, so the graph has devices x world ranks.
+
+Published figures (the DualPipe README's table, for the same number of PP stages): bubble
+(PP/2-1)(F&B + B - 3W) for both, 2x parameters per device, PP+1 micro-batches' activations
+per device; dualpipe uses PP devices, dualpipev PP/2. The simulated bubble equals the formula
+when comm is free and a forward chunk takes as long as its input-gradient part (the
+zero-bubble analysis' assumption); `graph.meta["memory"]` holds the schedule's counts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
+from sim.strategies import megatron_ep as mep
+from sim.strategies.dualpipe.builder import build_pipeline
+from sim.strategies.dualpipe.schedule import Pipeline, table
+from sim.strategies.megatron_ep.nodes import layer_spec
+from sim.strategies.steps import require_whole_experts
+from sim.workload.moe import MoELayer
+
+NAME = "dualpipe"
+DEFAULTS: dict[str, Any] = {
+    "variant": "dualpipe",
+    "pp": 4,
+    "micro": None,
+    "layers": None,
+    "heads": None,
+    "shared": None,
+    "flash": None,
+    "dispatcher": "alltoall",
+    "shared_overlap": True,
+    "sms": 24,
+    "gpus_per_node": None,
+}
+plan = mep.plan
+model_pass = mep.model_pass
+
+__all__ = ["NAME", "DEFAULTS", "build", "plan", "model_pass", "table"]
+
+
+def build(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    g = build_step(layer, params, passes, cluster)
+    if mep.MODEL_KEY in params:  # as megatron_ep: the step is the model's graph
+        params[mep.GRAPH_KEY] = g
+        return mep.build_stage(layer, {**mep.DEFAULTS, "layers": 1, "micro": 1}, ("fwd",))
+    return g
+
+
+def build_step(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+) -> TaskGraph:
+    require_whole_experts(layer, NAME)
+    if tuple(sorted(passes)) != ("bwd", "fwd"):
+        raise ConfigError(f"passes: {NAME} is a training schedule: needs fwd and bwd, got {passes}")
+    pp = params["pp"]
+    micro = (
+        params["micro"] if params["micro"] is not None else (2 * pp if isinstance(pp, int) else 0)
+    )
+    pipe = Pipeline(params["variant"], pp, micro)
+    m = mep.model_fields(layer, params)
+    spec = layer_spec(
+        layer,
+        m["heads"],
+        m["shared"],
+        m["flash"],
+        params["dispatcher"],
+        mep.gpus_per_node(layer, params, cluster),
+        mep._int(params, "sms"),
+    )
+    act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
+    meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}
+    return build_pipeline(
+        pipe, spec, m["layers"], mep._bool(params, "shared_overlap"), act, layer.dtype, meta
+    )
