@@ -1,0 +1,119 @@
+"""Megatron-Core's EP overlap (sim.strategies.megatron_ep): the merged schedule's stream and
+launch order, the plain baseline, the qualitative gain on dgx-h100, bad parameters."""
+
+from __future__ import annotations
+
+import pytest
+
+from sim.core.errors import ConfigError
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.strategies import Cluster, build
+from sim.workload.moe import MoELayer
+
+LAYER = MoELayer(batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=4, top_k=2)
+PASSES = ("fwd", "bwd")
+
+
+MERGED = {(1, "fwd"), (0, "bwd")}  # micro-batch 1's forward merged with 0's backward
+
+
+def _nodes(g, rank: int, stream: str) -> list[str]:
+    """Node sequence (node_phase) of the merged step on a rank's stream."""
+    out: list[str] = []
+    for t in g:
+        if t.rank != rank or t.stream != stream or (t.tags["micro"], t.tags["phase"]) not in MERGED:
+            continue
+        name = f"{t.tags['node']}_{t.tags['phase']}"
+        if not out or out[-1] != name:
+            out.append(name)
+    return out
+
+
+def test_merged_layer_follows_megatron_stream_order():
+    g = build("megatron_ep", LAYER, {"micro": 2, "layers": 1, "shared": 0}, PASSES)
+    assert g.meta["micro"] == 2
+    # micro-batch 1's forward merged with micro-batch 0's backward
+    comp = _nodes(g, 0, "compute")
+    assert comp == ["attn_fwd", "mlp_bwd", "mlp_dw_bwd", "mlp_fwd", "attn_bwd", "attn_dw_bwd"]
+    assert _nodes(g, 0, "comm") == ["combine_bwd", "dispatch_fwd", "dispatch_bwd", "combine_fwd"]
+
+
+def test_tasks_enter_the_graph_in_host_launch_order():
+    """With one hardware queue kernels start in graph order: the merged step launches
+    combine_bwd, attn_fwd, dispatch_fwd, mlp_bwd, dispatch_bwd, mlp_bwd_dw, mlp_fwd,
+    combine_fwd, attn_bwd."""
+    g = build("megatron_ep", LAYER, {"micro": 2, "layers": 1, "shared": 0}, PASSES)
+    seq: list[str] = []
+    for t in g:
+        if t.rank == 0 and (t.tags["micro"], t.tags["phase"]) in MERGED:
+            name = f"{t.tags['node']}_{t.tags['phase']}"
+            if not seq or seq[-1] != name:
+                seq.append(name)
+    assert seq == [
+        "combine_bwd", "attn_fwd", "dispatch_fwd", "mlp_bwd", "dispatch_bwd", "mlp_dw_bwd",
+        "mlp_fwd", "combine_fwd", "attn_bwd", "attn_dw_bwd",
+    ]  # fmt: skip
+
+
+def test_plain_schedule_serialises_every_kernel():
+    g = build("megatron_ep", LAYER, {"overlap": False, "micro": 3, "layers": 2}, PASSES)
+    prev = None
+    for t in g:
+        if t.rank != 1:
+            continue
+        if prev is not None:
+            assert prev in t.deps, t.id
+        prev = t.id
+
+
+def test_shared_experts_overlap_on_their_own_stream():
+    on = build("megatron_ep", LAYER, {"shared": 1, "micro": 2}, PASSES)
+    off = build("megatron_ep", LAYER, {"shared": 1, "micro": 2, "shared_overlap": False}, PASSES)
+    assert any(t.stream == "compute.1" for t in on)
+    assert not any(t.stream == "compute.1" for t in off)
+    assert sum(t.flops for t in on) == pytest.approx(sum(t.flops for t in off))
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather", "flex"])
+def test_dispatchers_build_and_keep_compute(dispatcher):
+    g = build("megatron_ep", LAYER, {"dispatcher": dispatcher, "micro": 2}, PASSES)
+    kinds = {t.kind for t in g if t.stream == "comm"}
+    assert kinds == ({"all_gather", "reduce_scatter"} if dispatcher == "allgather"
+                     else {"all_to_allv"})  # fmt: skip
+    if dispatcher == "flex":
+        assert all(t.algo == "deepep" and t.tags["sms"] == 24 for t in g if t.stream == "comm")
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
+def test_overlap_beats_plain_on_dgx_h100(dispatcher):
+    """The published claim's direction on its hardware: a DeepSeek-like block (hidden 7168,
+    256 experts top-8, one shared expert) on 8 H100; the gain stays in a sane band (the
+    benchmark records the number against the published 1.1-1.35x)."""
+    topo = Topology.load("dgx-h100", nodes=1)
+    costs = CostModel.build(topo, {})
+    layer = MoELayer(batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256,
+                     world=8, top_k=8)  # fmt: skip
+    spans = {}
+    for overlap in (False, True):
+        params = {"dispatcher": dispatcher, "overlap": overlap, "micro": 3, "layers": 1,
+                  "heads": 56, "shared": 1}  # fmt: skip
+        g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
+        spans[overlap] = simulate(g, topo, costs).makespan
+    assert 1.0 < spans[False] / spans[True] < 2.0
+
+
+@pytest.mark.parametrize(
+    "params,field",
+    [
+        ({"dispatcher": "nccl"}, "strategy.dispatcher"),
+        ({"overlap": "maybe"}, "strategy.overlap"),
+        ({"micro": 0}, "strategy.micro"),
+        ({"layers": 0}, "strategy.layers"),
+        ({"heads": 3}, "strategy.heads"),
+    ],
+)
+def test_bad_parameters_are_one_line_errors(params, field):
+    with pytest.raises(ConfigError, match=field):
+        build("megatron_ep", LAYER, params, PASSES)
