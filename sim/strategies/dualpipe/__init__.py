@@ -87,5 +87,12 @@ def build_step(
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
     meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}
     return build_pipeline(
-        pipe, spec, m["layers"], mep._bool(params, "shared_overlap"), act, layer.dtype, meta
+        pipe,
+        spec,
+        m["layers"],
+        mep._bool(params, "shared_overlap"),
+        act,
+        layer.dtype,
+        meta,
+        mep.block_ids(params, m["layers"]),
     )

@@ -34,6 +34,7 @@ class _Device:
         shared_overlap: bool,
         act_bytes: float,
         dtype: str,
+        block_ids: list[int] | None = None,
     ):
         self.g, self.pipe, self.dev, self.j, self.layers = g, pipe, dev, j, layers
         self.W, self.act_bytes = spec.world, act_bytes
@@ -42,7 +43,7 @@ class _Device:
         self.tips: dict[str, str] = {}  # the op's last task per stream (both chunks')
         for phase in (0, 1):
             em = Emitter(g, spec, j, shared_overlap, dtype=dtype, prefix=f"c{phase}/")
-            em.offset, em.tips = dev * spec.world, self.tips
+            em.offset, em.tips, em.block_ids = dev * spec.world, self.tips, block_ids
             self.em.append(em)
         self.count = {(k, p): 0 for k in "FB" for p in (0, 1)}
         self.outputs: dict[tuple[int, int], list[str]] = {}  # last stage: loss inputs
@@ -154,6 +155,7 @@ def build_pipeline(
     act_bytes: float,
     dtype: str,
     meta: dict[str, Any],
+    block_ids: list[int] | None = None,
 ) -> TaskGraph:
     W = spec.world
     peaks = [activation_peak(pipe.ops(d)) for d in range(pipe.devices)]
@@ -170,7 +172,7 @@ def build_pipeline(
     )
     for dev in range(pipe.devices):
         for j in range(W):
-            d = _Device(g, pipe, spec, dev, j, layers, shared_overlap, act_bytes, dtype)
+            d = _Device(g, pipe, spec, dev, j, layers, shared_overlap, act_bytes, dtype, block_ids)
             for op in pipe.ops(dev):
                 d.run(op)
             assert not (d.wq or d.outputs or d.local), "schedule left work behind"

@@ -89,6 +89,13 @@ def model_fields(layer: MoELayer, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def block_ids(params: dict[str, Any], layers: int) -> list[int] | None:
+    """The model's block index of each MoE layer (trace tags), when built from blocks."""
+    blocks: BlockModel | None = params.get(MODEL_KEY)
+    ids = blocks.moe_blocks if blocks is not None else []
+    return ids if len(ids) == layers else None
+
+
 def gpus_per_node(layer: MoELayer, params: dict[str, Any], cluster: Any) -> int:
     G = params["gpus_per_node"]
     if G is None:
@@ -155,6 +162,7 @@ def build_stage(
     L = m["layers"]
     for rank in range(layer.world):
         em = Emitter(g, spec, rank, shared_overlap, chain=not overlap, dtype=layer.dtype)
+        em.block_ids = block_ids(params, L)
         if "bwd" not in passes:
             for i in range(micro):
                 forward(em, i, L, [])

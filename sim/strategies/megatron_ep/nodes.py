@@ -167,6 +167,7 @@ class Emitter:
         self.group = list(range(spec.world))
         self.offset = 0  # rank offset of this EP group in the graph (pipeline stages)
         self.tips: dict[str, str] | None = None  # stream -> its last task, when tracked
+        self.block_ids: list[int] | None = None  # the model's block of each layer (tags)
 
     # -- plumbing -------------------------------------------------------------------------
     def _id(self, mb: int, lid: int, phase: str, step: str) -> str:
@@ -175,9 +176,10 @@ class Emitter:
     def add(
         self, t: Task, mb: int, lid: int, phase: str, step: str, node: str, role: str | None = None
     ) -> str:
+        block = lid if self.block_ids is None else self.block_ids[lid]
         t.tags.update(
             {
-                "layer": lid,
+                "layer": block,
                 "phase": phase,
                 "step": step,
                 "micro": mb,
