@@ -47,7 +47,9 @@ MIB512 = 512 * 2**20
 
 
 def _gemm() -> Task:
-    return Task("gemm", 0, "compute", "gemm", flops=FLOPS, shape=dict(SHAPE), tags={"dtype": "bf16"})
+    return Task(
+        "gemm", 0, "compute", "gemm", flops=FLOPS, shape=dict(SHAPE), tags={"dtype": "bf16"}
+    )
 
 
 def _run(tasks: list[Task], costs_spec: dict | None = None) -> dict[str, float]:
@@ -182,7 +184,9 @@ def write(data: dict) -> None:
           "| file | case | measured | simulated | error |", "|---|---|---:|---:|---:|"]  # fmt: skip
     for r in data["rows"]:
         tag = " (fitted)" if r.get("fitted") else ""
-        md.append(f"| {r['file']} | {r['case']}{tag} | {r['measured']:.3f} | {r['simulated']:.3f} | {r['error_pct']:+.1f}% |")
+        md.append(
+            f"| {r['file']} | {r['case']}{tag} | {r['measured']:.3f} | {r['simulated']:.3f} | {r['error_pct']:+.1f}% |"
+        )
     md += ["", "Copy kernel bandwidth (sm_contention.csv; the model does not slow a reserving kernel, so its "
            "bandwidth beside the GEMM is its alone bandwidth):", "",
            "| SMs | alone measured GB/s | alone simulated | with GEMM measured | with GEMM simulated |",
