@@ -56,6 +56,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "roofline": {"flops_efficiency": 0.7, "mem_efficiency": 0.8, "launch_s": 5e-6},
             "interference": {"compute": {"comm": 0.9}, "comm": {"compute": 0.95}},
             "dispatch": {"stream": 1e-5, "cross": 1e-4},
+            "resources": {"max_connections": 4, "sm_share": 0.8, "mem_slope": 0.5},
             "symmetry": "auto",
         },
         "output": {"trace_format": "csv", "chrome_trace": False, "max_trace_ranks": 4},
@@ -106,6 +107,8 @@ def seed_topology() -> dict[str, Any]:
                       "oversubscription": 2.0}  # fmt: skip
     spec["gpu"]["dispatch"] = {"stream": 1e-5, "cross": 5e-5}
     spec["gpu"]["roofline"]["launch_s"] = 5e-6
+    spec["gpu"]["resources"] = {"max_connections": 8, "sm_penalty": 0.95, "sm_share": 0.7,
+                                "sm_bw": 5e10, "mem_knee": 0.1, "mem_slope": 0.5}  # fmt: skip
     return spec
 
 
@@ -127,7 +130,7 @@ def seed_graph() -> dict[str, Any]:
         {"id": "g1", "rank": 1, "stream": "compute", "kind": "gemm", "flops": 4.2e6,
          "shape": {"m": 64, "n": 128, "k": 256}},
         {"id": "a0", "rank": 0, "stream": "comm", "kind": "all_to_all", "deps": ["g0"],
-         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear"},
+         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear", "sms": 4},
         {"id": "a1", "rank": 1, "stream": "comm", "kind": "all_to_all", "deps": ["g1"],
          "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear"},
         {"id": "v0", "rank": 0, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
@@ -215,6 +218,9 @@ INTEGER = [
     r"^strategy\.degree$",
     r"^parallel\.\w+$",
     r"^costs\.jitter\.(seed|replicas)$",
+    r"^(costs|gpu)\.resources\.max_connections$",
+    r"^gpu\.sms$",
+    r"^tasks\.\d+\.sms$",
     r"^output\.max_trace_ranks$",
     r"^limits\.\w+$",
     r"^(gpus_per_node|schema_version|world_size)$",

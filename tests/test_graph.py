@@ -55,6 +55,7 @@ def _tasks(p2p: tuple[int, int] = (0, 1)) -> list[dict]:
             "coll": "disp",
             "algo": "linear",
             "tags": {"phase": "fwd", "step": "dispatch"},
+            "sms": 4,
         },
         {
             "id": "a1",

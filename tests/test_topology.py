@@ -133,7 +133,10 @@ def _route_cost(topo: Topology, route: list[int]) -> float:
 def _reference_cases():
     out = []
     for name in PRESETS:
-        out.append(pytest.param(name, 2 if _has_fabric(name) else 1, id=name))
+        # a Dijkstra per GPU pair: two 72-GPU racks (gb200-nvl72) take minutes
+        big = _raw(name).get("gpus_per_node", 1) > 16
+        marks = (pytest.mark.slow,) if big else ()
+        out.append(pytest.param(name, 2 if _has_fabric(name) else 1, id=name, marks=marks))
     return out
 
 

@@ -30,6 +30,7 @@ from sim.hardware.costs_schema import (
     DispatchParams,
     Interference,
     Quantiles,
+    ResourceParams,
     RooflineParams,
     check_quantiles,
 )
@@ -166,6 +167,7 @@ class CostsSpec(Strict):
     alpha_beta: ComputeFits | None = None
     collectives: Collectives | None = None
     interference: Interference | None = None
+    resources: ResourceParams | None = None
     dispatch: DispatchParams | None = None
     jitter: JitterSpec | None = None
     calibration: Annotated[str, Field(min_length=1)] | None = None

@@ -2,7 +2,12 @@
 
 A graph is plain data. Each task belongs to one rank and one stream; tasks on a stream run in
 the order they were added (program order, as CUDA streams do); `deps` adds cross-stream and
-cross-rank-free data dependencies. Communication tasks name a communicator `group` and a
+cross-rank-free data dependencies. The order in which a rank's tasks were added, over all its
+streams, is that rank's host issue order: the order a single host thread launches them in.
+It matters where streams share a hardware queue (`costs.resources.max_connections`,
+`sim.engine.queues`): there a kernel cannot start before every kernel issued earlier on its
+queue has started, so a builder adds each rank's tasks in an order its host could issue them
+(a task after the tasks it depends on). Communication tasks name a communicator `group` and a
 collective id `coll` that is the same on every member, so both engines can pair them up.
 
 A graph file is read safely (`sim.core.safeload`) and checked field by field against its
@@ -36,7 +41,9 @@ class Task:
     (`{"m","n","k"}` plus optional `"batch"` for grouped expert GEMMs, work = batch*m*n*k as in
     PipeMoE Eq. 13); `bytes` is the payload this rank sends for collectives and copies; `split`
     the per-member send bytes of an all-to-allv (indexed like `group`); `recv_split` what it
-    expects to receive from each member.
+    expects to receive from each member. `sms`: streaming multiprocessors the kernel holds
+    from launch to end (0: it reserves none and shares the GPU; see
+    `sim.hardware.costs.resources` for what a reservation costs the kernels beside it).
     """
 
     id: str
@@ -56,6 +63,7 @@ class Task:
     allocs: dict[str, float] = field(default_factory=dict)
     frees: list[str] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
+    sms: int = 0
 
     @property
     def stream_kind(self) -> str:

@@ -96,6 +96,7 @@ class TaskFields(TypedDict):
     allocs: NotRequired[dict[str, Bytes]]
     frees: NotRequired[list[str]]
     tags: NotRequired[Tags]
+    sms: NotRequired[Annotated[int, Field(ge=0, le=100_000)]]  # SMs reserved (0: none)
 
 
 def _per_kind(t: dict[str, Any]) -> dict[str, Any]:
@@ -109,6 +110,8 @@ def _per_kind(t: dict[str, Any]) -> dict[str, Any]:
             raise ValueError(f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not "
                              f"apply to {why}")
 
+    if t.get("sms") and kind in ("d2h", "h2d"):
+        raise ValueError(f"sms does not apply to a {kind} task (copy engines hold no SMs)")
     if kind != "gemm":  # a gemm without a shape is costed (and run) by its bytes
         refuse({"shape"}, f"a {kind} task (a gemm's shape)")
     if kind in COMM_KINDS and stream_kind(t["stream"]) != "comm":

@@ -6,7 +6,10 @@ every member has launched it (NCCL semantics: a launched member occupies its str
 waits, recorded as `sync_wait`). In flow mode a collective becomes phases of flows whose rates
 are max-min fair shares, recomputed whenever flows start or end; in collective mode it takes
 alpha + beta * bytes (both in `sim.engine.comm`). A task's speed is scaled by the
-interference table according to which other stream kinds are busy on its GPU. Tasks left
+interference table according to which other stream kinds are busy on its GPU, and by the SMs
+and HBM bandwidth that kernels reserving SMs (`Task.sms`) hold beside it
+(`sim.engine.resources`, `sim.hardware.costs.resources`); a rank with more streams than
+hardware queues launches in host issue order per queue (`sim.engine.queues`). Tasks left
 when no event remains are a deadlock, reported with what each blocked stream waits for.
 
 The engine is callback-driven on SimPy's event queue (no generator per task), which keeps a
@@ -25,9 +28,11 @@ import numpy as np
 import simpy
 
 from sim.core.errors import DeadlockError, GraphError
-from sim.core.graph import TaskGraph
+from sim.core.graph import Task, TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.comm import Comm
+from sim.engine.queues import HardwareQueues
+from sim.engine.resources import SmState
 from sim.engine.result import SimResult
 from sim.engine.symmetry import Symmetry
 from sim.engine.watch import Watch
@@ -98,7 +103,12 @@ class Engine(Comm):
         self.coll_arrived: dict[str, int] = defaultdict(int)
         # interference: busy stream kinds per rank
         inter = costs.interference
-        self.interfere = not inter.trivial
+        # SMs reserved by tasks (sim.engine.resources): rates then change as kernels come and go
+        self.sm = SmState(self.tasks, costs.resources, str(topo.gpu.get("model", topo.name)))
+        self.interfere = not inter.trivial or self.sm.active
+        self.queues = HardwareQueues.build(
+            self.tasks, self.stream_of, self.stream_keys, costs.resources.max_connections
+        )
         self.busy: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.acts: dict[int, set[_Activity]] = defaultdict(set)
         # memory
@@ -164,7 +174,14 @@ class Engine(Comm):
             return
         i = seq[h]
         if self.deps_left[i] == 0:
+            q = self.queues
+            if q is not None and not q.ready(i):
+                return  # behind an earlier task on its hardware queue: tried again on issue
             self.running[s] = True  # the stream is taken while the launch is under way
+            if q is not None:
+                nxt = q.issue(i)
+                if nxt is not None:
+                    self._try_launch(nxt, after)
             if after > 0:
                 self._after(after, self._launch, i)
             else:
@@ -189,7 +206,13 @@ class Engine(Comm):
             dur = self.costs.compute.duration(t)
             if self.jitter is not None:
                 dur *= self.jitter.factor(t.kind, "compute")
+            if t.sms > 0:
+                dur = self.costs.resources.stream_duration(t.sms, t.bytes, dur)
+                self._reserve(i, t, self.costs.resources.mem_share(t.bytes, dur))
             self._local(i, t.stream_kind, dur)
+            return
+        if t.sms > 0:  # a communication kernel holds its SMs from launch, waiting included
+            self._reserve(i, t, 0.0)
 
     def _finish(self, i: int) -> None:
         t = self.tasks[i]
@@ -203,6 +226,9 @@ class Engine(Comm):
                 raise GraphError(f"task {t.id!r}: frees buffer {name!r} that is not live")
             self._mem_change(t.rank, -nbytes)
         self._set_busy(t.rank, t.stream_kind, -1)
+        if t.sms > 0:
+            self.sm.release(i, t)
+            self._rerate_rank(t.rank)
         s = self.stream_of[i]
         self.running[s] = False
         self.head[s] += 1
@@ -241,6 +267,8 @@ class Engine(Comm):
         busy = self.busy[act.rank]
         others = frozenset(k for k, c in busy.items() if c > 0 and k != act.kind)
         act.rate = self.costs.interference.speed(act.kind, others)
+        if self.sm.active:
+            act.rate *= self.sm.speed(self.tasks[act.task])
         act.version += 1
         v = act.version
         self._after(max(act.remaining, 0.0) / act.rate, self._act_done, act, v)
@@ -250,6 +278,14 @@ class Engine(Comm):
             return
         self.acts[act.rank].discard(act)
         self._finish(act.task)
+
+    def _reserve(self, i: int, t: Task, share: float) -> None:
+        self.sm.hold(i, t, share)
+        self._rerate_rank(t.rank)
+
+    def _rerate_rank(self, rank: int) -> None:
+        for act in list(self.acts[rank]):
+            self._rerate(act)
 
     def _set_busy(self, rank: int, kind: str, delta: int) -> None:
         # A stream is busy from launch: a communication kernel waiting for its peers already
@@ -282,6 +318,13 @@ class Engine(Comm):
                 )
             elif not self.running[s]:
                 waiting = [d for d in t.deps if math.isnan(self.end[self.index[d]])]
+                ahead = None if self.queues is None else self.queues.blocker(seq[h])
+                if not waiting and ahead is not None:
+                    lines.append(
+                        f"{t.id} (rank {t.rank}, {t.stream}): waits behind "
+                        f"{self.tasks[ahead].id} on its hardware queue (max_connections)"
+                    )
+                    continue
                 lines.append(f"{t.id} (rank {t.rank}, {t.stream}): waits for {waiting}")
         left = len(self.tasks) - self.done
         shown = "\n  ".join(lines[:20])

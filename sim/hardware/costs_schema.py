@@ -140,3 +140,15 @@ class GemmModelParams(Strict):
         if isinstance(v, dict) and not set(v) <= {"default", *DTYPES}:
             raise ValueError(f"keys must be 'default' or dtypes ({', '.join(DTYPES)})")
         return v
+
+
+class ResourceParams(Strict):
+    """A topology's `gpu.resources` or a run's `costs.resources`: the GPU-internal resource
+    model (`sim.hardware.costs.resources`, whose docstring gives each parameter's role)."""
+
+    max_connections: Annotated[int, Field(ge=1, le=32)] | None = None  # CUDA: 1 to 32
+    sm_penalty: Fraction | None = None
+    sm_share: Fraction | None = None
+    sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = None
+    mem_knee: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
+    mem_slope: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None

@@ -21,6 +21,7 @@ from sim.hardware.costs_schema import (
     DispatchParams,
     GemmModelParams,
     Interference,
+    ResourceParams,
     RooflineParams,
     Seconds,
 )
@@ -56,6 +57,8 @@ class GpuSpec(Strict):
     interference: Interference | None = None
     dispatch: DispatchParams | None = None
     gemm: GemmModelParams | None = None
+    sms: Annotated[int, Field(gt=0, le=100_000)] | None = None  # streaming multiprocessors
+    resources: ResourceParams | None = None  # SM / HBM sharing and hardware queues
 
 
 class LinkEntry(Strict):

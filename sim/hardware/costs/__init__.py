@@ -22,6 +22,7 @@ from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
 from sim.hardware.costs.measured import MeasuredCompute, measured
 from sim.hardware.costs.network import CollectiveAlphaBeta
+from sim.hardware.costs.resources import Resources
 from sim.hardware.network.flows import FINISH_RTOL
 from sim.hardware.topology import Topology
 
@@ -43,6 +44,7 @@ class CostModel:
     jitter: Jitter | None = None  # run-to-run noise (costs.jitter); None: the ideal run
     finish_rtol: float = FINISH_RTOL  # flows ending this close (x now) end together
     symmetry: str = "auto"  # simulate representatives of equivalent ranks (sim.engine.symmetric)
+    resources: Resources = Resources()  # SMs, HBM, hardware queues (costs.resources)
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
@@ -99,6 +101,7 @@ class CostModel:
             dispatch = dispatch.overlay(spec.pop("dispatch"))
         spec.pop("dispatch", None)
         jitter = Jitter.from_spec(spec.pop("jitter", None))
+        resources = Resources.build(gpu, spec.pop("resources", None))
         rtol = spec.pop("finish_rtol", FINISH_RTOL)
         if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol <= 0.05:
             raise ConfigError(
@@ -121,6 +124,7 @@ class CostModel:
             jitter,
             float(rtol),
             symmetry,
+            resources,
         )
 
     # -- measured durations (trace replay, sim.hardware.costs.measured) -------------------

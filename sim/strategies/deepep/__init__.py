@@ -10,9 +10,9 @@ reverse, BF16, reduced at the forwarder) -> decode. Backward: the combine's grad
 as a dispatch (BF16; the layout is cached, no notify), the expert's dgrad + wgrad, the
 dispatch's gradient comes back as a combine.
 
-The data kernels reserve SMs: their tasks carry `tags: {sms: N}` (default 24 of 132, as
-DeepEP V1's tests use). The engine ignores the tag until GPU-internal resources land (issue
-14 item 1); then a GEMM beside the kernel runs on the SMs left.
+The data kernels reserve SMs: their tasks set `Task.sms` (default 24 of 132, as DeepEP V1's
+tests use), held from launch to end, so a kernel beside them on the same GPU runs on the SMs
+left (sim.hardware.costs.resources). The notify kernel is a few blocks and reserves none.
 """
 
 from __future__ import annotations

@@ -83,12 +83,12 @@ class _RankTasks:
         tags = step_tags(0, phase, step) | {
             "deepep": "combine" if combine else "dispatch",
             "node_bytes": (self.v.node_tokens[p] * row).tolist(),
-            "sms": self.sms,
         }
         return self._add(
             Task(task_id(p, 0, phase, step), p, "comm", "all_to_allv", deps=deps,
                  bytes=float(send.sum()), split=send.tolist(), recv_split=recv.tolist(),
-                 group=self.group, coll=f"L0/{phase}/{step}", algo="deepep", tags=tags)
+                 group=self.group, coll=f"L0/{phase}/{step}", algo="deepep", tags=tags,
+                 sms=self.sms)
         )  # fmt: skip
 
     def _shapes(self) -> tuple[dict, dict]:
@@ -114,7 +114,7 @@ class _RankTasks:
                 Task(task_id(self.rank, 0, "fwd", "notify"), self.rank, "comm", "all_to_all",
                      deps=[lay], bytes=float(COUNT_BYTES * l.world * (1 + l.local_experts)),
                      group=self.group, coll="L0/fwd/notify",
-                     tags=step_tags(0, "fwd", "notify") | {"sms": self.sms})
+                     tags=step_tags(0, "fwd", "notify"))
             )  # fmt: skip
             # the host waits on the received counts (mapped memory) to size the buffers
             wait = self._add(

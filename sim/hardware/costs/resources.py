@@ -1,0 +1,154 @@
+"""GPU-internal resources: streaming multiprocessors, HBM bandwidth, copy engines, hardware queues.
+
+A kernel may reserve SMs (`Task.sms`: a communication kernel such as DeepEP's, or a copy kernel
+launched on a fixed grid of one block per SM). While kernels holding k SMs in total run on a
+GPU of S SMs, every other kernel on that GPU (compute kinds and device copies; not
+communication, whose kernels hold their own SMs, nor host copies) runs at
+
+    speed = sm_speed(k) * mem_factor(u)
+
+SMs (fitted to `sm_spin.csv`, shared/reference/measurements/h100-sxm-2026-11-23): an Amdahl
+split of the kernel's time,
+
+    sm_speed(k) = sm_penalty / ((1 - sm_share) + sm_share * S / (S - k))      (k > 0)
+
+`sm_share` of the time scales with the SMs left (the tensor-core main loop); the rest does not
+(it is bound by what the reservation does not take: L2 and HBM bandwidth, and a power-capped
+clock that rises when fewer SMs draw power). `sm_penalty` is the constant step a GEMM loses as
+soon as any SM is taken: its tile grid, sized for all S SMs, no longer fills the waves evenly
+(0.94 at k = 1 and 4 on an H100). With `sm_share = sm_penalty = 1` it is the ideal (S - k)/S,
+the closed form the tests pin. k is capped at S - 1: the block scheduler always lets the other
+kernel's blocks in somewhere.
+
+Memory bandwidth (fitted to `sm_contention.csv`): a reserving kernel that moves bytes takes a
+share u of the GPU's HBM bandwidth (its bytes over its duration, over `gpu.mem_bw`, summed over
+the streaming kernels running, at most 1). Beyond a knee the other kernels' operands start
+waiting on HBM:
+
+    mem_factor(u) = max(0.05, 1 - mem_slope * max(0, u - mem_knee))
+
+Below the knee (`mem_knee`, the bandwidth a GEMM leaves idle because its tiles are served from
+L2 and shared memory) a streaming neighbour costs nothing beyond its SMs. A streaming kernel is
+itself bounded by the SMs it holds: `sm_bw` bytes/s per SM (a copy kernel of k blocks reaches
+about k x 90 GB/s on an H100 up to the HBM limit), so its duration is at least bytes/(k sm_bw).
+Communication kernels that reserve SMs count only their SMs: their HBM traffic is bounded by
+their links (at most ~0.27 of an H100's HBM for NVLink both ways), below the fitted knee.
+
+Copy engines: d2h and h2d copies take no SMs and no share of the SMs' speed (finding 4: a GEMM
+and a concurrent pinned d2h run at speed 1.0 both ways); the schema refuses `sms` on them.
+
+Hardware queues (`max_connections`, CUDA_DEVICE_MAX_CONNECTIONS; CUDA C++ Programming Guide,
+"CUDA Environment Variables": 1 to 32, default 8): see `sim.engine.queues`.
+
+How this composes with the interference table (`costs.interference`): the two multiply. The
+table stays the fallback for kernels that do not say what they hold (a stream kind's measured
+slowdown); the resources act only where a task reserves SMs. A table calibrated on a run whose
+communication kernels reserved SMs already contains their loss: give the SMs in one place.
+Every preset's table is 1.0, so presets never count both.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Any
+
+from sim.core.errors import ConfigError
+
+DEFAULT_MAX_CONNECTIONS = 8  # CUDA C++ Programming Guide, CUDA_DEVICE_MAX_CONNECTIONS default
+MAX_CONNECTIONS = 32  # the same guide: the variable takes 1 to 32
+MIN_MEM_FACTOR = 0.05  # a kernel never stalls completely: the HBM arbiter serves every client
+
+
+@dataclass(frozen=True)
+class Resources:
+    """The GPU's SM count and the fitted resource model (see the module docstring).
+
+    `sms` is None when the topology names no SM count; then no task may reserve SMs.
+    """
+
+    sms: int | None = None
+    mem_bw: float = 0.0  # bytes/s, the GPU's HBM bandwidth (gpu.mem_bw)
+    max_connections: int = DEFAULT_MAX_CONNECTIONS
+    sm_penalty: float = 1.0
+    sm_share: float = 1.0
+    sm_bw: float | None = None
+    mem_knee: float = 0.0
+    mem_slope: float = 0.0
+
+    @classmethod
+    def build(cls, gpu: dict[str, Any], spec: Any) -> Resources:
+        """From the topology's `gpu.sms`, `gpu.resources` and the run's `costs.resources`
+        (which overrides field by field)."""
+        sms = gpu.get("sms")
+        if sms is None:
+            sms = (gpu.get("gemm") or {}).get("sms")
+        vals: dict[str, Any] = {}
+        for where, raw in (("gpu.resources", gpu.get("resources")), ("costs.resources", spec)):
+            if raw is None:
+                continue
+            if not isinstance(raw, dict):
+                raise ConfigError(f"{where}: expected a mapping, got {raw!r}")
+            for k, v in raw.items():
+                vals[k] = _check(where, k, v)
+        mem_bw = float(gpu.get("mem_bw") or 0.0)
+        return cls(None if sms is None else int(sms), mem_bw, **vals)
+
+    # -- SMs and bandwidth ------------------------------------------------------------------
+    def sm_speed(self, k: int) -> float:
+        """Speed of a kernel beside reservations of k SMs in total (1 at k = 0)."""
+        if k <= 0 or self.sms is None:
+            return 1.0
+        S = self.sms
+        k = min(k, S - 1)
+        return self.sm_penalty / ((1.0 - self.sm_share) + self.sm_share * S / (S - k))
+
+    def mem_factor(self, u: float) -> float:
+        """Speed factor of a kernel while streaming kernels take a share u of HBM bandwidth."""
+        if u <= self.mem_knee or self.mem_slope == 0:
+            return 1.0
+        return max(MIN_MEM_FACTOR, 1.0 - self.mem_slope * (min(u, 1.0) - self.mem_knee))
+
+    def speed(self, k: int, u: float) -> float:
+        return self.sm_speed(k) * self.mem_factor(u)
+
+    def stream_duration(self, sms: int, nbytes: float, duration: float) -> float:
+        """A kernel on `sms` SMs moving `nbytes`: no faster than its SMs' load/store rate."""
+        if self.sm_bw is None or sms <= 0 or nbytes <= 0:
+            return duration
+        return max(duration, nbytes / (sms * self.sm_bw))
+
+    def mem_share(self, nbytes: float, duration: float) -> float:
+        """The share of HBM bandwidth a kernel moving `nbytes` in `duration` takes."""
+        if nbytes <= 0 or self.mem_bw <= 0:
+            return 0.0
+        if duration <= 0:
+            return 1.0
+        return min(1.0, nbytes / duration / self.mem_bw)
+
+
+_FIELDS = {f.name for f in fields(Resources)} - {"sms", "mem_bw"}
+
+
+def _check(where: str, key: str, v: Any) -> Any:
+    if key not in _FIELDS:
+        raise ConfigError(f"{where}: unknown field {key!r} (known: {sorted(_FIELDS)})")
+    num = not isinstance(v, bool) and isinstance(v, (int, float))
+    if key == "max_connections":
+        if not (num and isinstance(v, int) and 1 <= v <= MAX_CONNECTIONS):
+            raise ConfigError(
+                f"{where}.max_connections: expected an integer in [1, {MAX_CONNECTIONS}] "
+                f"(CUDA_DEVICE_MAX_CONNECTIONS), got {v!r}"
+            )
+        return v
+    ranges = {
+        "sm_penalty": (0.0, 1.0, "a speed in (0, 1]"),
+        "sm_share": (0.0, 1.0, "a share of the time in (0, 1]"),
+        "mem_knee": (-1.0, 1.0, "a bandwidth share in [0, 1]"),
+        "mem_slope": (-1.0, 100.0, "a slope in [0, 100]"),
+        "sm_bw": (0.0, 1e15, "bytes/s per SM in (0, 1e15]"),
+    }
+    lo, hi, what = ranges[key]
+    lo_ok = num and (v > lo if lo >= 0 else v >= 0)
+    if not (lo_ok and v <= hi):
+        raise ConfigError(f"{where}.{key}: expected {what}, got {v!r}")
+    return float(v)

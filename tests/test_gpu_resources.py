@@ -1,0 +1,212 @@
+"""GPU-internal resources in the engine: reserved SMs, HBM share, copy engines, hardware queues.
+
+Closed forms of `sim.hardware.costs.resources` in the engine, the hardware-queue order of
+`sim.engine.queues`, and the one-line errors of `Task.sms` and `costs.resources`.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from sim.core.errors import ConfigError, DeadlockError, GraphError
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+
+TOPO = Topology.load("dgx-h100", nodes=1)
+S = 132
+
+
+def _run(tasks: list[Task], spec: dict | None = None, topo: Topology = TOPO):
+    g = TaskGraph(1)
+    for t in tasks:
+        g.add(t)
+    costs = CostModel.build(topo, spec or {})
+    r = simulate(g, topo, costs)
+    return {t.id: (float(r.start[i]), float(r.end[i])) for i, t in enumerate(g)}, costs
+
+
+def _work(tid: str = "w", stream: str = "compute", flops: float = 1e12) -> Task:
+    return Task(tid, 0, stream, "elementwise", flops=flops, tags={"dtype": "bf16"})
+
+
+def _hold(k: int, nbytes: float = 0.0, kind: str = "elementwise") -> Task:
+    """A kernel on its own stream holding k SMs, outlasting the work beside it."""
+    flops = 0.0 if nbytes else 1e16
+    return Task("hold", 0, "compute.1", kind, flops=flops, bytes=nbytes, sms=k,
+                tags={"dtype": "bf16"})  # fmt: skip
+
+
+def _alone(spec: dict | None = None) -> float:
+    times, _ = _run([_work()], spec)
+    return times["w"][1] - times["w"][0]
+
+
+@pytest.mark.parametrize("k", [1, 24, 100])
+def test_ideal_reservation_leaves_the_other_sms(k):
+    """sm_share = 1: the work runs at (S-k)/S times the penalty, exactly."""
+    spec = {"resources": {"sm_share": 1.0, "sm_penalty": 0.9}}
+    alone = _alone(spec)
+    times, _ = _run([_hold(k), _work()], spec)
+    s, e = times["w"]
+    assert e - s == pytest.approx(alone / ((S - k) / S * 0.9), rel=1e-9)
+
+
+def test_fitted_sm_speed_is_its_closed_form():
+    """The preset's Amdahl split: p / ((1 - b) + b S / (S - k))."""
+    alone = _alone()
+    times, costs = _run([_hold(24), _work()])
+    p, b = costs.resources.sm_penalty, costs.resources.sm_share
+    s, e = times["w"]
+    assert e - s == pytest.approx(alone * ((1 - b) + b * S / (S - 24)) / p, rel=1e-9)
+
+
+def test_reservation_ends_and_work_speeds_up():
+    """The work runs slowed while the kernel holds its SMs, at full speed after."""
+    spec = {"resources": {"sm_share": 1.0, "sm_penalty": 1.0}}
+    alone = _alone(spec)
+    hold = Task("hold", 0, "compute.1", "elementwise", flops=0.5e12, sms=66, tags={"dtype": "bf16"})
+    times, _ = _run([hold, _work()], spec)
+    h = times["hold"][1] - times["hold"][0]
+    s, e = times["w"]
+    # half speed while held: h seconds do h/2 of the work, the rest at full speed
+    assert e - s == pytest.approx(h + (alone - h / 2), rel=1e-9)
+
+
+def test_streaming_kernel_costs_bandwidth_beyond_the_knee():
+    """A copy kernel on k SMs: SM-bound at k * sm_bw; the work loses its SMs and HBM share."""
+    res = {"sm_share": 1.0, "sm_penalty": 1.0, "sm_bw": 1e11, "mem_knee": 0.1, "mem_slope": 0.5}
+    spec = {"resources": res}
+    alone = _alone(spec)
+    k, nbytes = 20, 1e13
+    times, costs = _run([_hold(k, nbytes, "d2d"), _work()], spec)
+    h0, h1 = times["hold"]
+    assert h1 - h0 == pytest.approx(nbytes / (k * 1e11), rel=1e-9)  # 2 TB/s, SM-bound
+    u = 2e12 / costs.resources.mem_bw
+    speed = (S - k) / S * (1 - 0.5 * (u - 0.1))
+    s, e = times["w"]
+    assert e - s == pytest.approx(alone / speed, rel=1e-9)
+
+
+def test_host_copy_and_gemm_keep_their_alone_speed():
+    """Copy engines take no SMs: a d2h beside a GEMM, both as fast as alone (finding 4)."""
+    gemm = Task("w", 0, "compute", "gemm", flops=2e12, shape={"m": 8192, "n": 8192, "k": 8192},
+                tags={"dtype": "bf16"})  # fmt: skip
+    d2h = Task("c", 0, "copy", "d2h", bytes=1e9)
+    alone_g, _ = _run([gemm])
+    alone_c, _ = _run([d2h])
+    both, _ = _run([gemm, d2h])
+    for tid, alone in (("w", alone_g), ("c", alone_c)):
+        assert both[tid][1] - both[tid][0] == pytest.approx(alone[tid][1] - alone[tid][0])
+
+
+def _queued() -> list[Task]:
+    # issue order: a1, a2 (stream compute), b1 (stream compute.1, independent of both)
+    return [_work("a1"), _work("a2"), _work("b1", "compute.1", 1e11)]
+
+
+def test_one_hardware_queue_serialises_streams_in_issue_order():
+    times, _ = _run(_queued(), {"resources": {"max_connections": 1}})
+    # b1 waits behind a2, which waits for a1 to end (head-of-line blocking)
+    assert times["b1"][0] == pytest.approx(times["a1"][1])
+    assert times["a2"][0] == pytest.approx(times["a1"][1])
+
+
+def test_default_queues_let_streams_run_concurrently():
+    times, _ = _run(_queued())
+    assert times["b1"][0] == 0.0
+
+
+def test_more_streams_than_queues_share_round_robin():
+    """With 2 queues, streams 0, 1, 2 map to queues 0, 1, 0: stream 2 waits behind stream 0."""
+    tasks = [_work("a1"), _work("a2"), _work("b1", "compute.1"), _work("c1", "compute.2")]
+    times, _ = _run(tasks, {"resources": {"max_connections": 2}})
+    assert times["b1"][0] == 0.0
+    assert times["c1"][0] == pytest.approx(times["a1"][1])
+
+
+def test_queue_deadlock_is_reported():
+    """An issue order the host could not have (a task before the one it waits on) deadlocks on
+    one queue, and the report says which queue head blocks it."""
+    first = Task("x", 0, "compute.1", "elementwise", flops=1e9, deps=["y"], tags={"dtype": "bf16"})
+    then = Task("z", 0, "compute", "elementwise", flops=1e9, tags={"dtype": "bf16"})
+    dep = Task("y", 0, "compute", "elementwise", flops=1e9, deps=["z"], tags={"dtype": "bf16"})
+    with pytest.raises(DeadlockError, match="hardware queue"):
+        _run([first, then, dep], {"resources": {"max_connections": 1}})
+
+
+def test_reserving_more_sms_than_the_gpu_has_is_an_error():
+    with pytest.raises(ConfigError, match=r"task 'hold': reserves 133 SMs but the GPU .* has 132"):
+        _run([_hold(133), _work()])
+
+
+def test_reserving_sms_without_an_sm_count_is_an_error():
+    topo = Topology.load("localhost-cpu")
+    with pytest.raises(ConfigError, match="no SM count"):
+        _run([_hold(1)], topo=topo)
+
+
+@pytest.mark.parametrize(
+    "resources, field",
+    [
+        ({"max_connections": 0}, "max_connections"),
+        ({"max_connections": 33}, "max_connections"),
+        ({"max_connections": 8.0}, "max_connections"),
+        ({"sm_share": 0}, "sm_share"),
+        ({"sm_penalty": 1.5}, "sm_penalty"),
+        ({"sm_bw": math.inf}, "sm_bw"),
+        ({"mem_knee": -0.1}, "mem_knee"),
+        ({"mem_slope": math.nan}, "mem_slope"),
+        ({"queues": 8}, "queues"),
+    ],
+)
+def test_bad_resources_are_one_line_errors(resources, field):
+    with pytest.raises(ConfigError, match=f"costs.resources.*{field}") as e:
+        CostModel.build(TOPO, {"resources": resources})
+    assert "\n" not in str(e.value)
+
+
+def test_bad_resources_in_a_run_config_name_the_field():
+    from pydantic import ValidationError
+
+    from sim.config.schema import CostsSpec
+
+    with pytest.raises(ValidationError, match="max_connections"):
+        CostsSpec.model_validate({"resources": {"max_connections": 0}})
+
+
+def _graph(task: dict) -> dict:
+    return {"schema_version": 1, "world_size": 1, "tasks": [task]}
+
+
+@pytest.mark.parametrize(
+    "task, words",
+    [
+        ({"id": "c", "rank": 0, "stream": "copy", "kind": "d2h", "bytes": 8.0, "sms": 4},
+         "copy engines hold no SMs"),
+        ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": -1}, "sms"),
+        ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": 2.5}, "sms"),
+        ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": True}, "sms"),
+    ],
+)  # fmt: skip
+def test_bad_task_sms_is_a_one_line_error(task, words):
+    with pytest.raises(GraphError, match=words) as e:
+        TaskGraph.from_dict(_graph(task))
+    assert "\n" not in str(e.value)
+
+
+def test_task_sms_round_trips_and_defaults_away():
+    t = Task("g", 0, "compute", "elementwise", sms=8)
+    assert t.to_dict()["sms"] == 8
+    assert "sms" not in Task("g", 0, "compute", "elementwise").to_dict()
+    g = TaskGraph.from_dict(_graph(t.to_dict()))
+    assert g.tasks["g"].sms == 8
+
+
+def test_presets_name_their_sm_counts():
+    for name, sms in (("dgx-h100", 132), ("h800", 132), ("hgx-h200", 132), ("dgx-a100", 108),
+                      ("p3dn-v100", 80), ("gb200-nvl72", 148)):  # fmt: skip
+        assert CostModel.build(Topology.load(name, nodes=1), {}).resources.sms == sms
