@@ -23,8 +23,10 @@ from sim.hardware.costs_schema import (
     Layout,
     Quantiles,
     Seconds,
-    check_interference,
     check_quantiles,
+)
+from sim.hardware.costs_schema import (
+    Interference as CostsInterference,
 )
 
 FORMAT = 2
@@ -66,19 +68,12 @@ class GroupFit(Fit):
     n: NonNegInt | None = None
 
 
-class Interference(Strict):
-    """Relative speed of a stream kind while the '+'-joined other kinds run."""
+class Interference(CostsInterference):
+    """The cost file's table, its speeds floored at SPEED_FLOOR (the keys checked as there)."""
 
     compute: SpeedRow | None = None
     comm: SpeedRow | None = None
     copy_: SpeedRow | None = Field(default=None, alias="copy")  # `copy` is BaseModel's
-
-    @field_validator("compute", "comm", "copy_")
-    @classmethod
-    def _keys(cls, row: SpeedRow | None, info: Any) -> SpeedRow | None:
-        if row is not None:
-            check_interference({(info.field_name or "").rstrip("_"): row})
-        return row
 
 
 class Gap(Strict):
