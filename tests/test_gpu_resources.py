@@ -210,3 +210,51 @@ def test_presets_name_their_sm_counts():
     for name, sms in (("dgx-h100", 132), ("h800", 132), ("hgx-h200", 132), ("dgx-a100", 108),
                       ("p3dn-v100", 80), ("gb200-nvl72", 148)):  # fmt: skip
         assert CostModel.build(Topology.load(name, nodes=1), {}).resources.sms == sms
+
+
+def _send_pair(nbytes: float) -> list[Task]:
+    """Rank 0 sends to rank 1 on their comm streams: a kernel that outlasts nothing."""
+    return [
+        Task("s", 0, "comm", "send", bytes=nbytes, peer=1, group=[0, 1], coll="p"),
+        Task("r", 1, "comm", "recv", bytes=nbytes, peer=0, group=[0, 1], coll="p"),
+    ]
+
+
+def _run2(tasks: list[Task], spec: dict):
+    g = TaskGraph(2)
+    for t in tasks:
+        g.add(t)
+    costs = CostModel.build(TOPO, spec)
+    r = simulate(g, TOPO, costs)
+    return {t.id: (float(r.start[i]), float(r.end[i])) for i, t in enumerate(g)}
+
+
+def test_comm_sms_slow_the_compute_beside_a_communication_kernel():
+    """costs.resources.comm_sms: a comm kernel naming no SMs holds that many; work beside it
+    runs at (S-k)/S (ideal form) while it is resident and at full speed after."""
+    spec = {"resources": {"sm_share": 1.0, "sm_penalty": 1.0, "comm_sms": 33}}
+    alone = _run2([_work(flops=1e14)], spec)["w"]
+    alone = alone[1] - alone[0]
+    times = _run2([*_send_pair(8e9), _work(flops=1e14)], spec)
+    c = times["s"][1] - times["s"][0]
+    s, e = times["w"]
+    assert c < alone  # the transfer ends first: a part at (S-k)/S, the rest at full speed
+    done_while_held = c * (S - 33) / S
+    assert e - s == pytest.approx(c + (alone - done_while_held), rel=1e-9)
+    # by default (0) communication holds no SMs: the work runs alone
+    d = _run2(
+        [*_send_pair(8e9), _work(flops=1e14)], {"resources": {"sm_share": 1.0, "sm_penalty": 1.0}}
+    )
+    assert d["w"][1] - d["w"][0] == pytest.approx(alone, rel=1e-12)
+
+
+def test_comm_sms_bad_values_are_one_line_errors():
+    for v in (-1, 1.5, True, 2000):
+        with pytest.raises(ConfigError, match=r"costs\.resources\.comm_sms"):
+            CostModel.build(TOPO, {"resources": {"comm_sms": v}})
+    g = TaskGraph(2)
+    for t in _send_pair(1e6):
+        g.add(t)
+    costs = CostModel.build(TOPO, {"resources": {"comm_sms": 500}})
+    with pytest.raises(ConfigError, match="reserves 500 SMs but the GPU"):
+        simulate(g, TOPO, costs)

@@ -206,12 +206,12 @@ class Engine(Comm):
             dur = self.costs.compute.duration(t)
             if self.jitter is not None:
                 dur *= self.jitter.factor(t.kind, "compute")
-            if t.sms > 0:
+            if t.sms > 0:  # a compute or copy kernel's SMs are its own (Task.sms)
                 dur = self.costs.resources.stream_duration(t.sms, t.bytes, dur)
                 self._reserve(i, t, self.costs.resources.mem_share(t.bytes, dur))
             self._local(i, t.stream_kind, dur)
             return
-        if t.sms > 0:  # a communication kernel holds its SMs from launch, waiting included
+        if self.sm.sms[i] > 0:  # a communication kernel holds its SMs from launch, waiting included
             self._reserve(i, t, 0.0)
 
     def _finish(self, i: int) -> None:
@@ -226,7 +226,7 @@ class Engine(Comm):
                 raise GraphError(f"task {t.id!r}: frees buffer {name!r} that is not live")
             self._mem_change(t.rank, -nbytes)
         self._set_busy(t.rank, t.stream_kind, -1)
-        if t.sms > 0:
+        if self.sm.sms[i] > 0:
             self.sm.release(i, t)
             self._rerate_rank(t.rank)
         s = self.stream_of[i]

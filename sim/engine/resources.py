@@ -26,20 +26,23 @@ class SmState:
 
     def __init__(self, tasks: Sequence[Task], model: Resources, gpu_name: str):
         self.model = model
-        self.active = any(t.sms > 0 for t in tasks)
+        # per task index: the SMs it holds (its own, or costs.resources.comm_sms for a
+        # communication task that names none)
+        self.sms = [t.sms or (model.comm_sms if t.kind in COMM_KINDS else 0) for t in tasks]
+        self.active = any(k > 0 for k in self.sms)
         if self.active:
             S = model.sms
-            for t in tasks:
-                if t.sms <= 0:
+            for t, k in zip(tasks, self.sms):
+                if k <= 0:
                     continue
                 if S is None:
                     raise ConfigError(
-                        f"task {t.id!r}: reserves {t.sms} SMs but the topology's gpu names no "
+                        f"task {t.id!r}: reserves {k} SMs but the topology's gpu names no "
                         f"SM count (add gpu.sms)"
                     )
-                if t.sms > S:
+                if k > S:
                     raise ConfigError(
-                        f"task {t.id!r}: reserves {t.sms} SMs but the GPU ({gpu_name}) has {S}"
+                        f"task {t.id!r}: reserves {k} SMs but the GPU ({gpu_name}) has {S}"
                     )
         self.held: dict[int, int] = defaultdict(int)  # rank -> SMs held
         self.share: dict[int, float] = defaultdict(float)  # rank -> HBM share taken
@@ -50,12 +53,12 @@ class SmState:
         return t.sms == 0 and t.kind not in COMM_KINDS and t.kind not in HOST_COPIES
 
     def hold(self, i: int, t: Task, share: float) -> None:
-        self.held[t.rank] += t.sms
+        self.held[t.rank] += self.sms[i]
         self.share[t.rank] += share
         self.task_share[i] = share
 
     def release(self, i: int, t: Task) -> None:
-        self.held[t.rank] -= t.sms
+        self.held[t.rank] -= self.sms[i]
         self.share[t.rank] -= self.task_share.pop(i, 0.0)
         if self.held[t.rank] <= 0:  # no float residue once the last one ends
             self.held[t.rank], self.share[t.rank] = 0, 0.0

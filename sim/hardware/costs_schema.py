@@ -147,6 +147,7 @@ class ResourceParams(Strict):
     model (`sim.hardware.costs.resources`, whose docstring gives each parameter's role)."""
 
     max_connections: Annotated[int, Field(ge=1, le=32)] | None = None  # CUDA: 1 to 32
+    comm_sms: Annotated[int, Field(ge=0, le=1024)] | None = None  # NCCL: a block per channel
     sm_penalty: Fraction | None = None
     sm_share: Fraction | None = None
     sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = None

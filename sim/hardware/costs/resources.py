@@ -33,6 +33,10 @@ itself bounded by the SMs it holds: `sm_bw` bytes/s per SM (a copy kernel of k b
 about k x 90 GB/s on an H100 up to the HBM limit), so its duration is at least bytes/(k sm_bw).
 Communication kernels that reserve SMs count only their SMs: their HBM traffic is bounded by
 their links (at most ~0.27 of an H100's HBM for NVLink both ways), below the fitted knee.
+`comm_sms` gives every communication task that names no SMs of its own that many: NCCL runs a
+collective as one thread block per channel, each on an SM, for as long as the kernel is
+resident (shared/reference/overlap-strategies.md, "pitfalls"), so compute beside it loses them.
+Its default is 0, where communication is costed by the interference table alone, as before.
 
 Copy engines: d2h and h2d copies take no SMs and no share of the SMs' speed (finding 4: a GEMM
 and a concurrent pinned d2h run at speed 1.0 both ways); the schema refuses `sms` on them.
@@ -56,6 +60,7 @@ from sim.core.errors import ConfigError
 
 DEFAULT_MAX_CONNECTIONS = 8  # CUDA C++ Programming Guide, CUDA_DEVICE_MAX_CONNECTIONS default
 MAX_CONNECTIONS = 32  # the same guide: the variable takes 1 to 32
+MAX_COMM_SMS = 1024  # above any GPU's SM count; the engine checks it against the GPU's
 MIN_MEM_FACTOR = 0.05  # a kernel never stalls completely: the HBM arbiter serves every client
 
 
@@ -69,6 +74,7 @@ class Resources:
     sms: int | None = None
     mem_bw: float = 0.0  # bytes/s, the GPU's HBM bandwidth (gpu.mem_bw)
     max_connections: int = DEFAULT_MAX_CONNECTIONS
+    comm_sms: int = 0  # SMs a communication kernel holds unless its task names its own
     sm_penalty: float = 1.0
     sm_share: float = 1.0
     sm_bw: float | None = None
@@ -138,6 +144,13 @@ def _check(where: str, key: str, v: Any) -> Any:
             raise ConfigError(
                 f"{where}.max_connections: expected an integer in [1, {MAX_CONNECTIONS}] "
                 f"(CUDA_DEVICE_MAX_CONNECTIONS), got {v!r}"
+            )
+        return v
+    if key == "comm_sms":
+        if not (num and isinstance(v, int) and 0 <= v <= MAX_COMM_SMS):
+            raise ConfigError(
+                f"{where}.comm_sms: expected an integer in [0, {MAX_COMM_SMS}] (SMs a "
+                f"communication kernel holds), got {v!r}"
             )
         return v
     ranges = {
