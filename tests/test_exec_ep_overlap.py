@@ -91,3 +91,11 @@ def test_nodes_launch_in_the_simulators_order(fast):
 def test_every_dispatcher_with_and_without_overlap_equals_plain():
     ranks = run_ep_overlap(SPEC, 3, 3, ALL, timeout_s=60)
     _equal_to_plain(ranks, ALL)
+
+
+def test_schedules_are_registered_apart_from_layer_strategies():
+    import exec.layers  # noqa: F401  # registers everything
+    from exec.layers.registry import SCHEDULES, STRATEGIES
+
+    assert {"megatron_ep", "dualpipe"} <= set(SCHEDULES)
+    assert not set(SCHEDULES) & set(STRATEGIES)  # not a DistMoE layer call
