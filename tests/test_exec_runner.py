@@ -194,12 +194,15 @@ RUNNABLE = {
     "parm": {"schedule": "s2", "saa": True, "tp": 2, "esp": 1},  # SAA rounds + comm.1 gathers
     "lancet": {"degree": 2},
     "deepep": {"gpus_per_node": 1},  # 2 nodes of 1: the forwarder path across them
+    "megatron_ep": {"micro": 2, "layers": 1, "shared": 1},  # merged step, compute.1 experts
+    "dualpipe": {"pp": 2, "micro": 4},  # 2 devices of an EP group of 1: p2p between them
 }
 
 
 def _strategy_graph(name: str) -> TaskGraph:
     routing = {"routing": {"kind": "zipf", "s": 1.2, "seed": 0}} if name == "fastermoe" else {}
-    return build(name, MoELayer(**TINY, **routing), RUNNABLE[name], ("fwd", "bwd"))
+    world = {"world": 1} if name == "dualpipe" else {}  # its graph: devices x the EP group
+    return build(name, MoELayer(**{**TINY, **world}, **routing), RUNNABLE[name], ("fwd", "bwd"))
 
 
 def _union(graphs: dict[str, TaskGraph]) -> TaskGraph:

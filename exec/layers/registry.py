@@ -34,3 +34,20 @@ def resolve_strategy(name: str, params: dict[str, Any]) -> dict[str, Any]:
             f"strategy {name!r} has no real-layer implementation yet (have: {sorted(STRATEGIES)})"
         )
     return full
+
+
+# Strategies whose real form is a schedule over micro-batches or pipeline stages, not one MoE
+# layer call (`megatron_ep`: exec.layers.ep_overlap, `dualpipe`: exec.layers.dualpipe); kept
+# apart from STRATEGIES, whose every entry is a `DistMoE` layer checked against `sequential`.
+Schedule = Callable[..., Any]
+SCHEDULES: dict[str, Schedule] = {}
+
+
+def register_schedule(name: str) -> Callable[[Schedule], Schedule]:
+    """Add a real schedule; `name` and its parameters are those of sim.strategies."""
+
+    def add(fn: Schedule) -> Schedule:
+        SCHEDULES[name] = fn
+        return fn
+
+    return add

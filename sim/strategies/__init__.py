@@ -4,6 +4,15 @@ the engine.
 Each module exposes `NAME`, `DEFAULTS` (its parameters and their defaults) and
 `build(layer, params, passes, cluster=None) -> TaskGraph`; `cluster` (topology and cost
 model) is what a strategy's own selector reads (PipeMoE's Theorem 1), None where unknown.
+
+Hooks for a model of many blocks (`build(..., blocks=...)`), all optional:
+- `plan(layer, params, blocks, cluster) -> params`: model-wide choices made before the layer
+  graph is built (Lancet's partition DP);
+- `model_pass(graph, params, cluster) -> graph`: a pass over the spliced model (Lancet);
+- `BUILDS_MODEL = True` with `build_model(layer, params, blocks, passes, cluster) ->
+  TaskGraph`: the strategy's graph is already the whole model or step (a schedule across
+  layers and micro-batches: Megatron's merged 1F1B, DualPipe), so it is returned as it is,
+  never spliced into `sim.strategies.model`'s per-layer model.
 """
 
 from __future__ import annotations
@@ -100,15 +109,23 @@ def build(
     every replica of `layout` (None or dp = 1: the replica is the world). With `blocks`, the
     graph of the whole model, its MoE layers the strategy's (`sim.strategies.model`)."""
     full = resolve_params(name, params)
-    if blocks is not None and hasattr(STRATEGIES[name], "plan"):  # model-wide choices (Lancet)
-        full = STRATEGIES[name].plan(layer, full, blocks, cluster)
-    graph = STRATEGIES[name].build(layer, full, passes, cluster)
+    mod = STRATEGIES[name]
+    if blocks is not None and getattr(mod, "BUILDS_MODEL", False):  # the graph is the model
+        return _spread(mod.build_model(layer, full, blocks, passes, cluster), layout)
+    if blocks is not None and hasattr(mod, "plan"):  # model-wide choices (Lancet)
+        full = mod.plan(layer, full, blocks, cluster)
+    graph = mod.build(layer, full, passes, cluster)
     if blocks is not None:
         from sim.strategies.model import build_model
 
         graph = build_model(blocks, layer, graph, passes)
-        if hasattr(STRATEGIES[name], "model_pass"):  # passes over the whole model (Lancet)
-            graph = STRATEGIES[name].model_pass(graph, full, cluster)
+        if hasattr(mod, "model_pass"):  # passes over the whole model (Lancet)
+            graph = mod.model_pass(graph, full, cluster)
+    return _spread(graph, layout)
+
+
+def _spread(graph: TaskGraph, layout: ParallelLayout | None) -> TaskGraph:
+    """The replica's graph over every data-parallel replica of `layout`."""
     if layout is None:
         return graph
     return dp_span.spread(replicate(graph, layout), layout.mp)

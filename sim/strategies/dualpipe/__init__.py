@@ -31,6 +31,7 @@ from sim.strategies.dualpipe.builder import build_pipeline
 from sim.strategies.dualpipe.schedule import Pipeline, table
 from sim.strategies.megatron_ep.nodes import layer_spec
 from sim.strategies.steps import require_whole_experts
+from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "dualpipe"
@@ -47,24 +48,34 @@ DEFAULTS: dict[str, Any] = {
     "sms": 24,
     "gpus_per_node": None,
 }
-plan = mep.plan
-model_pass = mep.model_pass
+BUILDS_MODEL = True  # as megatron_ep: with blocks, the step is the model's graph
 
-__all__ = ["NAME", "DEFAULTS", "build", "plan", "model_pass", "table"]
+__all__ = ["NAME", "DEFAULTS", "BUILDS_MODEL", "build", "build_model", "table"]
 
 
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    g = build_step(layer, params, passes, cluster)
-    if mep.MODEL_KEY in params:  # as megatron_ep: the step is the model's graph
-        params[mep.GRAPH_KEY] = g
-        return mep.build_stage(layer, {**mep.DEFAULTS, "layers": 1, "micro": 1}, ("fwd",))
-    return g
+    return build_step(layer, params, passes, cluster)
+
+
+def build_model(
+    layer: MoELayer,
+    params: dict[str, Any],
+    blocks: BlockModel,
+    passes: tuple[str, ...],
+    cluster: Any = None,
+) -> TaskGraph:
+    """The step whose chunks are `blocks`' MoE layers (their heads, shared experts, flash)."""
+    return build_step(layer, params, passes, cluster, blocks)
 
 
 def build_step(
-    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    cluster: Any = None,
+    blocks: BlockModel | None = None,
 ) -> TaskGraph:
     require_whole_experts(layer, NAME)
     if tuple(sorted(passes)) != ("bwd", "fwd"):
@@ -74,7 +85,7 @@ def build_step(
         params["micro"] if params["micro"] is not None else (2 * pp if isinstance(pp, int) else 0)
     )
     pipe = Pipeline(params["variant"], pp, micro)
-    m = mep.model_fields(layer, params)
+    m = mep.model_fields(layer, params, blocks)
     spec = layer_spec(
         layer,
         m["heads"],
@@ -94,5 +105,5 @@ def build_step(
         act,
         layer.dtype,
         meta,
-        mep.block_ids(params, m["layers"]),
+        mep.block_ids(blocks, m["layers"]),
     )

@@ -24,7 +24,9 @@ Parameters:
 
 Tasks enter the graph in the order Megatron's host thread launches them (with one hardware
 queue, kernels of every stream start in that order). With `model.blocks` the strategy
-builds the whole stage itself (dense blocks are not modelled: the stage is its MoE layers).
+builds the whole stage itself (`BUILDS_MODEL`, `build_model`: the merged schedule runs
+across layers and micro-batches, so there is no per-layer graph to splice into the model;
+dense blocks are not modelled: the stage is its MoE layers).
 """
 
 from __future__ import annotations
@@ -52,8 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
     "gpus_per_node": None,
 }
-MODEL_KEY = "_model"  # the stage's model, from `plan` to `build` / `model_pass`
-GRAPH_KEY = "_graph"
+BUILDS_MODEL = True  # sim.strategies.build: with blocks, `build_model` is the whole graph
 
 
 def _int(params: dict[str, Any], key: str, low: int = 1) -> int:
@@ -70,9 +71,10 @@ def _bool(params: dict[str, Any], key: str) -> bool:
     return v in (True, "on")
 
 
-def model_fields(layer: MoELayer, params: dict[str, Any]) -> dict[str, Any]:
-    """layers, heads, shared, flash: the parameters, else `model.blocks`, else defaults."""
-    blocks: BlockModel | None = params.get(MODEL_KEY)
+def model_fields(
+    layer: MoELayer, params: dict[str, Any], blocks: BlockModel | None = None
+) -> dict[str, Any]:
+    """layers, heads, shared, flash: the parameters, else `blocks`, else defaults."""
     base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True}
     if blocks is not None:
         base = {
@@ -89,9 +91,8 @@ def model_fields(layer: MoELayer, params: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def block_ids(params: dict[str, Any], layers: int) -> list[int] | None:
+def block_ids(blocks: BlockModel | None, layers: int) -> list[int] | None:
     """The model's block index of each MoE layer (trace tags), when built from blocks."""
-    blocks: BlockModel | None = params.get(MODEL_KEY)
     ids = blocks.moe_blocks if blocks is not None else []
     return ids if len(ids) == layers else None
 
@@ -105,30 +106,29 @@ def gpus_per_node(layer: MoELayer, params: dict[str, Any], cluster: Any) -> int:
     return min(G, layer.world)
 
 
-def plan(
-    layer: MoELayer, params: dict[str, Any], blocks: BlockModel, cluster: Any
-) -> dict[str, Any]:
-    return {**params, MODEL_KEY: blocks}
-
-
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
-    g = build_stage(layer, params, passes, cluster)
-    if MODEL_KEY in params:
-        # sim.strategies.build splices a layer graph into the model; this strategy's graph
-        # is already the stage: hand `model_pass` the real one, the splice a stand-in
-        params[GRAPH_KEY] = g
-        return build_stage(layer, {**params, "layers": 1, "micro": 1}, ("fwd",), cluster)
-    return g
+    return build_stage(layer, params, passes, cluster)
 
 
-def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGraph:
-    return params.pop(GRAPH_KEY, graph)
+def build_model(
+    layer: MoELayer,
+    params: dict[str, Any],
+    blocks: BlockModel,
+    passes: tuple[str, ...],
+    cluster: Any = None,
+) -> TaskGraph:
+    """The stage of `blocks`' MoE layers (their heads, shared experts, flash) in the schedule."""
+    return build_stage(layer, params, passes, cluster, blocks)
 
 
 def build_stage(
-    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    cluster: Any = None,
+    blocks: BlockModel | None = None,
 ) -> TaskGraph:
     require_whole_experts(layer, NAME)
     if params["dispatcher"] not in DISPATCHERS:
@@ -137,7 +137,7 @@ def build_stage(
         )
     overlap, shared_overlap = _bool(params, "overlap"), _bool(params, "shared_overlap")
     micro, sms = _int(params, "micro"), _int(params, "sms")
-    m = model_fields(layer, params)
+    m = model_fields(layer, params, blocks)
     spec = layer_spec(
         layer,
         m["heads"],
@@ -162,7 +162,7 @@ def build_stage(
     L = m["layers"]
     for rank in range(layer.world):
         em = Emitter(g, spec, rank, shared_overlap, chain=not overlap, dtype=layer.dtype)
-        em.block_ids = block_ids(params, L)
+        em.block_ids = block_ids(blocks, L)
         if "bwd" not in passes:
             for i in range(micro):
                 forward(em, i, L, [])
