@@ -83,7 +83,7 @@ def test_dispatchers_build_and_keep_compute(dispatcher):
     assert kinds == ({"all_gather", "reduce_scatter"} if dispatcher == "allgather"
                      else {"all_to_allv"})  # fmt: skip
     if dispatcher == "flex":
-        assert all(t.algo == "deepep" and t.tags["sms"] == 24 for t in g if t.stream == "comm")
+        assert all(t.algo == "deepep" and t.sms == 24 for t in g if t.stream == "comm")
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])

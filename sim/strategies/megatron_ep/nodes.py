@@ -250,7 +250,6 @@ class Emitter:
                 tags = {
                     "deepep": "combine" if direction == "combine" else "dispatch",
                     "node_bytes": nb[p].tolist(),
-                    "sms": s.sms,
                 }
             t = Task(
                 self._id(mb, lid, phase, step),
@@ -264,6 +263,7 @@ class Emitter:
                 group=group,
                 coll=coll,
                 algo=algo,
+                sms=(s.sms or 0) if algo == "deepep" else 0,  # DeepEP's kernels hold their SMs
             )
         t.tags.update(tags)
         return self.add(t, mb, lid, phase, step, node)
