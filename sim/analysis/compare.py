@@ -68,6 +68,19 @@ def simulate_entry(cfg: RunConfig, entry: str, cluster: Cluster) -> tuple[Any, A
     return simulate_layout(one, wl.layout, cluster.topology, cluster.costs), wl.layer
 
 
+def step_tokens(layer: Any, graph: Any) -> int:
+    """Tokens one step processes, counted once per MoE layer they cross where a graph spans
+    several (meta `moe_layers`: megatron_ep's and dualpipe's stages without `model.blocks`),
+    so that they rank against one layer's graphs; with blocks every graph is the model."""
+    meta = graph.meta
+    # a pipeline's devices (dualpipe) each run one EP group of the layer's world
+    ranks = graph.world_size // int(meta.get("devices") or 1)
+    work = int(meta.get("micro") or 1) * int(meta.get("moe_layers") or 1)
+    # tensor-parallel replicas share their tokens (DeepSpeed TED): the same cluster then
+    # processes fewer distinct tokens per step
+    return layer.tokens * ranks * work // int(meta.get("tp") or 1)
+
+
 def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     topo = cfg.load_topology()
     cluster = Cluster(topo, CostModel.build(topo, cfg.costs))
@@ -78,9 +91,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
         graph = res.graph
         s = summarize(res, to_frame(res))
         chosen = {k: v for k, v in s["params"].items() if k != "selector"}
-        # tensor-parallel replicas share their tokens (DeepSpeed TED): the same cluster then
-        # processes fewer distinct tokens per step
-        tokens = layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1)
+        tokens = step_tokens(layer, graph)
         rows.append(
             {
                 "strategy": entry,

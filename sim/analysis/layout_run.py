@@ -13,7 +13,7 @@ from sim.engine.result import SimResult
 from sim.engine.symmetric import simulate_replicas
 from sim.hardware.topology import Topology
 from sim.workload import dp_span
-from sim.workload.parallel import ParallelLayout, replicate
+from sim.workload.parallel import ParallelLayout, check_replica, replicate
 
 
 def simulate_layout(
@@ -33,6 +33,7 @@ def simulate_layout(
 
     if layout is None or layout.dp == 1:
         return simulate_replicas(one, topo, costs, record_links=record_links)
+    check_replica(one, layout)
     ranks = np.stack([layout.replica_ranks(d) for d in range(layout.dp)])
     meta = dict(one.meta) | {"layout": layout.as_dict()}
 

@@ -203,17 +203,24 @@ def from_spec(
     return ParallelLayout(ep, dp, tp, esp, gpus_per_node)
 
 
+def check_replica(graph: TaskGraph, layout: ParallelLayout) -> None:
+    """ConfigError unless the strategy's graph is one replica of the layout (a pipeline's
+    stages, e.g. dualpipe's, are more ranks than one replica's ep x tp x esp)."""
+    if graph.world_size != layout.mp:
+        raise ConfigError(
+            f"parallel: the strategy {graph.meta.get('strategy', '')!r} built a graph of "
+            f"{graph.world_size} ranks for replicas of {layout.mp} (ep x tp x esp); a "
+            f"pipeline strategy takes the world as its stages' EP groups (drop parallel.dp)"
+        )
+
+
 def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
     """One replica's graph (ranks 0..mp-1) laid over every data-parallel replica.
 
     Replica d's copy of a task runs on rank d*mp + rank; its id, dependencies and collective id
     get the prefix `dp{d}/`, and its communicator group is the replica's ranks. With dp = 1
     the graph is returned as it is."""
-    if graph.world_size != layout.mp:
-        raise ConfigError(
-            f"parallel: the strategy built a graph of {graph.world_size} ranks for replicas "
-            f"of {layout.mp} (ep x tp x esp)"
-        )
+    check_replica(graph, layout)
     if layout.dp == 1:
         return graph
     out = TaskGraph(layout.world, meta=dict(graph.meta) | {"layout": layout.as_dict()})

@@ -85,6 +85,14 @@ def build_step(
         params["micro"] if params["micro"] is not None else (2 * pp if isinstance(pp, int) else 0)
     )
     pipe = Pipeline(params["variant"], pp, micro)
+    gpus = None if cluster is None else cluster.topology.world_size
+    if gpus is not None and pipe.devices * layer.world > gpus:
+        raise ConfigError(
+            f"strategy.pp: {NAME} ({pipe.variant}, pp={pp}) runs {pipe.devices} pipeline devices "
+            f"x an EP group of {layer.world} GPUs = {pipe.devices * layer.world} ranks, but the "
+            f"cluster has {gpus}: the layer's world is one stage's EP group (lower world_size "
+            f"or pp, or add nodes)"
+        )
     m = mep.model_fields(layer, params, blocks)
     spec = layer_spec(
         layer,
@@ -97,6 +105,8 @@ def build_step(
     )
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
     meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}
+    if blocks is None:  # per-token metrics: a token crosses every stage's MoE layers
+        meta["moe_layers"] = m["layers"] * pipe.pp
     return build_pipeline(
         pipe,
         spec,

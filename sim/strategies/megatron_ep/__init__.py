@@ -157,6 +157,8 @@ def build_stage(
             "overlap": overlap,
             "shared_overlap": shared_overlap,
             **m,
+            # per-token metrics: the MoE layers a token crosses, where others build one layer
+            **({} if blocks else {"moe_layers": m["layers"]}),
         },
     )
     L = m["layers"]
