@@ -53,6 +53,44 @@ def _overlap(g, r) -> float:
     return float(total)
 
 
+def megatron_1456() -> list[dict]:
+    """Megatron-LM issue #1456's setting as a training schedule: hidden 2048, expert hidden
+    2048, 32 experts top-8, one shared expert (its config), 4,096 tokens per micro-batch, two
+    MoE layers and two micro-batches (assumed), `megatron_ep` without overlap, dispatcher
+    alltoall (NCCL, dropless, a copy per (token, expert)) vs flex (DeepEP), on h800."""
+    out = []
+    for ep in (4, 8, 16, 32):
+        topo = Topology.load("h800", nodes=max(1, ep // 8))
+        costs = CostModel.build(topo, {})
+        layer = MoELayer(batch=1, seq_len=4096, model_dim=2048, hidden_dim=2048,
+                         experts=max(32, 4 * ep), world=ep, top_k=8)  # fmt: skip
+        ms = {}
+        for disp in ("alltoall", "flex"):
+            params = {"dispatcher": disp, "overlap": False, "micro": 2, "layers": 2,
+                      "heads": 16, "shared": 1}  # fmt: skip
+            g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
+            ms[disp] = simulate(g, topo, costs).makespan * 1e3
+        out.append({"ep": ep, "nodes": topo.nodes, "experts": layer.experts,
+                    "alltoall_ms": ms["alltoall"], "flex_ms": ms["flex"]})  # fmt: skip
+    return out
+
+
+DIFFERS = """## Where the simulation differs, and why
+
+- Calibration: the sim is 10-25% above DeepEP's published bandwidths. Its kernel is modelled as
+  line-rate flows (NVLink 160 GB/s effective, CX7 48.5 GB/s) with no chunk hand-off, SM-bound
+  copy or notify-in-kernel costs; no DeepEP-specific efficiency was fitted. EP8's NVL figure
+  counts the own-GPU rows (1/8) as DeepEP's test does, hence 181 > 160.
+- Claim "DeepEP does not win at EP <= 8 on one node" is NOT reproduced: per-GPU dedup and
+  dropless (unpadded) rows make DeepEP move fewer bytes than `sequential`'s padded all-to-all
+  even on NVLink. The SM reservation is now honoured (`Task.sms`, see the SMs paragraph above)
+  but nothing in this graph runs beside the reserving kernels, so it changes no number here.
+- Skew: zipf s=1.2 over 4 experts/GPU gives max/mean 8.6-11 (above the ~5 asked); the hot GPU's
+  NVLink receive bounds DeepEP too, so at this size DeepEP slows by a similar or larger factor
+  than NCCL (EP16: 4.0x vs 5.1x) while staying faster in absolute time. The unit test's
+  relation (NCCL slows more) holds at its smaller layer only; treat it as fragile."""
+
+
 def main() -> None:
     rows = []
     for ep, (pd, pc) in PUBLISHED.items():
@@ -88,7 +126,9 @@ def main() -> None:
                 if name == "deepep":
                     res[label + "_overlap_ms"] = t["overlap_s"] * 1e3
             claims.append(res)
-    data = {"machine": MACHINE, "preset": "h800", "calibration": rows, "claims": claims}
+    step = megatron_1456()
+    data = {"machine": MACHINE, "preset": "h800", "calibration": rows, "claims": claims,
+            "megatron_1456": step}  # fmt: skip
     atomic_write_text(OUT / "deepep_h800.json", json.dumps(data, indent=2) + "\n")
     md = ["# DeepEP normal kernels on h800: simulated vs published", "",
           f"Machine: {MACHINE} (simulation). `python benchmarks/deepep_h800.py`.", "",
@@ -120,6 +160,20 @@ def main() -> None:
     md += ["", "Published for comparison: DeepSpeed PR #8213, 16 H100: NCCL all-to-all 99.7 ms ->"
            " 115.8 ms under skew vs DeepEP ~46 ms (a whole training step, not comparable in"
            " absolute terms; only the direction is).", ""]  # fmt: skip
+    md += ["Megatron-LM #1456's layer as a training step (`megatron_ep`, no overlap; hidden 2048,"
+           " top-8, 1 shared expert, 2 layers x 2 micro-batches assumed): step time (ms)", "",
+           "| EP | nodes | experts | NCCL alltoall dispatcher | DeepEP (flex) | DeepEP / NCCL |",
+           "|---|---|---|---|---|---|"]  # fmt: skip
+    for r in step:
+        md.append(f"| {r['ep']} | {r['nodes']} | {r['experts']} | {r['alltoall_ms']:.2f} | "
+                  f"{r['flex_ms']:.2f} | {r['flex_ms'] / r['alltoall_ms']:.3f} |")  # fmt: skip
+    md += ["", "The direction of #1456 holds (DeepEP's edge grows across nodes), its claim does"
+           " not: on one node DeepEP still wins, because it sends a token once per GPU where the"
+           " alltoall dispatcher sends a copy per (token, expert), and the costs that made it"
+           " slower there (the notify step's host wait stalling the launch thread, kernels held"
+           " to the bandwidth of their 24 SMs, layout and permute kernels) are not in the model:"
+           " the launch thread is not modelled, and communication flows are not limited by the"
+           " SMs their kernels hold.", "", DIFFERS]  # fmt: skip
     atomic_write_text(OUT / "deepep_h800.md", "\n".join(md) + "\n")
     print("\n".join(md))
 
