@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -31,6 +30,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import machine  # noqa: E402
 from sim import api  # noqa: E402
 from sim.analysis.chrome import chrome_trace  # noqa: E402
 from sim.core.io import atomic_write_text  # noqa: E402
@@ -48,18 +48,6 @@ for _ in range({repeat}):
     t = time.process_time(); api.run(cfg); cpu.append(time.process_time() - t)
 print(statistics.median(cpu))
 """
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
 
 
 def before(df) -> dict:
@@ -180,7 +168,7 @@ def main() -> None:
     ap.add_argument("--base", help="an older checkout to time the default run in")
     a = ap.parse_args()
     rows = [one(label, nodes, a.repeat, a.base) for label, nodes in CASES.items()]
-    where = machine()
+    where = machine("CPUs")
     doc = {"machine": f"2-core CI-class container ({where})", "repeat": a.repeat, "rows": rows}
     if a.base:
         doc["base"] = a.base

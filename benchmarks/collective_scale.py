@@ -20,20 +20,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from sim.analysis.collbench import graph_for
-from sim.core.io import atomic_write_text
-from sim.engine.engine import simulate
-from sim.hardware.costs import CostModel
-from sim.hardware.topology import Topology
-
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import machine  # noqa: E402
+from sim.analysis.collbench import graph_for  # noqa: E402
+from sim.core.io import atomic_write_text  # noqa: E402
+from sim.engine.engine import simulate  # noqa: E402
+from sim.hardware.costs import CostModel  # noqa: E402
+from sim.hardware.topology import Topology  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results"
 SIZE = 16 * 2**20
 CASES = [
@@ -100,14 +102,6 @@ def child_cpu(code: str) -> float:
     if proc.returncode:
         raise RuntimeError(f"child failed ({proc.returncode}):\n{code}")
     return usage.ru_utime + usage.ru_stime
-
-
-def machine() -> str:
-    cpuinfo = Path("/proc/cpuinfo")
-    lines = cpuinfo.read_text().splitlines() if cpuinfo.exists() else []
-    names = [ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")]
-    model = names[0] if names else platform.processor() or platform.machine()
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def main() -> None:

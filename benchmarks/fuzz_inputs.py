@@ -37,6 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks.common import cpu_model  # noqa: E402
 from tests import bad_inputs as B  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
@@ -200,15 +201,7 @@ def _row(fc: tuple[str, B.Case], verdict: str, detail: str, wall: float) -> dict
 
 
 def machine() -> str:
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{cpu}, {os.cpu_count()} cores (shared), {platform.system()} "
+    return (f"{cpu_model()}, {os.cpu_count()} cores (shared), {platform.system()} "
             f"{platform.release()}, Python {platform.python_version()}")  # fmt: skip
 
 

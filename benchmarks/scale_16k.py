@@ -27,13 +27,16 @@ T_START = time.perf_counter()
 import argparse  # noqa: E402
 import json  # noqa: E402
 import os  # noqa: E402
-import platform  # noqa: E402
 import resource  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import machine  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results"
 
 # name: (topology, nodes, ep, dp, fabric overrides, routing, mode, extra costs)
@@ -151,18 +154,6 @@ def run_case(name: str) -> dict:
     row = json.loads(out.stdout.strip().splitlines()[-1])
     row["process_s"] = time.perf_counter() - t0
     return row
-
-
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} cores, Python {platform.python_version()}"
 
 
 def median_row(rows: list[dict]) -> dict:

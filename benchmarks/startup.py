@@ -13,7 +13,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import statistics
 import subprocess
@@ -21,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import machine  # noqa: E402
+
 OUT = ROOT / "benchmarks" / "results"
 CASES = {
     "python -c pass": ["-c", "pass"],
@@ -38,18 +41,6 @@ def cpu_seconds(args: list[str]) -> float:
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{model}, {os.cpu_count()} CPUs, Python {platform.python_version()}"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=9, help="runs per case; the median is kept")
@@ -65,10 +56,9 @@ def main() -> None:
         print(f"{name:16s} median {rows[-1]['median_cpu_s']:.3f} s CPU  min {min(times):.3f} s")
     if a.no_write:
         return
-    sys.path.insert(0, str(ROOT))
     from sim.core.io import atomic_write_text
 
-    where = machine()
+    where = machine("CPUs")
     atomic_write_text(
         OUT / "startup.json",
         json.dumps({"machine": where, "runs": a.runs, "rows": rows}, indent=2) + "\n",

@@ -93,10 +93,10 @@ def main() -> None:
     print(f"one row written: {write * 1e3:.2f} ms (median wall)")
     if a.no_write:
         return
-    from benchmarks.startup import machine
+    from benchmarks.common import machine
     from sim.core.io import atomic_write_text
 
-    where = machine()
+    where = machine("CPUs")
     load_avg = os.getloadavg()[0]
     doc = {
         "machine": where,

@@ -10,20 +10,7 @@ import pytest
 import yaml
 
 from sim.cli import main
-
-SMALL = {
-    "topology": "dgx-a100",
-    "nodes": 1,
-    "model": {
-        "batch": 1,
-        "seq_len": 256,
-        "model_dim": 256,
-        "hidden_dim": 512,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": {"name": "pipelined", "degree": 2},
-}
+from tests.configs import SMALL
 
 
 def _cli(*args: str, cwd=None) -> subprocess.CompletedProcess:

@@ -23,6 +23,11 @@ SPEC = BlockSpec(
 VARIANTS = [("sequential", {}), ("pipelined", {"degree": 2, "order": "alternating"})]
 
 
+# Slow: a launch of its own for what the default run covers elsewhere. The block (attention +
+# MoE, forward and backward, every gradient non-zero) equals the single-process reference in
+# tests/test_exec_lancet.py (its `sequential` variant), and pipelined equals sequential in
+# the layer in tests/test_exec_moe.py; this one adds top-2 with pipelined inside the block.
+@pytest.mark.slow
 def test_block_equals_single_process_reference():
     ranks = run_block(SPEC, VARIANTS, timeout_s=60)
     ref = reference(SPEC)

@@ -110,11 +110,16 @@ def test_layouts_refuse_layers_they_cannot_run():
         DistMoE(E2, 0, None, torch.device("cpu"))  # whole experts only
 
 
+# Two ranks (a launch of four costs twice the CPU): one TP group of 2 holding all 4 experts,
+# and one expert sliced in two (top-1: E = 1). The layouts on 4 ranks, EP and TP groups
+# together and 2 or 4 slices per expert, are the CASES above.
 @pytest.mark.parametrize(
-    "strategy, experts",
-    [({"name": "ted", "tp": 2}, 4), ({"name": "tutel", "parallel": "p2", "degree": 2}, 2)],
+    "strategy, experts, top_k",
+    [({"name": "ted", "tp": 2}, 4, 2), ({"name": "tutel", "parallel": "p2", "degree": 2}, 1, 1)],
 )
-def test_cli_exec_moe_runs_layouts_against_the_reference(tmp_path, capsys, strategy, experts):
+def test_cli_exec_moe_runs_layouts_against_the_reference(
+    tmp_path, capsys, strategy, experts, top_k
+):
     """`moesim exec CONFIG --moe` on a TP or sliced layout compares with the unsliced
     single-process reference (exit 0 when equal)."""
     import json
@@ -125,10 +130,10 @@ def test_cli_exec_moe_runs_layouts_against_the_reference(tmp_path, capsys, strat
 
     cfg = tmp_path / "c.yaml"
     model = {"batch": 1, "seq_len": 16, "model_dim": 8, "hidden_dim": 12, "experts": experts}
-    model |= {"top_k": 2, "capacity_factor": 0.65, "dtype": "fp32"}
+    model |= {"top_k": top_k, "capacity_factor": 0.65, "dtype": "fp32"}
     spec = {"topology": "localhost-cpu", "model": model, "strategy": strategy}
     cfg.write_text(yaml.safe_dump(spec | {"passes": ["fwd", "bwd"]}))
-    assert main(["exec", str(cfg), "--nprocs", "4", "--moe", "--json"]) == 0
+    assert main(["exec", str(cfg), "--nprocs", "2", "--moe", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["equal"] and out["strategy"].startswith(f"E{experts}:{strategy['name']}")
     assert {"y", "grad_x", "grad_gate", "grad_w1", "grad_b2"} <= set(out["max_rel_diff"])

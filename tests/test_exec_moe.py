@@ -142,9 +142,18 @@ def test_layer_size_and_strategy_errors():
         resolve_strategy("pipelined", {"chunks": 2})
 
 
-def test_cli_moe_reports_equal_outputs(tmp_path, capsys):
+def exec_moe_json(cfg: dict, path, capsys) -> dict:
+    """`moesim exec PATH --nprocs 2 --moe --json` on the config written to `path`: its report."""
     from sim.cli import main
 
+    path.write_text(yaml.safe_dump(cfg))
+    rc = main(["exec", str(path), "--nprocs", "2", "--moe", "--json"])
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_cli_moe_reports_equal_outputs(tmp_path, capsys):
     cfg = {
         "topology": "dgx-a100",
         "model": {
@@ -159,12 +168,7 @@ def test_cli_moe_reports_equal_outputs(tmp_path, capsys):
         "strategy": {"name": "pipelined", "degree": 4, "order": "alternating"},
         "passes": ["fwd", "bwd"],
     }
-    path = tmp_path / "moe.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    rc = main(["exec", str(path), "--nprocs", "2", "--moe", "--json"])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    report = json.loads(out)
+    report = exec_moe_json(cfg, tmp_path / "moe.yaml", capsys)
     assert report["equal"] is True and report["capacity"] == 16
     assert report["strategy"] == "pipelined(degree=4,order=alternating)"
     assert set(report["max_abs_diff"]) >= {"y", "grad_w1", "grad_x"}

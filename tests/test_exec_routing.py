@@ -4,8 +4,6 @@ are the simulator's choices on the config's cluster; every strategy still equals
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 import pytest
 import yaml
@@ -19,6 +17,7 @@ from exec.layers.run import MoERun, Variant, run_moe  # noqa: E402
 from exec.layers.split_check import compare  # noqa: E402
 from sim.workload.gate_plan import plan  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
+from tests.test_exec_moe import exec_moe_json  # noqa: E402
 
 # Zipf(0.8) over 4 experts, C = 12 of 32 tokens x 2 choices: hot experts drop choices, the
 # others keep 7-11, so every exchange has unequal per-peer splits; a top-k gate can make it.
@@ -97,7 +96,6 @@ def test_every_strategy_equals_sequential_and_sends_the_graphs_splits(run_all):
 
 @pytest.mark.slow  # a CLI run of real processes; the pieces are tested above and below
 def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, capsys):
-    from sim.cli import main
     from sim.config import RunConfig
     from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
@@ -121,11 +119,7 @@ def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, c
         "passes": ["fwd", "bwd"],
     }
     path = tmp_path / "moe.yaml"
-    path.write_text(yaml.safe_dump(cfg))
-    rc = main(["exec", str(path), "--nprocs", "2", "--moe", "--json"])
-    out, err = capsys.readouterr()
-    assert rc == 0, err
-    report = json.loads(out)
+    report = exec_moe_json(cfg, path, capsys)
     # the simulator's own choice for this layer on 2 ranks of the config's cluster
     rc_ = RunConfig.load(path)
     topo = rc_.load_topology()

@@ -18,17 +18,24 @@ TOPO = Topology.load("pipemoe-2080ti", nodes=1)  # 4 GPUs; links unused in colle
 KINDS = ("gemm", "layernorm", "softmax", "elementwise", "attention", "gate", "encode", "decode")
 
 
-def _costs(fits: dict, a2a: tuple[float, float]) -> CostModel:
+def alpha_beta_costs(
+    beta_g: float,
+    beta_m: float,
+    a2a: tuple[float, float],
+    alpha: float = 2e-6,
+    a2a_kinds: tuple[str, ...] = ("all_to_all",),
+) -> CostModel:
+    """Collective-mode alpha-beta costs on TOPO: `alpha` for every compute kind, `beta_g` per
+    byte for GEMMs and `beta_m` for the rest; `a2a` (alpha, beta) for each of `a2a_kinds`."""
+    fits = {k: (alpha, beta_g if k == "gemm" else beta_m) for k in KINDS}
     return CostModel.build(
         TOPO,
         {
             "compute": "alpha_beta",
             "network": "collective",
             "alpha_beta": {k: {"alpha": a, "beta": b} for k, (a, b) in fits.items()},
-            "collectives": {
-                "all_to_all": {"alpha": a2a[0], "beta": a2a[1]},
-                "all_reduce": {"alpha": 1e-5, "beta": 1e-10},
-            },
+            "collectives": {k: {"alpha": a2a[0], "beta": a2a[1]} for k in a2a_kinds}
+            | {"all_reduce": {"alpha": 1e-5, "beta": 1e-10}},
         },
     )
 
@@ -43,8 +50,7 @@ def _costs(fits: dict, a2a: tuple[float, float]) -> CostModel:
     beta_a=st.floats(1e-11, 1e-8),
 )
 def test_dw_pass_never_lengthens_and_keeps_dependencies(n, degree, flash, beta_g, beta_m, beta_a):
-    fits = {k: (2e-6, beta_g if k == "gemm" else beta_m) for k in KINDS}
-    costs = _costs(fits, (2e-5, beta_a))
+    costs = alpha_beta_costs(beta_g, beta_m, (2e-5, beta_a))
     layer = MoELayer(batch=2, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=4)
     blocks = BlockModel(n=n, heads=4, moe_every=2, flash=flash)
     plain = build("pipelined", layer, {"degree": degree}, ("fwd", "bwd"), blocks=blocks)
@@ -70,8 +76,7 @@ def test_dw_pass_never_lengthens_and_keeps_dependencies(n, degree, flash, beta_g
 def test_dw_fills_backward_all_to_all_windows():
     """Slow all-to-alls, fast GEMMs: weight gradients move into the windows and the step
     gets shorter by the moved work."""
-    fits = {k: (1e-6, 1e-13 if k == "gemm" else 1e-12) for k in KINDS}
-    costs = _costs(fits, (1e-4, 1e-8))
+    costs = alpha_beta_costs(1e-13, 1e-12, (1e-4, 1e-8), alpha=1e-6)
     layer = MoELayer(batch=2, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=4)
     blocks = BlockModel(n=4, heads=4, moe_every=2)
     plain = build("sequential", layer, {}, ("fwd", "bwd"), blocks=blocks)

@@ -15,7 +15,6 @@ from hypothesis import strategies as st
 from sim.core.errors import ConfigError
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
-from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.lancet.capacity import partition_tokens, pass_capacity, split_demand
 from sim.strategies.lancet.plan import choose
@@ -23,28 +22,14 @@ from sim.strategies.lancet.profile import duration_fn
 from sim.strategies.lancet.ranges import best_segments, pipeline_time
 from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
-
-TOPO = Topology.load("pipemoe-2080ti", nodes=1)  # 4 GPUs; links unused in collective mode
-KINDS = ("gemm", "layernorm", "softmax", "elementwise", "attention", "gate", "encode", "decode")
+from tests.test_lancet import TOPO, alpha_beta_costs
 
 
 def _costs(
     beta_g: float, beta_m: float, a2a: tuple[float, float], alpha: float = 2e-6
 ) -> CostModel:
-    fits = {k: (alpha, beta_g if k == "gemm" else beta_m) for k in KINDS}
-    return CostModel.build(
-        TOPO,
-        {
-            "compute": "alpha_beta",
-            "network": "collective",
-            "alpha_beta": {k: {"alpha": a, "beta": b} for k, (a, b) in fits.items()},
-            "collectives": {
-                "all_to_all": {"alpha": a2a[0], "beta": a2a[1]},
-                "all_to_allv": {"alpha": a2a[0], "beta": a2a[1]},
-                "all_reduce": {"alpha": 1e-5, "beta": 1e-10},
-            },
-        },
-    )
+    # skewed layers exchange with all-to-allv: the same fit as all-to-all
+    return alpha_beta_costs(beta_g, beta_m, a2a, alpha, ("all_to_all", "all_to_allv"))
 
 
 # -- capacity passed between partitions -------------------------------------------------------

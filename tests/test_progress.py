@@ -11,20 +11,8 @@ import yaml
 from sim.cli import main
 from sim.core import progress
 from sim.engine import watch
+from tests.configs import SMALL
 
-SMALL = {
-    "topology": "dgx-a100",
-    "nodes": 1,
-    "model": {
-        "batch": 1,
-        "seq_len": 256,
-        "model_dim": 256,
-        "hidden_dim": 512,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": {"name": "pipelined", "degree": 2},
-}
 # skewed routing: all-to-allv simulated flow by flow, a rate solve per flow finish
 ZIPF = {**SMALL, "model": {**SMALL["model"], "routing": {"kind": "zipf", "s": 1.2, "seed": 0}}}
 

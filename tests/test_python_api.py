@@ -15,21 +15,9 @@ import sim
 from sim import api
 from sim.cli import main
 from sim.core.errors import ConfigError
+from tests.configs import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {
-    "topology": "dgx-a100",
-    "nodes": 1,
-    "model": {
-        "batch": 1,
-        "seq_len": 256,
-        "model_dim": 256,
-        "hidden_dim": 512,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": {"name": "pipelined", "degree": 2},
-}
 
 
 @pytest.fixture

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from sim.cli import main
+from tests.configs import SMALL
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -31,20 +32,6 @@ EXEC_COMMANDS = ("exec", "calibrate", "validate")
 # Lines allowed to fail until another change lands, with the reason. They still run; one
 # that passes is fine (delete its entry then), so the list does not break a merge.
 EXPECTED_FAILURES: dict[str, str] = {}
-# A small layer for the Python example (the README's own numbers do not matter to it).
-SMALL = {
-    "topology": "dgx-a100",
-    "nodes": 1,
-    "model": {
-        "batch": 1,
-        "seq_len": 256,
-        "model_dim": 256,
-        "hidden_dim": 512,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": {"name": "pipelined", "degree": 2},
-}
 
 
 def shell_blocks(text: str) -> list[str]:
@@ -163,6 +150,7 @@ def test_executor_examples_run_as_written(scratch):
 
 
 def test_python_example_runs_verbatim(scratch):
+    # a small layer (the README's own numbers do not matter to it)
     (scratch / "my.yaml").write_text(yaml.safe_dump(SMALL, sort_keys=False))
     code = python_block(README.read_text())
     assert "import sim" in code

@@ -30,16 +30,7 @@ from sim.strategies import Cluster, build
 from sim.workload.parallel import replicate
 from tests.golden import outputs
 
-MODEL = {
-    "batch": 2,
-    "seq_len": 256,
-    "model_dim": 512,
-    "hidden_dim": 1024,
-    "experts_per_gpu": 2,
-    "top_k": 2,
-    "capacity_factor": 1.2,
-    "dtype": "fp16",
-}
+MODEL = outputs.MODEL  # the golden cases' layer
 RAIL = {"nodes_per_unit": 4, "oversubscription": 2}  # two 2-node replicas per unit
 ZIPF = {"routing": {"kind": "zipf", "s": 1.2, "seed": 3}}
 

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from exec.layers.moe import Comms, DistMoE, _Aborted, _wait
+from exec.layers.moe import Comms, DistMoE
+from exec.layers.overlap import Overlap
 from exec.layers.registry import register
 from exec.layers.sparse import ExchangeV, pack, unpack
 from exec.layers.waits import wait_work
@@ -154,63 +155,40 @@ def fastermoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
     arrived = [threading.Event() for _ in range(n)]
     computed = [threading.Event() for _ in range(n)]
     fetched = {e: threading.Event() for e in shadow}
-    abort = threading.Event()
-    errors: list[BaseException] = []
-    grad_mode, n_threads = torch.is_grad_enabled(), torch.get_num_threads()
+    ov = Overlap("fastermoe")
 
     def comm_stream(stream: str) -> None:
-        torch.set_grad_enabled(grad_mode)  # both are per thread
-        torch.set_num_threads(n_threads)
-        try:
-            if stream == SHADOW_STREAM:
-                for e in shadow:
-                    copies[e] = _shadow_params(moe, e)
-                    fetched[e].set()
-            for what, s, st in plan:
-                if st != stream:
-                    continue
-                if what == "first":
-                    to = (G + s) % n
-                    x = torch.cat([view[q, active[q]] for q in peers(to)])
-                    received[s] = exchange(x, s, False, stream, f"dispatch step {s}")
-                    arrived[s].set()
-                else:
-                    _wait(computed[s], abort)
-                    out = expert_out[s].view(-1, C, M)
-                    combined[s] = exchange(out, s, True, stream, f"combine step {s}")
-        except _Aborted:
-            pass
-        except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
-            errors.append(e)
-            abort.set()
+        if stream == SHADOW_STREAM:
+            for e in shadow:
+                copies[e] = _shadow_params(moe, e)
+                fetched[e].set()
+        for what, s, st in plan:
+            if st != stream:
+                continue
+            if what == "first":
+                to = (G + s) % n
+                x = torch.cat([view[q, active[q]] for q in peers(to)])
+                received[s] = exchange(x, s, False, stream, f"dispatch step {s}")
+                arrived[s].set()
+            else:
+                ov.wait(computed[s])
+                out = expert_out[s].view(-1, C, M)
+                combined[s] = exchange(out, s, True, stream, f"combine step {s}")
 
-    streams = list(dict.fromkeys([st for _, _, st in plan] + ([SHADOW_STREAM] if shadow else [])))
-    threads = [
-        threading.Thread(target=comm_stream, args=(st,), name=f"fastermoe:{st}", daemon=True)
-        for st in streams
-    ]
-    for th in threads:
-        th.start()
     shadow_out: dict[int, torch.Tensor] = {}
-    try:
-        for s in range(n):  # the compute stream: each step as its tokens arrive
-            _wait(arrived[s], abort)
+
+    def compute_stream() -> None:
+        for s in range(n):  # each step as its tokens arrive
+            ov.wait(arrived[s])
             expert_out[s] = _experts_on(moe, received[s], active[me], g, C)
             computed[s].set()
         for e in shadow:  # shadowed experts on my own slots, once their parameters are in
-            _wait(fetched[e], abort)
+            ov.wait(fetched[e])
             w1, b1, w2, b2 = copies[e]
             shadow_out[e] = torch.addmm(b2, moe.act(torch.addmm(b1, buf[e], w1)), w2)
-    except _Aborted:
-        pass
-    except BaseException:
-        abort.set()
-        raise
-    while any(th.is_alive() for th in threads) and not abort.is_set():
-        for th in threads:
-            th.join(0.05)
-    if errors:
-        raise errors[0]
+
+    streams = list(dict.fromkeys([st for _, _, st in plan] + ([SHADOW_STREAM] if shadow else [])))
+    ov.run(streams, comm_stream, compute_stream)
     # One cat over every step's output (empty ones included) and the shadow outputs: each
     # exchange's output is used on every rank, so autograd runs its backward everywhere.
     blocks = [q * El + i for s in range(n) for q in peers((G + s) % n) for i in active[q]]

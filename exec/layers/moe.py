@@ -31,7 +31,6 @@ is exact but not overlapped).
 from __future__ import annotations
 
 import math
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -49,7 +48,6 @@ from sim.workload.gate_plan import plan, token_choices
 from sim.workload.moe import MoELayer, check_sizes, expert_capacity
 
 ACTIVATIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {"gelu": F.gelu, "relu": F.relu}
-_POLL_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -329,13 +327,3 @@ class DistMoE(torch.nn.Module):
         h = self.act(torch.baddbmm(self.b1, x, self.w1))
         y = torch.baddbmm(self.b2, h, self.w2)
         return y.view(El, P, c, M).transpose(0, 1).reshape(E, c, M)
-
-
-class _Aborted(Exception):
-    """Another thread of the layer failed; this one stops quietly."""
-
-
-def _wait(event: threading.Event, abort: threading.Event) -> None:
-    while not event.wait(_POLL_S):
-        if abort.is_set():
-            raise _Aborted

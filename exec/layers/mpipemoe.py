@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from exec.layers.moe import _POLL_S, DistMoE, _Aborted, _wait
+from exec.layers.moe import DistMoE
+from exec.layers.overlap import Overlap
 from exec.layers.registry import register
 from sim.core.errors import ConfigError
 from sim.strategies.chunking import comm_order
@@ -150,38 +151,26 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
     combined: dict[int, torch.Tensor] = {}
     arrived = [threading.Event() for _ in range(n)]
     computed = [threading.Event() for _ in range(n)]
-    abort = threading.Event()
-    errors: list[BaseException] = []
-    grad_mode, n_threads = torch.is_grad_enabled(), torch.get_num_threads()
+    ov = Overlap("mpipemoe")
 
-    def comm_stream() -> None:
-        torch.set_grad_enabled(grad_mode)  # both are per thread
-        torch.set_num_threads(n_threads)
-        try:
-            for what, j, _ in plan:
-                if what == "first":
-                    received[j] = moe.exchange(
-                        chunks[j], bounds[j], False, "comm", f"dispatch chunk {j}",
-                        ("fwd", "dispatch", j),
-                    )  # fmt: skip
-                    arrived[j].set()
-                else:
-                    _wait(computed[j], abort)
-                    out = expert_out.pop(j)  # T_DO: gone once combined
-                    combined[j] = moe.exchange(
-                        out, bounds[j], True, "comm", f"combine chunk {j}", ("fwd", "combine", j)
-                    )
-        except _Aborted:
-            pass
-        except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
-            errors.append(e)
-            abort.set()
+    def comm_stream(stream: str) -> None:  # one stream, "comm", whatever the plan names
+        for what, j, _ in plan:
+            if what == "first":
+                received[j] = moe.exchange(
+                    chunks[j], bounds[j], False, stream, f"dispatch chunk {j}",
+                    ("fwd", "dispatch", j),
+                )  # fmt: skip
+                arrived[j].set()
+            else:
+                ov.wait(computed[j])
+                out = expert_out.pop(j)  # T_DO: gone once combined
+                combined[j] = moe.exchange(
+                    out, bounds[j], True, stream, f"combine chunk {j}", ("fwd", "combine", j)
+                )
 
-    thread = threading.Thread(target=comm_stream, name="mpipemoe:comm", daemon=True)
-    thread.start()
-    try:
-        for j in range(n):  # the compute stream
-            _wait(arrived[j], abort)
+    def compute_stream() -> None:
+        for j in range(n):
+            ov.wait(arrived[j])
             x = received.pop(j)  # T_DI: from here on only the expert's node may hold it
             source = chunks[j].detach().contiguous()
             expert_out[j] = _Expert.apply(
@@ -189,13 +178,6 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
                 (bounds[j], j),
             )  # fmt: skip
             computed[j].set()
-    except _Aborted:
-        pass
-    except BaseException:
-        abort.set()
-        raise
-    while thread.is_alive() and not abort.is_set():
-        thread.join(_POLL_S)
-    if errors:
-        raise errors[0]
+
+    ov.run(["comm"], comm_stream, compute_stream)
     return torch.cat([combined[j] for j in range(n)], dim=1)

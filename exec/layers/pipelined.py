@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from exec.layers.moe import _POLL_S, DistMoE, _Aborted, _wait
+from exec.layers.moe import DistMoE
+from exec.layers.overlap import Overlap
 from exec.layers.registry import register
 from sim.core.errors import ConfigError
 from sim.strategies.chunking import comm_order
@@ -51,54 +52,30 @@ def pipelined(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.
     combined: dict[int, torch.Tensor] = {}
     arrived = [threading.Event() for _ in range(r)]
     computed = [threading.Event() for _ in range(r)]
-    abort = threading.Event()
-    errors: list[BaseException] = []
-    grad_mode, n_threads = torch.is_grad_enabled(), torch.get_num_threads()
+    ov = Overlap("moe")
 
     def comm_stream(stream: str) -> None:
-        torch.set_grad_enabled(grad_mode)  # both are per thread
-        torch.set_num_threads(n_threads)
-        try:
-            for what, j, s in plan:
-                if s != stream:
-                    continue
-                if what == "first":
-                    chunk = buf[:, bounds[j] : bounds[j + 1]]
-                    key = ("fwd", "dispatch", j)
-                    what = f"dispatch chunk {j}"
-                    received[j] = moe.exchange(chunk, bounds[j], False, stream, what, key)
-                    arrived[j].set()
-                else:
-                    _wait(computed[j], abort)
-                    combined[j] = moe.exchange(
-                        expert_out[j], bounds[j], True, stream, f"combine chunk {j}",
-                        ("fwd", "combine", j),
-                    )  # fmt: skip
-        except _Aborted:
-            pass
-        except BaseException as e:  # noqa: BLE001 - re-raised by the compute thread
-            errors.append(e)
-            abort.set()
+        for what, j, s in plan:
+            if s != stream:
+                continue
+            if what == "first":
+                chunk = buf[:, bounds[j] : bounds[j + 1]]
+                key = ("fwd", "dispatch", j)
+                what = f"dispatch chunk {j}"
+                received[j] = moe.exchange(chunk, bounds[j], False, stream, what, key)
+                arrived[j].set()
+            else:
+                ov.wait(computed[j])
+                combined[j] = moe.exchange(
+                    expert_out[j], bounds[j], True, stream, f"combine chunk {j}",
+                    ("fwd", "combine", j),
+                )  # fmt: skip
 
-    threads = [
-        threading.Thread(target=comm_stream, args=(s,), name=f"moe:{s}", daemon=True)
-        for s in dict.fromkeys(s for _, _, s in plan)
-    ]
-    for th in threads:
-        th.start()
-    try:
-        for j in range(r):  # the compute stream: expert chunks as their dispatch arrives
-            _wait(arrived[j], abort)
+    def compute_stream() -> None:  # expert chunks as their dispatch arrives
+        for j in range(r):
+            ov.wait(arrived[j])
             expert_out[j] = moe.experts(received[j])
             computed[j].set()
-    except _Aborted:
-        pass
-    except BaseException:
-        abort.set()
-        raise
-    while any(th.is_alive() for th in threads) and not abort.is_set():
-        for th in threads:
-            th.join(_POLL_S)
-    if errors:
-        raise errors[0]
+
+    ov.run(dict.fromkeys(s for _, _, s in plan), comm_stream, compute_stream)
     return torch.cat([combined[j] for j in range(r)], dim=1)

@@ -27,16 +27,17 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from exec.errors import ExecError, require_torch
 from exec.runtime.timeouts import CONTROL_TIMEOUT_S, SETUP_TIMEOUT_S
-from sim.analysis.trace import COLUMNS
 from sim.core.graph import TaskGraph
 from sim.core.kinds import COMM_KINDS
+
+if TYPE_CHECKING:  # pandas and the trace schema load in `assemble`, in the parent only: every
+    import pandas as pd  # rank's fresh interpreter imports this module (~0.3 s CPU each)
 
 _GRACE_S = 1.0  # after one rank fails, how long the others get to report their own error
 
@@ -114,6 +115,10 @@ def assemble(graph: TaskGraph, results: list, backend: str) -> ExecResult:
     (clipped to its duration): the part of its time spent waiting for peers, as the
     simulator reports it. Its accuracy is the clock alignment bound.
     """
+    import pandas as pd
+
+    from sim.analysis.trace import COLUMNS
+
     rows = [row for r in results for row in r.rows]
     df = pd.DataFrame(rows, columns=COLUMNS)
     if not df.empty:

@@ -16,7 +16,6 @@ steps every builder shares in `sim.strategies.steps`.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import fields
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
@@ -31,6 +30,7 @@ from sim.strategies.steps import (
     wgrad_shape,
 )
 from sim.workload.moe import MoELayer
+from sim.workload.slicing import layer_meta
 
 
 def build_layer(
@@ -66,8 +66,7 @@ def build_layer(
             "order": order,
             "algo": algo,
             "passes": list(passes),
-            "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
-            | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
+            "layer": layer_meta(layer),
         },
     )
     seq = comm_order(degree, order)

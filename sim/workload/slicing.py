@@ -70,7 +70,7 @@ def expert_param_bytes(layer: MoELayer) -> float:
 
 
 def layer_meta(layer: MoELayer) -> dict[str, Any]:
-    """The real layer's sizes for graph meta (as sim.strategies.layer writes them)."""
+    """The real layer's sizes for a graph's meta["layer"] (every builder writes these)."""
     d = {f.name: getattr(layer, f.name) for f in dataclasses.fields(layer) if f.name != "routing"}
     return d | {"routing": layer.routing.get("kind"), "capacity": layer.capacity}
 

@@ -32,7 +32,6 @@ largest per-(rank, expert) count (e.g. capacity_factor = E / top_k makes C = T).
 
 from __future__ import annotations
 
-from dataclasses import fields
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -44,6 +43,7 @@ from sim.strategies.fastermoe.selector import choose_shadow, group_layout, parse
 from sim.strategies.resolved import Resolved
 from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
+from sim.workload.slicing import layer_meta
 
 __all__ = ["NAME", "DEFAULTS", "build", "group_layout", "parse_shadow", "resolve"]
 
@@ -89,8 +89,7 @@ def build(
             "shadow": list(shadow),
             "selector": info,
             "passes": list(passes),
-            "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
-            | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
+            "layer": layer_meta(layer),
         },
     )
     auto = params["shadow"] == "auto"

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import fields
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -14,6 +13,7 @@ from sim.strategies.mpipemoe.perf import RESTORE
 from sim.strategies.steps import PASSES, compute_task, require_whole_experts, step_tags, task_id
 from sim.workload.memory import footprint, model_states
 from sim.workload.moe import MoELayer
+from sim.workload.slicing import layer_meta
 
 NAME = "mpipemoe"
 ORDER = "alternating"
@@ -73,8 +73,7 @@ def build_graph(
             "reuse": reuse,
             "algo": algo,
             "passes": list(passes),
-            "layer": {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}
-            | {"routing": layer.routing.get("kind"), "capacity": layer.capacity},
+            "layer": layer_meta(layer),
             "memory_model_bytes": {  # Eq. 1-6 for B = E*C rows (sim.workload.memory)
                 "model_states": fp.model_states * layer.elem,
                 "activations": fp.activations * layer.elem,

@@ -1,0 +1,28 @@
+"""What the benchmarks share: the description of the machine they ran on, recorded with their
+results (`benchmarks/results/NAME.{json,md}`).
+
+Import as `benchmarks.common` with the repository root on sys.path (the scripts put it there).
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from pathlib import Path
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo; elsewhere what `platform` knows."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def machine(cores: str = "cores") -> str:
+    """'MODEL, N cores, Python X.Y.Z'; `cores` is the word for the CPUs (the recorded
+    results of some benchmarks say "CPUs": they keep their wording)."""
+    return f"{cpu_model()}, {os.cpu_count()} {cores}, Python {platform.python_version()}"
