@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sim.hardware.network.assigned import solve_assigned
 from sim.hardware.network.maxmin import (
     BOTTLENECK_RTOL,
     bottleneck_ok,
@@ -64,6 +65,8 @@ class MaxMinState:
         self.cap = cap
         self.used = np.zeros(len(cap))  # sum of multiplicity x base rate over live bundles
         self.top = np.zeros(len(cap))  # largest base rate of a live bundle on the link
+        self.assigned = 0  # solves above the floor settled from the previous bottlenecks
+        self.filled = 0  # ... and those that fell back to filling
 
     def reset(self) -> None:
         self.used[:] = 0.0
@@ -125,7 +128,7 @@ class MaxMinState:
         old = t.base[var]
         mine = np.bincount(il, weights=m * old[owner], minlength=len(links))
         spare = np.maximum(self.cap[links] - (self.used[links] - mine), 0.0)
-        rate, froze = filling_by_local_minima(len(var), owner, il, m, spare)
+        rate, froze = self._fill(t, var, owner, il, m, spare, links, old)
         t.froze[var] = np.where(froze >= 0, links[froze], -1)
         ch = np.abs(rate - old) > SAME_RTOL * np.maximum(rate, old)
         rate = np.where(ch, rate, old)
@@ -136,6 +139,32 @@ class MaxMinState:
         np.maximum.at(top, il, rate[owner])
         self.top[links] = top
         return var[ch]
+
+    def _fill(
+        self,
+        t: FlowTable,
+        var: np.ndarray,
+        owner: np.ndarray,
+        il: np.ndarray,
+        m: np.ndarray,
+        spare: np.ndarray,
+        links: np.ndarray,
+        old: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Max-min over `var` on `spare`: from the bottlenecks the bundles had (most keep
+        theirs), checked, or else by filling (`sim.hardware.network.assigned` says why)."""
+        at = np.searchsorted(links, t.froze[var])
+        known = (t.froze[var] >= 0) & (at < len(links))
+        known[known] = links[at[known]] == t.froze[var][known]
+        guess = np.where(known, at, -1)
+        warm = np.full(len(links), np.inf)
+        warm[guess[known]] = old[known]
+        got = solve_assigned(len(var), owner, il, m, spare, guess, warm)
+        if got is not None:
+            self.assigned += 1
+            return got
+        self.filled += 1
+        return filling_by_local_minima(len(var), owner, il, m, spare)
 
     # -- around a change -----------------------------------------------------------------------
     def solve_local(self, t: FlowTable, added: np.ndarray, touched: np.ndarray) -> np.ndarray:
