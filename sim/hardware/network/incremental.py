@@ -115,10 +115,12 @@ class MaxMinState:
         rates below it then stay): progressive filling over the live bundles at or above it,
         the others' load held. Returns the slots whose rate moved, or None (nothing done)
         when more than `limit` bundles would take part."""
-        above = t.base >= floor * (1 - FLOOR_RTOL)
-        above[added] = True
-        above &= t.alive
-        var = np.flatnonzero(above)
+        # dead slots have base 0 and added ones have not been solved (base 0): one pass over
+        # the slots, the added ones joined after
+        thr = floor * (1 - FLOOR_RTOL)
+        var = np.flatnonzero(t.base >= thr if thr > 0 else t.alive)
+        if len(added):
+            var = distinct(np.concatenate([var, added]))
         if len(var) > limit:
             return None
         self.refresh(t, touched)
@@ -153,10 +155,10 @@ class MaxMinState:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Max-min over `var` on `spare`: from the bottlenecks the bundles had (most keep
         theirs), checked, or else by filling (`sim.hardware.network.assigned` says why)."""
-        at = np.searchsorted(links, t.froze[var])
-        known = (t.froze[var] >= 0) & (at < len(links))
-        known[known] = links[at[known]] == t.froze[var][known]
-        guess = np.where(known, at, -1)
+        local = np.full(len(self.cap) + 1, -1, dtype=np.int64)  # [-1]: no bottleneck yet
+        local[links] = np.arange(len(links))
+        guess = local[t.froze[var]]
+        known = guess >= 0
         warm = np.full(len(links), np.inf)
         warm[guess[known]] = old[known]
         got = solve_assigned(len(var), owner, il, m, spare, guess, warm)
