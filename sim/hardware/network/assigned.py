@@ -69,6 +69,11 @@ def solve_assigned(
         load = np.bincount(inc_l, weights=inc_m * rate[inc_b], minlength=nl)
         over = ~sat & (load > spare * (1 + CHECK_RTOL) + 1e-300)
         if not high.any() and not over.any() and rate.min() >= 0:
+            # every bundle records the highest of its links at its level: with one rule for
+            # ties, a bundle on tied links A and B and another on B and A cannot record one
+            # each, a cycle the next solve's sweeps would never settle
+            tie = lam_inc <= rate[inc_b] * (1 + CHECK_RTOL)
+            np.maximum.at(a, inc_b[tie], inc_l[tie])
             return rate, a
         if over.any():
             # an overloaded free link holds back at least the bundles above its equal share
@@ -81,8 +86,8 @@ def solve_assigned(
         if high.any():
             # each bundle held lower elsewhere moves to its lowest such link
             hb, hl = inc_b[high], inc_l[high]
-            order = np.argsort(-lam_inc[high], kind="stable")
-            a[hb[order]] = hl[order]  # the last write per bundle is its lowest level
+            order = np.lexsort((hl, -lam_inc[high]))
+            a[hb[order]] = hl[order]  # the last write per bundle: its lowest level, highest id
     return None
 
 
@@ -109,8 +114,8 @@ def _valid(
         est = np.where(np.isfinite(warm) & (warm > 0), warm, est)
     sel = ~mine[inc_b]
     sb, sl = inc_b[sel], inc_l[sel]
-    order = np.argsort(-est[sl], kind="stable")
-    a[sb[order]] = sl[order]
+    order = np.lexsort((sl, -est[sl]))
+    a[sb[order]] = sl[order]  # the last write per bundle: its lowest level, highest id
     return a
 
 

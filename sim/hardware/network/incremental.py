@@ -255,7 +255,8 @@ class MaxMinState:
         ok = bottleneck_ok(t.base[slots][owner], self.used[lk], self.cap[lk], self.top[lk])
         has = np.zeros(len(slots), dtype=bool)
         has[owner[ok]] = True
-        t.froze[slots[owner[ok]]] = lk[ok]
+        order = np.argsort(lk[ok], kind="stable")  # the highest bottleneck of each is recorded
+        t.froze[slots[owner[ok]][order]] = lk[ok][order]
         return slots[~has]
 
     def _lost(
