@@ -30,6 +30,9 @@ links (no link saturates below capacity / flows crossing it). Progressive fillin
 bundles at or above the floor alone, on the capacity the others leave, is then the solve from
 scratch. Finishing bundles are mostly fast ones (they finish first), so the floor is high: in
 benchmarks/skewed_scale.py the bundles above it are ~5% of the active ones at 64-128 GPUs.
+That filling starts from the bottleneck each bundle had (`sim.hardware.network.assigned`:
+a linear system, checked to be max-min fair), and fills by local minima only when that guess
+does not settle.
 """
 
 from __future__ import annotations
