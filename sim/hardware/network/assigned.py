@@ -137,10 +137,14 @@ def _levels(
     ol, om, oa = inc_l[other], inc_m[other], a[inc_b[other]]
     lam = np.where(sat, lam, 0.0)
     new = np.zeros(nl)
+    buf = np.empty(len(oa))
     for _ in range(MAX_SWEEPS):
-        held = np.bincount(ol, weights=om * lam[oa], minlength=nl)
-        np.divide(spare - held, own, out=new, where=sat)
-        if np.array_equal(new, lam):
+        # in place where numpy allows: a sweep is a handful of passes, run tens of times
+        lam.take(oa, out=buf)
+        np.multiply(buf, om, out=buf)
+        left = spare - np.bincount(ol, weights=buf, minlength=nl)  # (int zeros when empty)
+        np.divide(left, own, out=new, where=sat)
+        if (new == lam).all():
             return lam
         lam, new = new, lam
     return None
