@@ -49,8 +49,10 @@ WHY = (
     "a guess that does not settle, ~0.1% of events, falls back to the filling). Flows "
     "finishing at once are found in one pass over the flows, not four. Makespans agree with "
     "`before` to all printed digits (the test suite checks the rates against a solve from "
-    "scratch). CPU times, not wall: the machine is shared, and under load (a load average "
-    "of ~14 when `rounds` was recorded) the CPU time of the same code grows ~2x too."
+    "scratch). CPU times, not wall: `before` and `after` ran back to back at a load "
+    "average of ~0.5, but the CPU time of the same code grows under load too: 88e9dfa's "
+    "code took 83 s of CPU at 256 GPUs at a load average of ~14 against 36 s here, so on a "
+    "busy machine `after` may take ~35 s."
 )
 
 
