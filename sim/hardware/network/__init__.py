@@ -4,6 +4,7 @@ bundles      BundleBatch: the unit the solver moves (flows known to share one ra
 layouts      bundles from flows: per-flow, and bundled uniform exchanges
 maxmin       progressive filling, and the bottleneck test of a max-min allocation
 table        the active bundles as slot columns, with link incidences indexed both ways
+assigned     max-min rates from a guess of every bundle's bottleneck, checked
 incremental  rates re-solved around each change (equal to a solve from scratch)
 flows        FlowNetwork: what the engine drives (add, recompute, next finish, pop)
 """

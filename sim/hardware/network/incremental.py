@@ -30,12 +30,16 @@ links (no link saturates below capacity / flows crossing it). Progressive fillin
 bundles at or above the floor alone, on the capacity the others leave, is then the solve from
 scratch. Finishing bundles are mostly fast ones (they finish first), so the floor is high: in
 benchmarks/skewed_scale.py the bundles above it are ~5% of the active ones at 64-128 GPUs.
+That filling starts from the bottleneck each bundle had (`sim.hardware.network.assigned`:
+a linear system, checked to be max-min fair), and fills by local minima only when that guess
+does not settle.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from sim.hardware.network.assigned import solve_assigned
 from sim.hardware.network.maxmin import (
     BOTTLENECK_RTOL,
     bottleneck_ok,
@@ -64,6 +68,8 @@ class MaxMinState:
         self.cap = cap
         self.used = np.zeros(len(cap))  # sum of multiplicity x base rate over live bundles
         self.top = np.zeros(len(cap))  # largest base rate of a live bundle on the link
+        self.assigned = 0  # solves above the floor settled from the previous bottlenecks
+        self.filled = 0  # ... and those that fell back to filling
 
     def reset(self) -> None:
         self.used[:] = 0.0
@@ -112,10 +118,12 @@ class MaxMinState:
         rates below it then stay): progressive filling over the live bundles at or above it,
         the others' load held. Returns the slots whose rate moved, or None (nothing done)
         when more than `limit` bundles would take part."""
-        above = t.base >= floor * (1 - FLOOR_RTOL)
-        above[added] = True
-        above &= t.alive
-        var = np.flatnonzero(above)
+        # dead slots have base 0 and added ones have not been solved (base 0): one pass over
+        # the slots, the added ones joined after
+        thr = floor * (1 - FLOOR_RTOL)
+        var = np.flatnonzero(t.base >= thr if thr > 0 else t.alive)
+        if len(added):
+            var = distinct(np.concatenate([var, added]))
         if len(var) > limit:
             return None
         self.refresh(t, touched)
@@ -125,7 +133,7 @@ class MaxMinState:
         old = t.base[var]
         mine = np.bincount(il, weights=m * old[owner], minlength=len(links))
         spare = np.maximum(self.cap[links] - (self.used[links] - mine), 0.0)
-        rate, froze = filling_by_local_minima(len(var), owner, il, m, spare)
+        rate, froze = self._fill(t, var, owner, il, m, spare, links, old)
         t.froze[var] = np.where(froze >= 0, links[froze], -1)
         ch = np.abs(rate - old) > SAME_RTOL * np.maximum(rate, old)
         rate = np.where(ch, rate, old)
@@ -136,6 +144,32 @@ class MaxMinState:
         np.maximum.at(top, il, rate[owner])
         self.top[links] = top
         return var[ch]
+
+    def _fill(
+        self,
+        t: FlowTable,
+        var: np.ndarray,
+        owner: np.ndarray,
+        il: np.ndarray,
+        m: np.ndarray,
+        spare: np.ndarray,
+        links: np.ndarray,
+        old: np.ndarray,
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Max-min over `var` on `spare`: from the bottlenecks the bundles had (most keep
+        theirs), checked, or else by filling (`sim.hardware.network.assigned` says why)."""
+        local = np.full(len(self.cap) + 1, -1, dtype=np.int64)  # [-1]: no bottleneck yet
+        local[links] = np.arange(len(links))
+        guess = local[t.froze[var]]
+        known = guess >= 0
+        warm = np.full(len(links), np.inf)
+        warm[guess[known]] = old[known]
+        got = solve_assigned(len(var), owner, il, m, spare, guess, warm)
+        if got is not None:
+            self.assigned += 1
+            return got
+        self.filled += 1
+        return filling_by_local_minima(len(var), owner, il, m, spare)
 
     # -- around a change -----------------------------------------------------------------------
     def solve_local(self, t: FlowTable, added: np.ndarray, touched: np.ndarray) -> np.ndarray:
@@ -224,7 +258,8 @@ class MaxMinState:
         ok = bottleneck_ok(t.base[slots][owner], self.used[lk], self.cap[lk], self.top[lk])
         has = np.zeros(len(slots), dtype=bool)
         has[owner[ok]] = True
-        t.froze[slots[owner[ok]]] = lk[ok]
+        order = np.argsort(lk[ok], kind="stable")  # the highest bottleneck of each is recorded
+        t.froze[slots[owner[ok]][order]] = lk[ok][order]
         return slots[~has]
 
     def _lost(

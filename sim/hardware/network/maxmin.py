@@ -49,7 +49,9 @@ def progressive_filling(
         hit = sat[il]
         newly = np.zeros(n, dtype=bool)
         newly[ib[hit]] = True
-        froze_at[ib[hit]] = il[hit]
+        # of links saturating together, a bundle records the highest: the same rule in every
+        # solver keeps recorded bottlenecks free of cycles (`assigned` relies on it)
+        np.maximum.at(froze_at, ib[hit], il[hit])
         rate[newly] = lev
         frozen |= newly
         sel = newly[ib]
@@ -92,9 +94,9 @@ def filling_by_local_minima(
         done = np.logical_or.reduceat(hit, starts)
         froze = live[done]
         rate[froze] = lowest[done]
-        # one link that froze each bundle: the last hit incidence of each
+        # one link that froze each bundle: the highest hit (as in progressive_filling)
         sel = np.repeat(done, lens)
-        froze_at[ib[hit]] = il[hit]
+        np.maximum.at(froze_at, ib[hit], il[hit])
         spare -= np.bincount(
             il[sel], weights=im[sel] * np.repeat(lowest[done], lens[done]), minlength=nl
         )
@@ -144,8 +146,9 @@ def distinct(x: np.ndarray) -> np.ndarray:
 
 def relabel(x: np.ndarray, bound: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """(distinct values of x, the index of each element of x among them). With `bound` (all
-    values below it) and x longer than it, by marking instead of sorting: O(len(x))."""
-    if bound and len(x) > bound:
+    values below it) not much more than len(x), by marking instead of sorting: O(len(x) +
+    bound), and marking a few thousand links costs less than sorting a thousand values."""
+    if bound and 8 * len(x) > bound:
         mark = np.zeros(bound, dtype=bool)
         mark[x] = True
         return np.flatnonzero(mark), (np.cumsum(mark) - 1)[x]
