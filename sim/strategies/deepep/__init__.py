@@ -3,7 +3,7 @@ layer strategy.
 
 Forward per rank: gate -> layout (which ranks / nodes each token goes to) -> notify (a small
 all-to-all of the counts, then a device-to-host copy the host waits on to size the receive
-buffers) -> dispatch (all-to-allv, algorithm `deepep`: one RDMA transfer per (token,
+buffers: `Task.host_sync`, so the host launches nothing after it until it ends) -> dispatch (all-to-allv, algorithm `deepep`: one RDMA transfer per (token,
 destination node) to the same-local-rank forwarder, then NVLink to the expert GPUs; FP8 rows
 with per-128 scales) -> experts (dropless: every (token, expert) pair) -> combine (the
 reverse, BF16, reduced at the forwarder) -> decode. Backward: the combine's gradient goes out
