@@ -5,6 +5,8 @@ BF16 combine), plus NCCL all-to-all (`sequential`) vs DeepEP with and without sk
 
 Bandwidth is computed as DeepEP's tests do: RDMA = (token, node) pairs, the own node included,
 times row bytes, over the kernel time; NVL (intranode) = rows received, own included.
+Every run has the host launch thread on (`costs.resources.launch_s` = 5 us a task, assumed;
+DeepEP's notify wait and Megatron's split-size sync are host syncs in the graphs).
 
     python benchmarks/deepep_h800.py
 """
@@ -17,6 +19,7 @@ from pathlib import Path
 from sim.core.io import atomic_write_text
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
+from sim.hardware.costs.resources import LAUNCH_S
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.deepep.volumes import row_bytes, volumes
@@ -29,7 +32,7 @@ MACHINE = "2-core CI-class container"
 
 def _times(name, params, layer, nodes):
     topo = Topology.load("h800", nodes=nodes)
-    costs = CostModel.build(topo, {})
+    costs = CostModel.build(topo, {"resources": {"launch_s": LAUNCH_S}})
     g = build(name, layer, params, ("fwd",), Cluster(topo, costs))
     r = simulate(g, topo, costs)
     out = {"overlap_s": _overlap(g, r)}
@@ -61,7 +64,7 @@ def megatron_1456() -> list[dict]:
     out = []
     for ep in (4, 8, 16, 32):
         topo = Topology.load("h800", nodes=max(1, ep // 8))
-        costs = CostModel.build(topo, {})
+        costs = CostModel.build(topo, {"resources": {"launch_s": LAUNCH_S}})
         layer = MoELayer(batch=1, seq_len=4096, model_dim=2048, hidden_dim=2048,
                          experts=max(32, 4 * ep), world=ep, top_k=8)  # fmt: skip
         ms = {}
