@@ -79,11 +79,27 @@ def test_shared_experts_overlap_on_their_own_stream():
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather", "flex"])
 def test_dispatchers_build_and_keep_compute(dispatcher):
     g = build("megatron_ep", LAYER, {"dispatcher": dispatcher, "micro": 2}, PASSES)
-    kinds = {t.kind for t in g if t.stream == "comm"}
+    data = [t for t in g if t.stream == "comm" and t.tags["step"] != "counts"]
+    kinds = {t.kind for t in data}
     assert kinds == ({"all_gather", "reduce_scatter"} if dispatcher == "allgather"
                      else {"all_to_allv"})  # fmt: skip
     if dispatcher == "flex":
-        assert all(t.algo == "deepep" and t.sms == 24 for t in g if t.stream == "comm")
+        assert all(t.algo == "deepep" and t.sms == 24 for t in data)
+
+
+@pytest.mark.parametrize("dispatcher", ["alltoall", "allgather", "flex"])
+def test_all_to_allv_dispatchers_sync_the_host_once_per_forward_dispatch(dispatcher):
+    """Megatron's counts d2h + stream sync and DeepEP's notify wait: one host sync per
+    (micro-batch, layer) forward dispatch, before it; none for allgather (sizes are fixed)."""
+    g = build("megatron_ep", LAYER, {"dispatcher": dispatcher, "micro": 2}, PASSES)
+    syncs = [t for t in g if t.host_sync]
+    fwd = [t for t in g if t.tags.get("step") == "dispatch" and t.tags["phase"] == "fwd"]
+    if dispatcher == "allgather":
+        assert not syncs
+        return
+    assert len(syncs) == len(fwd) > 0
+    assert all(t.kind == "d2h" and t.tags["step"] == "counts_d2h" for t in syncs)
+    assert all(any(d.endswith("counts_d2h") for d in t.deps) for t in fwd)
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])

@@ -44,6 +44,8 @@ class Task:
     expects to receive from each member. `sms`: streaming multiprocessors the kernel holds
     from launch to end (0: it reserves none and shares the GPU; see
     `sim.hardware.costs.resources` for what a reservation costs the kernels beside it).
+    `host_sync`: the host waits for this task to finish before it launches anything after it
+    on the rank (a d2h of split sizes and a stream synchronize; `sim.engine.launch`).
     """
 
     id: str
@@ -64,6 +66,7 @@ class Task:
     frees: list[str] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
     sms: int = 0
+    host_sync: bool = False
 
     @property
     def stream_kind(self) -> str:

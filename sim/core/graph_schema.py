@@ -97,6 +97,7 @@ class TaskFields(TypedDict):
     frees: NotRequired[list[str]]
     tags: NotRequired[Tags]
     sms: NotRequired[Annotated[int, Field(ge=0, le=100_000)]]  # SMs reserved (0: none)
+    host_sync: NotRequired[bool]  # the host waits for it before launching more (0: no)
 
 
 def _per_kind(t: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,9 @@ alpha + beta * bytes (both in `sim.engine.comm`). A task's speed is scaled by th
 interference table according to which other stream kinds are busy on its GPU, and by the SMs
 and HBM bandwidth that kernels reserving SMs (`Task.sms`) hold beside it
 (`sim.engine.resources`, `sim.hardware.costs.resources`); a rank with more streams than
-hardware queues launches in host issue order per queue (`sim.engine.queues`). Tasks left
+hardware queues launches in host issue order per queue (`sim.engine.queues`), and a task
+starts no earlier than its rank's host launch thread issues it (`sim.engine.launch`: a
+launch cost per task, and host syncs that stop the thread until they finish). Tasks left
 when no event remains are a deadlock, reported with what each blocked stream waits for.
 
 The engine is callback-driven on SimPy's event queue (no generator per task), which keeps a
@@ -31,6 +33,7 @@ from sim.core.errors import DeadlockError, GraphError
 from sim.core.graph import Task, TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.comm import Comm
+from sim.engine.launch import LaunchThread
 from sim.engine.queues import HardwareQueues
 from sim.engine.resources import SmState
 from sim.engine.result import SimResult
@@ -109,6 +112,14 @@ class Engine(Comm):
         self.queues = HardwareQueues.build(
             self.tasks, self.stream_of, self.stream_keys, costs.resources.max_connections
         )
+        # the host thread issuing each rank's tasks (None: launches are free, nothing syncs)
+        self.launch = LaunchThread.build(
+            self.tasks,
+            costs.resources.launch_s,
+            lambda: self.env.now,
+            self._after,
+            lambda i: self._try_launch(self.stream_of[i]),
+        )
         self.busy: dict[int, dict[str, int]] = defaultdict(lambda: defaultdict(int))
         self.acts: dict[int, set[_Activity]] = defaultdict(set)
         # memory
@@ -135,6 +146,8 @@ class Engine(Comm):
     # -- driving ---------------------------------------------------------------------------
     def run(self) -> SimResult:
         try:
+            if self.launch is not None:
+                self.launch.start()
             for s in range(len(self.stream_tasks)):
                 self._try_launch(s)
             self.env.run()
@@ -174,6 +187,8 @@ class Engine(Comm):
             return
         i = seq[h]
         if self.deps_left[i] == 0:
+            if self.launch is not None and not self.launch.issued[i]:
+                return  # the host has not launched it yet: tried again on issue
             q = self.queues
             if q is not None and not q.ready(i):
                 return  # behind an earlier task on its hardware queue: tried again on issue
@@ -238,6 +253,8 @@ class Engine(Comm):
                 js = self.stream_of[j]
                 self._try_launch(js, self.dispatch.stream if js == s else self.dispatch.cross)
         self._try_launch(s, self.dispatch.stream)
+        if self.launch is not None and t.host_sync:  # the host was waiting for this one
+            self.launch.finished(i, t.rank, self.env.now)
 
     def _after(self, delay: float, fn, *args) -> None:
         ev = self.env.timeout(max(delay, 0.0))
@@ -317,6 +334,13 @@ class Engine(Comm):
                     f"to launch {t.kind} {t.coll!r}"
                 )
             elif not self.running[s]:
+                sync = None if self.launch is None else self.launch.waits_on(seq[h], t.rank)
+                if sync is not None:
+                    lines.append(
+                        f"{t.id} (rank {t.rank}, {t.stream}): not launched: the host waits "
+                        f"on host sync {self.tasks[sync].id}, which can never finish"
+                    )
+                    continue
                 waiting = [d for d in t.deps if math.isnan(self.end[self.index[d]])]
                 ahead = None if self.queues is None else self.queues.blocker(seq[h])
                 if not waiting and ahead is not None:

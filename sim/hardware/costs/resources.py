@@ -44,6 +44,13 @@ and a concurrent pinned d2h run at speed 1.0 both ways); the schema refuses `sms
 Hardware queues (`max_connections`, CUDA_DEVICE_MAX_CONNECTIONS; CUDA C++ Programming Guide,
 "CUDA Environment Variables": 1 to 32, default 8): see `sim.engine.queues`.
 
+Host launch thread (`launch_s`, seconds of host time per task launched; `sim.engine.launch`):
+default 0 (launches free, as before). `LAUNCH_S` below (5 us) is the value the benchmarks
+use: assumed, the order of the host-side cost of one CUDA kernel launch commonly reported for
+recent GPUs and drivers (4-6 us for an empty kernel through the runtime API); not measured on
+our machine (shared/reference/measurements has no launch measurement). It is the host's time,
+not the GPU's: `gpu.gemm.launch_s` is the device-side gap a GEMM kernel adds to its own run.
+
 How this composes with the interference table (`costs.interference`): the two multiply. The
 table stays the fallback for kernels that do not say what they hold (a stream kind's measured
 slowdown); the resources act only where a task reserves SMs. A table calibrated on a run whose
@@ -61,6 +68,7 @@ from sim.core.errors import ConfigError
 DEFAULT_MAX_CONNECTIONS = 8  # CUDA C++ Programming Guide, CUDA_DEVICE_MAX_CONNECTIONS default
 MAX_CONNECTIONS = 32  # the same guide: the variable takes 1 to 32
 MAX_COMM_SMS = 1024  # above any GPU's SM count; the engine checks it against the GPU's
+LAUNCH_S = 5e-6  # assumed: a CUDA kernel launch's host cost (see the module docstring)
 MIN_MEM_FACTOR = 0.05  # a kernel never stalls completely: the HBM arbiter serves every client
 
 
@@ -80,6 +88,7 @@ class Resources:
     sm_bw: float | None = None
     mem_knee: float = 0.0
     mem_slope: float = 0.0
+    launch_s: float = 0.0  # host seconds to launch one task (sim.engine.launch); 0: free
 
     @classmethod
     def build(cls, gpu: dict[str, Any], spec: Any) -> Resources:
@@ -159,6 +168,7 @@ def _check(where: str, key: str, v: Any) -> Any:
         "mem_knee": (-1.0, 1.0, "a bandwidth share in [0, 1]"),
         "mem_slope": (-1.0, 100.0, "a slope in [0, 100]"),
         "sm_bw": (0.0, 1e15, "bytes/s per SM in (0, 1e15]"),
+        "launch_s": (-1.0, 1.0, "host seconds per task launch in [0, 1]"),
     }
     lo, hi, what = ranges[key]
     lo_ok = num and (v > lo if lo >= 0 else v >= 0)

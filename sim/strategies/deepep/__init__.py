@@ -3,12 +3,13 @@ layer strategy.
 
 Forward per rank: gate -> layout (which ranks / nodes each token goes to) -> notify (a small
 all-to-all of the counts, then a device-to-host copy the host waits on to size the receive
-buffers) -> dispatch (all-to-allv, algorithm `deepep`: one RDMA transfer per (token,
-destination node) to the same-local-rank forwarder, then NVLink to the expert GPUs; FP8 rows
-with per-128 scales) -> experts (dropless: every (token, expert) pair) -> combine (the
-reverse, BF16, reduced at the forwarder) -> decode. Backward: the combine's gradient goes out
-as a dispatch (BF16; the layout is cached, no notify), the expert's dgrad + wgrad, the
-dispatch's gradient comes back as a combine.
+buffers: `Task.host_sync`, so the host launches nothing after it until it ends) -> dispatch
+(all-to-allv, algorithm `deepep`: one RDMA transfer per (token, destination node) to the same-
+local-rank forwarder, then NVLink to the expert GPUs; FP8 rows with per-128 scales) -> experts
+(dropless: every (token, expert) pair) -> combine (the reverse, BF16, reduced at the
+forwarder) -> decode. Backward: the combine's gradient goes out as a dispatch (BF16; the
+layout is cached, no notify), the expert's dgrad + wgrad, the dispatch's gradient comes back
+as a combine.
 
 The data kernels reserve SMs: their tasks set `Task.sms` (default 24 of 132, as DeepEP V1's
 tests use), held from launch to end, so a kernel beside them on the same GPU runs on the SMs

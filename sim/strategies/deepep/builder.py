@@ -120,7 +120,7 @@ class _RankTasks:
             wait = self._add(
                 Task(task_id(self.rank, 0, "fwd", "notify_wait"), self.rank, "copy", "d2h",
                      deps=[notify], bytes=float(COUNT_BYTES * (1 + l.local_experts)),
-                     tags=step_tags(0, "fwd", "notify_wait"))
+                     host_sync=True, tags=step_tags(0, "fwd", "notify_wait"))
             )  # fmt: skip
             got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False)
             a = self._compute("fwd", "fc1", "gemm", f1, gb(fc1), [got], fc1)

@@ -16,6 +16,14 @@ Dispatchers (the tokens each rank sends, per destination, from the layer's routi
 - `flex`: DeepEP's normal kernels (`sim.strategies.deepep.volumes`: per-node dedup, FP8
   dispatch, BF16 combine, `sms` SMs held).
 
+The all-to-allv dispatchers need their split sizes on the host before the forward dispatch:
+`alltoall` all-gathers the per-expert token counts (int64) over the EP group, copies them to
+the host and synchronises the stream (Megatron-Core's MoEAlltoAllTokenDispatcher: the counts
+`.to("cpu")` then a cuda sync point); `flex` runs DeepEP's notify (an all-to-all of int32
+counts) and the host waits on the received counts. Either is a small comm task and a d2h with
+`host_sync`: the host launches nothing after it until the counts arrive (`sim.engine.launch`).
+The combine and the backward reuse the sizes (no second sync).
+
 `Emitter` adds a node's tasks to the graph when asked: a schedule calls the nodes in the
 order the host launches them, which is the order they enter the graph (with one hardware
 queue, kernels of all streams start in that order). Attention is the model's
@@ -31,6 +39,7 @@ import numpy as np
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.deepep.builder import COUNT_BYTES
 from sim.strategies.deepep.volumes import choice_probs, row_bytes, volumes
 from sim.strategies.model.builder import backward_ops
 from sim.workload.blocks import Op, attention_ops, dense_ffn_ops, gemm, residual
@@ -38,6 +47,7 @@ from sim.workload.moe import MoELayer
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
 COMM = "comm"  # the EP communication stream (Megatron's one comm stream)
+COPY = "copy"  # the counts' copy to the host
 SHARED = "compute.1"  # shared experts, when they overlap the dispatch / combine
 
 
@@ -54,6 +64,8 @@ class LayerSpec:
     send: dict[str, np.ndarray] = field(default_factory=dict)  # direction -> [P, P] bytes
     node_bytes: dict[str, np.ndarray] = field(default_factory=dict)  # flex only: [P, N]
     ag_bytes: float = 0.0  # allgather: one rank's tokens (bf16)
+    count_bytes: float = 0.0  # the counts one rank sends before a forward dispatch (0: none)
+    host_count_bytes: float = 0.0  # the counts it then copies to the host
 
 
 def layer_spec(
@@ -97,6 +109,12 @@ def layer_spec(
             ]
         )
     spec = LayerSpec(attn, sh, experts, dispatcher, sms, P)
+    if dispatcher == "alltoall":  # all-gather of E int64 counts, all of them to the host
+        object.__setattr__(spec, "count_bytes", float(8 * E))
+        object.__setattr__(spec, "host_count_bytes", float(8 * E * P))
+    elif dispatcher == "flex":  # DeepEP's notify: int32 counts per rank and per local expert
+        object.__setattr__(spec, "count_bytes", float(COUNT_BYTES * P * (1 + El)))
+        object.__setattr__(spec, "host_count_bytes", float(COUNT_BYTES * (1 + El)))
     bf16 = row_bytes(M, "bf16")
     if dispatcher == "alltoall":
         spec.send["dispatch"] = rows_to * bf16
@@ -273,7 +291,35 @@ class Emitter:
         return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps)
 
     def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
-        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", [attn])
+        deps = [attn] if self.s.count_bytes <= 0 else [self._split_sizes(mb, lid, attn)]
+        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", deps)
+
+    def _split_sizes(self, mb: int, lid: int, attn: str) -> str:
+        """The count exchange and the host's wait for the counts (see the module docstring)."""
+        s, p, r0 = self.s, self.rank + self.offset, self.offset
+        group = [g + r0 for g in self.group]
+        kind = "all_to_all" if s.dispatcher == "flex" else "all_gather"
+        counts = Task(
+            self._id(mb, lid, "fwd", "counts"),
+            p,
+            COMM,
+            kind,
+            deps=[attn],
+            bytes=s.count_bytes,
+            group=group,
+            coll=f"{self.prefix}mb{mb}/L{lid}/fwd/counts/{r0}",
+        )
+        got = self.add(counts, mb, lid, "fwd", "counts", "dispatch")
+        wait = Task(
+            self._id(mb, lid, "fwd", "counts_d2h"),
+            p,
+            COPY,
+            "d2h",
+            deps=[got],
+            bytes=s.host_count_bytes,
+            host_sync=True,
+        )
+        return self.add(wait, mb, lid, "fwd", "counts_d2h", "dispatch")
 
     def shared_fwd(self, mb: int, lid: int, attn: str) -> str | None:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
