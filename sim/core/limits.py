@@ -40,8 +40,8 @@ class Limits:
     # ring all-reduce over 2,048 ranks takes ~40 s per size on one core
     max_flows: int = 2**25
     # flows simulated one by one, summed over a run's all-to-alls: a skewed exchange (or
-    # fidelity: flow) has P(P-1) of them, each finish re-solving shared rates; one forward
-    # all-to-all pair over 256 GPUs (130,560 flows) takes minutes (benchmarks/skewed_scale.py)
+    # fidelity: flow) has P(P-1) of them, each finish re-solving shared rates; one
+    # forward layer over 256 GPUs takes ~16 s of CPU exact (benchmarks/skewed_scale.py)
     max_skewed_flows: int = 2**17
 
     def check(self, name: str, value: int, what: str) -> None:
