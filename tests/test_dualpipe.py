@@ -28,7 +28,7 @@ def free_comm_costs(topo: Topology, alpha_g: float, beta_g: float) -> CostModel:
             "compute": "alpha_beta",
             "network": "collective",
             "alpha_beta": {"gemm": {"alpha": alpha_g, "beta": beta_g}} | {k: ZERO for k in KINDS},
-            "collectives": {"all_to_all": ZERO, "send": ZERO},
+            "collectives": {"all_to_all": ZERO, "all_gather": ZERO, "send": ZERO},
         },
     )
 

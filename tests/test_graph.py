@@ -56,6 +56,7 @@ def _tasks(p2p: tuple[int, int] = (0, 1)) -> list[dict]:
             "algo": "linear",
             "tags": {"phase": "fwd", "step": "dispatch"},
             "sms": 4,
+            "host_sync": True,
         },
         {
             "id": "a1",

@@ -89,7 +89,7 @@ def test_dispatchers_build_and_keep_compute(dispatcher):
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "allgather", "flex"])
 def test_all_to_allv_dispatchers_sync_the_host_once_per_forward_dispatch(dispatcher):
-    """Megatron's counts d2h + stream sync and DeepEP's notify wait: one host sync per
+    """Megatron's counts exchange + host sync and DeepEP's notify wait: one host sync per
     (micro-batch, layer) forward dispatch, before it; none for allgather (sizes are fixed)."""
     g = build("megatron_ep", LAYER, {"dispatcher": dispatcher, "micro": 2}, PASSES)
     syncs = [t for t in g if t.host_sync]
@@ -98,8 +98,9 @@ def test_all_to_allv_dispatchers_sync_the_host_once_per_forward_dispatch(dispatc
         assert not syncs
         return
     assert len(syncs) == len(fwd) > 0
-    assert all(t.kind == "d2h" and t.tags["step"] == "counts_d2h" for t in syncs)
-    assert all(any(d.endswith("counts_d2h") for d in t.deps) for t in fwd)
+    count_kind = "all_to_all" if dispatcher == "flex" else "all_gather"
+    assert all(t.kind == count_kind and t.tags["step"] == "counts" for t in syncs)
+    assert all(any(d.endswith("counts") for d in t.deps) for t in fwd)
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])

@@ -20,7 +20,7 @@ The all-to-allv dispatchers need their split sizes on the host before the forwar
 `alltoall` all-gathers the per-expert token counts (int64) over the EP group, copies them to
 the host and synchronises the stream (Megatron-Core's MoEAlltoAllTokenDispatcher: the counts
 `.to("cpu")` then a cuda sync point); `flex` runs DeepEP's notify (an all-to-all of int32
-counts) and the host waits on the received counts. Either is a small comm task and a d2h with
+counts) and the host waits on the received counts. Either is a small comm task with
 `host_sync`: the host launches nothing after it until the counts arrive (`sim.engine.launch`).
 The combine and the backward reuse the sizes (no second sync).
 
@@ -308,18 +308,11 @@ class Emitter:
             bytes=s.count_bytes,
             group=group,
             coll=f"{self.prefix}mb{mb}/L{lid}/fwd/counts/{r0}",
-        )
-        got = self.add(counts, mb, lid, "fwd", "counts", "dispatch")
-        wait = Task(
-            self._id(mb, lid, "fwd", "counts_d2h"),
-            p,
-            COPY,
-            "d2h",
-            deps=[got],
-            bytes=s.host_count_bytes,
+            # the host reads the counts as they land (no d2h task: a topology need not model
+            # a host, and the copy of E counts is nothing beside the wait)
             host_sync=True,
         )
-        return self.add(wait, mb, lid, "fwd", "counts_d2h", "dispatch")
+        return self.add(counts, mb, lid, "fwd", "counts", "dispatch")
 
     def shared_fwd(self, mb: int, lid: int, attn: str) -> str | None:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
