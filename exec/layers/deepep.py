@@ -147,18 +147,28 @@ def _experts(moe: DistMoE, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) 
     return out
 
 
-@register("deepep")
-def deepep(moe: DistMoE, x: torch.Tensor, routing: Routing, params: dict[str, Any]) -> torch.Tensor:
-    if params.get("max_nodes") is not None:
-        raise ConfigError(
-            "strategy.max_nodes: node-limited routing is a gate the real layer does not have; "
-            "run it with max_nodes null (the simulator models it)"
-        )
+@dataclass
+class TwoStage:
+    """What the combine needs of a two-stage dispatch: both stages' rows and received counts,
+    the tokens this rank keeps on its node (`own`), the forwarding table's and input's rows."""
+
+    s1: _Rows
+    s2: _Rows
+    recv1: list[int]
+    recv2: list[int]
+    own: torch.Tensor
+    table: int
+    tokens: int
+
+
+def dispatch(
+    moe: DistMoE, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, params: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor, TwoStage]:
+    """DeepEP's dedup-and-forward: rows [x | w] at the experts' GPUs, their expert ids, and
+    the route back. `ids` are the kept choices (-1: dropped)."""
     P, rank, M, El = moe.spec.world, moe.rank, x.shape[1], moe.spec.local_experts
     G = node_size(params, P)
     node, loc = rank // G, rank % G
-    ids = torch.where(routing.kept, routing.expert, torch.full_like(routing.expert, -1))
-    w = routing.weight
     gpu_of = torch.where(ids >= 0, ids // El, torch.full_like(ids, -1))
     node_of = torch.where(ids >= 0, gpu_of // G, torch.full_like(ids, -1))
     # stage 1: to the owner's local index on every other node its choices reach
@@ -176,14 +186,31 @@ def deepep(moe: DistMoE, x: torch.Tensor, routing: Routing, params: dict[str, An
     local_gpus = list(range(node * G, (node + 1) * G))
     s2 = _select(tx, tw, tids, torch.where(tids >= 0, tids // El, tids), local_gpus, P)
     d2, ids2, recv2 = _stage(moe, s2, "nvlink")
-    reduced = _experts(moe, d2[:, :M], d2[:, M:], ids2)
-    # combine: stage 2 back, summed per table row (the node's weighted reduction), stage 1 back
-    table = x.new_zeros(tx.shape[0], M).index_add(
-        0, s2.src, _back(moe, reduced, s2, recv2, "nvlink")
-    )
-    back1 = _back(moe, table[own.numel() :], s1, recv1, "rdma")
-    y = x.new_zeros(x.shape[0], M).index_add(0, own, table[: own.numel()])
-    return y.index_add(0, s1.src, back1)
+    return d2, ids2, TwoStage(s1, s2, recv1, recv2, own, tx.shape[0], x.shape[0])
+
+
+def combine(moe: DistMoE, y: torch.Tensor, r: TwoStage) -> torch.Tensor:
+    """The experts' weighted outputs back: stage 2 back, summed per table row (the node's
+    reduction at the forwarder), then stage 1 back to the tokens' ranks."""
+    M = moe.spec.model_dim
+    back2 = _back(moe, y, r.s2, r.recv2, "nvlink")
+    table = back2.new_zeros(r.table, M).index_add(0, r.s2.src, back2)
+    back1 = _back(moe, table[r.own.numel() :], r.s1, r.recv1, "rdma")
+    out = back1.new_zeros(r.tokens, M).index_add(0, r.own, table[: r.own.numel()])
+    return out.index_add(0, r.s1.src, back1)
+
+
+@register("deepep")
+def deepep(moe: DistMoE, x: torch.Tensor, routing: Routing, params: dict[str, Any]) -> torch.Tensor:
+    if params.get("max_nodes") is not None:
+        raise ConfigError(
+            "strategy.max_nodes: node-limited routing is a gate the real layer does not have; "
+            "run it with max_nodes null (the simulator models it)"
+        )
+    ids = torch.where(routing.kept, routing.expert, torch.full_like(routing.expert, -1))
+    d2, ids2, route = dispatch(moe, x, routing.weight, ids, params)
+    M = x.shape[1]
+    return combine(moe, _experts(moe, d2[:, :M], d2[:, M:], ids2), route)
 
 
 deepep.token_level = True  # type: ignore[attr-defined]  # exec.layers.moe.DistMoE.forward

@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from exec.layers.deepep import _back, _experts, _select, _stage, node_size
+from exec.layers import deepep
+from exec.layers.deepep import _experts
 from exec.layers.moe import DistMoE, Routing, decode, encode
 from exec.layers.sparse import Fill, exchange_counts, exchange_slots
 from exec.layers.waits import wait_work
@@ -166,25 +167,7 @@ class Flex:
 
     def dispatch(self, moe: DistMoE, t: Tensors, ctx: dict) -> Tensors:
         x, w = t
-        ids = ctx["ids"]
-        P, rank, M, El = moe.spec.world, moe.rank, x.shape[1], moe.spec.local_experts
-        G = node_size(self.params, P)
-        node, loc = rank // G, rank % G
-        gpu_of = torch.where(ids >= 0, ids // El, torch.full_like(ids, -1))
-        node_of = torch.where(ids >= 0, gpu_of // G, torch.full_like(ids, -1))
-        remote = [n * G + loc for n in range(P // G) if n != node]
-        s1 = _select(x, w, ids, node_of * G + loc, remote, P)
-        d1, ids1, recv1 = _stage(moe, s1, "rdma")
-        own = ((ids >= 0) & (node_of == node)).any(dim=1).nonzero(as_tuple=True)[0]
-        own_ids = torch.where(node_of[own] == node, ids[own], torch.full_like(ids[own], -1))
-        own_w = torch.where(node_of[own] == node, w[own], torch.zeros_like(w[own]))
-        tx, tw = torch.cat([x[own], d1[:, :M]]), torch.cat([own_w, d1[:, M:]])
-        tids = torch.cat([own_ids, ids1])
-        local = list(range(node * G, (node + 1) * G))
-        s2 = _select(tx, tw, tids, torch.where(tids >= 0, tids // El, tids), local, P)
-        d2, ids2, recv2 = _stage(moe, s2, "nvlink")
-        ctx.update(s1=s1, s2=s2, recv1=recv1, recv2=recv2, own=own, ids2=ids2,
-                   table=tx.shape[0], tokens=x.shape[0])  # fmt: skip
+        d2, ctx["ids2"], ctx["route"] = deepep.dispatch(moe, x, w, ctx["ids"], self.params)
         return (d2,)
 
     def experts(self, moe: DistMoE, t: Tensors, ctx: dict) -> Tensors:
@@ -192,12 +175,7 @@ class Flex:
         return (_experts(moe, t[0][:, :M], t[0][:, M:], ctx["ids2"]),)
 
     def combine(self, moe: DistMoE, t: Tensors, ctx: dict) -> Tensors:
-        s1, s2, own, M = ctx["s1"], ctx["s2"], ctx["own"], moe.spec.model_dim
-        back2 = _back(moe, t[0], s2, ctx["recv2"], "nvlink")
-        table = back2.new_zeros(ctx["table"], M).index_add(0, s2.src, back2)
-        back1 = _back(moe, table[own.numel() :], s1, ctx["recv1"], "rdma")
-        y = back1.new_zeros(ctx["tokens"], M).index_add(0, own, table[: own.numel()])
-        return (y.index_add(0, s1.src, back1),)
+        return (deepep.combine(moe, t[0], ctx["route"]),)
 
     def out(self, w: torch.Tensor, t: Tensors, ctx: dict) -> torch.Tensor:
         return t[0]
