@@ -13,6 +13,7 @@ from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.deepep.volumes import expected_nodes, row_bytes, volumes
+from sim.strategies.megatron_ep.nodes import exchange_graph, layer_spec
 from sim.workload.moe import MoELayer
 
 
@@ -84,13 +85,39 @@ def test_deepep_beats_nccl_all_to_all_across_nodes():
         assert _comm_time("deepep", {"dispatch_dtype": "bf16"}, layer, ep // 8) < nccl
 
 
-def test_skew_slows_nccl_more_than_deepep():
-    flat, skew = _layer(16), _layer(16, capacity_factor=8.0, routing={"kind": "zipf", "s": 1.2})
-    counts = skew.tokens_matrix.sum(axis=0)
-    assert counts.max() / counts.mean() > 4  # max/mean tokens per expert ~5
-    n0, n1 = (_comm_time("sequential", {}, x, 2) for x in (flat, skew))
-    d0, d1 = (_comm_time("deepep", {}, x, 2) for x in (flat, skew))
-    assert n1 / n0 > d1 / d0
+def _exchange_time(layer: MoELayer, dispatcher: str) -> float:
+    """Dispatch + combine of one layer's exchange alone on 2 h800 nodes (PR #8213's timing)."""
+    topo = Topology.load("h800", nodes=2)
+    costs = CostModel.build(topo, {})
+    spec = layer_spec(layer, 16, 0, True, dispatcher, 8)
+    return sum(simulate(exchange_graph(spec, d), topo, costs).makespan for d in
+               ("dispatch", "combine"))  # fmt: skip
+
+
+def test_skew_slows_nccl_markedly_and_deepep_little():
+    # DeepSpeed PR #8213: NCCL's all-to-allv is held by the hot rank's NIC, which receives
+    # every (token, expert) row it owes; DeepEP's RDMA leg goes to the sender's rail and
+    # carries a token once per node whatever the skew, so only its NVLink leg sees it
+    flat = _layer(16, capacity_factor=16.0)
+    skew = _layer(16, capacity_factor=16.0, routing={"kind": "zipf", "s": 1.2})
+    per_gpu = skew.tokens_matrix.sum(axis=0).reshape(16, -1).sum(axis=1)
+    assert 4 < per_gpu.max() / per_gpu.mean() < 6  # the PR's worst step: max/mean 5.09
+    n0, n1 = (_exchange_time(x, "alltoall") for x in (flat, skew))
+    d0, d1 = (_exchange_time(x, "flex") for x in (flat, skew))
+    assert n1 / n0 > 2.5  # NCCL slows with the hot receiver ...
+    assert d1 / d0 < 0.6 * (n1 / n0)  # ... DeepEP by much less
+    assert d1 < n1 and d0 < n0
+
+
+def test_exchange_graph_is_the_layers_exchange_alone():
+    layer = _layer(16)
+    spec = layer_spec(layer, 16, 0, True, "alltoall", 8)
+    g = exchange_graph(spec, "combine")
+    assert len(g) == 16 and all(t.kind == "all_to_allv" and not t.deps for t in g)
+    D = spec.send["combine"]
+    assert [t.split for t in sorted(g, key=lambda t: t.rank)] == D.tolist()
+    with pytest.raises(ConfigError, match="direction"):
+        exchange_graph(spec, "gather")
 
 
 def test_bad_params():

@@ -365,3 +365,19 @@ class Emitter:
 
     def attn_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
         return self._compute(mb, lid, "bwd", "attn_dw", _bwd(self.s.attn, "dW"), deps, role="dW")
+
+
+def exchange_graph(spec: LayerSpec, direction: str) -> TaskGraph:
+    """The forward `direction` ("dispatch" or "combine") of the dispatcher on every rank of
+    one EP group, alone: no count exchange, no compute before or after. What the payload
+    exchange costs by itself, as DeepSpeed PR #8213 times its all-to-all; inside a layer the
+    span of a collective also holds the wait for its slowest rank's experts."""
+    if direction not in ("dispatch", "combine"):
+        raise ConfigError(f"direction: expected 'dispatch' or 'combine', got {direction!r}")
+    g = TaskGraph(spec.world, meta={"strategy": "megatron_ep-exchange", "direction": direction})
+    for p in range(spec.world):
+        Emitter(g, spec, p, shared_overlap=False)._exchange(
+            0, 0, "fwd", direction, direction, direction, []
+        )
+    g.validate()
+    return g
