@@ -32,7 +32,8 @@ from sim.core.io import atomic_write_text  # noqa: E402
 from sim.engine.engine import simulate  # noqa: E402
 from sim.hardware.costs import CostModel  # noqa: E402
 from sim.hardware.topology import Topology  # noqa: E402
-from sim.strategies.megatron_ep.nodes import exchange_graph, layer_spec  # noqa: E402
+from sim.strategies.megatron_ep.exchange import exchange_graph  # noqa: E402
+from sim.strategies.megatron_ep.nodes import layer_spec  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 
 OUT = Path(__file__).resolve().parent / "results"

@@ -13,7 +13,8 @@ from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.strategies.deepep.volumes import expected_nodes, row_bytes, volumes
-from sim.strategies.megatron_ep.nodes import exchange_graph, layer_spec
+from sim.strategies.megatron_ep.exchange import exchange_graph
+from sim.strategies.megatron_ep.nodes import layer_spec
 from sim.workload.moe import MoELayer
 
 

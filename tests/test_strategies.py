@@ -14,7 +14,7 @@ from sim.core.errors import ConfigError
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
-from sim.strategies import STRATEGIES, build
+from sim.strategies import STRATEGIES, Cluster, build
 from sim.workload.moe import MoELayer
 
 TOPO = Topology.load("dgx-a100", nodes=1)
@@ -219,6 +219,33 @@ def test_routing_matrix_from_a_file(tmp_path):
         layer(routing={"kind": "matrix", "file": str(tmp_path / "absent.csv")})
     with pytest.raises(ConfigError, match="exactly one"):
         layer(routing={"kind": "matrix"})
+
+
+@pytest.mark.parametrize("name", sorted(set(STRATEGIES) - {"dualpipe", "mpipemoe"}))
+def test_a_backward_alone_finds_the_forwards_activations(name):
+    """passes [bwd] is a valid run: the activations its forward would have kept are live from
+    its start (they used to be freed without an owner, a GraphError), and all are freed."""
+    L = layer(experts=8, world=8, hidden_dim=512)
+    c = CostModel.build(TOPO, {})
+    cl = Cluster(TOPO, c)
+    both = simulate(build(name, L, {}, ("fwd", "bwd"), cl), TOPO, c)
+    bwd = simulate(build(name, L, {}, ("bwd",), cl), TOPO, c)
+    assert 0 < bwd.mem_peak.max() <= both.mem_peak.max()
+    final = {r: b for _t, r, b in bwd.mem_timeline}
+    assert all(v == pytest.approx(0.0, abs=1e-3) for v in final.values())
+
+
+def test_deepep_activations_in_closed_form():
+    # forward + backward: the received rows (one per (token, GPU)), the experts' hidden rows
+    # and their output rows (one per (token, expert)) are live together when fc2 runs
+    from sim.strategies.deepep.volumes import row_bytes, volumes
+
+    L = layer(experts=8, world=8, top_k=2)
+    v = volumes(L, 8)
+    res = simulate(build("deepep", L, {}, ("fwd", "bwd")), TOPO, CostModel.build(TOPO, {}))
+    rows = v.expert_rows[0]
+    want = v.gpu_tokens[:, 0].sum() * row_bytes(1024, "fp8") + 2 * rows * (4096 + 1024)
+    assert res.mem_peak[0] == pytest.approx(want)
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

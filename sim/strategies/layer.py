@@ -73,9 +73,7 @@ def build_layer(
     group = list(range(layer.world))  # one list shared by every task: validated once
     for rank in range(layer.world):
         streams: dict[str, list[Task]] = defaultdict(list)
-        b = _RankBuilder(
-            layer, sizes, rank, layer_id, streams, degree, "bwd" in passes, group, algo
-        )
+        b = _RankBuilder(layer, sizes, rank, layer_id, streams, degree, passes, group, algo)
         for p in passes:
             b.pass_(p, seq)
         for tasks in streams.values():
@@ -94,12 +92,15 @@ class _RankBuilder(ComputeSteps):
         layer_id: int,
         streams: dict[str, list[Task]],
         r: int,
-        keep_for_bwd: bool,
+        passes: tuple[str, ...],
         group: list[int],
         algo: str | None,
     ):
         self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
-        self.streams, self.r, self.keep = streams, r, keep_for_bwd
+        # the forward keeps its activations for a backward in the graph; a backward with no
+        # forward before it finds them live (allocated by its first exchange, see _stash)
+        self.keep, self.stash = "bwd" in passes, "fwd" not in passes
+        self.streams, self.r = streams, r
         self.group, self.algo = group, algo
 
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
@@ -204,7 +205,7 @@ class _RankBuilder(ComputeSteps):
                         stream,
                         [head],
                         reverse=False,  # dispatch, and its gradient's way: to experts
-                        allocs={f"di.{j}": self._di_bytes(j)} if fwd else None,
+                        allocs={f"di.{j}": self._di_bytes(j)} if fwd else self._stash(j),
                     ),
                 )
         expert_last: dict[int, str] = {}
@@ -309,6 +310,16 @@ class _RankBuilder(ComputeSteps):
                 phase, "encode_grad", "decode", 0.0, buf + float(e * T * M), tail_deps
             )
             self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+
+    def _stash(self, j: int) -> dict[str, float] | None:
+        """In a backward-only graph, the forward's activations chunk j's backward reads and
+        frees (its dispatched rows and its experts' hidden rows), counted from the chunk's
+        first exchange; None when the graph's forward leaves them."""
+        if not self.stash:
+            return None
+        fc1 = self._expert_shapes(j)[0]
+        mid = float(self.l.elem * fc1["batch"] * fc1["m"] * fc1["n"])
+        return {f"di.{j}": self._di_bytes(j), f"mid.{j}": mid}
 
     def _di_bytes(self, j: int) -> float:
         return float(self.s.rows[j][self.rank] * self.l.model_dim * self.l.elem)

@@ -139,7 +139,9 @@ class BlockModel:
 class Op:
     """One forward operator of a block on one GPU. `params`: weight elements it owns (their
     gradient is reduced over the data-parallel group); GEMMs have a `shape`, batched
-    activation-by-activation GEMMs (attention) none of weights."""
+    activation-by-activation GEMMs (attention) none of weights. `saved`: bytes of
+    activations it keeps for its backward (None: half its traffic, i.e. the input of a
+    one-in one-out op such as a layer norm or an activation function)."""
 
     name: str
     kind: str
@@ -147,10 +149,17 @@ class Op:
     bytes: float
     shape: dict[str, int] | None = None
     params: int = 0
+    saved: float | None = None
+
+    @property
+    def kept(self) -> float:
+        return self.bytes / 2 if self.saved is None else self.saved
 
 
 def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> Op:
-    """y[b, m, n] = x[b, m, k] @ w[b, k, n]: 2bmnk flops, each operand read or written once."""
+    """y[b, m, n] = x[b, m, k] @ w[b, k, n]: 2bmnk flops, each operand read or written once.
+    Its backward keeps x for the weight gradient, or both operands when w is an activation
+    (attention's scores and context)."""
     return Op(
         name,
         "gemm",
@@ -158,6 +167,7 @@ def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> 
         float(e * b * (m * k + k * n + m * n)),
         {"batch": b, "m": m, "n": n, "k": k},
         params,
+        float(e * b * (m * k if params else m * k + k * n)),
     )
 
 
@@ -171,7 +181,9 @@ def attention_ops(B: int, L: int, M: int, heads: int, e: int, flash: bool) -> li
     if flash:
         # two GEMMs per head (QK^T, PV) in one kernel that never writes the L x L scores:
         # reads Q, K, V and writes O (causal masking is not skipped: an upper bound)
-        ops.append(Op("attn", "attention", 4.0 * B * heads * L * L * d, float(4 * e * T * M)))
+        # its backward keeps Q, K, V and O (and recomputes the scores)
+        ops.append(Op("attn", "attention", 4.0 * B * heads * L * L * d, float(4 * e * T * M),
+                      saved=float(4 * e * T * M)))  # fmt: skip
     else:
         ops += [
             gemm("scores", B * heads, L, L, d, e),
@@ -184,7 +196,9 @@ def attention_ops(B: int, L: int, M: int, heads: int, e: int, flash: bool) -> li
 
 def residual(name: str, T: int, M: int, e: int) -> Op:
     """x + f(x): two reads and a write of T x M."""
-    return Op(name, "elementwise", float(T * M), float(3 * e * T * M))
+    return Op(
+        name, "elementwise", float(T * M), float(3 * e * T * M), saved=0.0
+    )  # adds keep nothing
 
 
 def dense_ffn_ops(prefix: str, T: int, M: int, F: int, e: int) -> list[Op]:

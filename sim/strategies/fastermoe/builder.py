@@ -270,6 +270,10 @@ class _RankBuilder(ComputeSteps):
             if what == "first":
                 rows = self._step_rows(s)
                 allocs = {f"di.{s}": rows * rb} if fwd and rows > 0 else None
+                shapes = None if fwd or self.has_fwd else self._shapes(s)
+                if shapes is not None:  # a backward alone: the forward's kept rows are live
+                    mid = float(e * shapes[0]["batch"] * shapes[0]["m"] * shapes[0]["n"])
+                    allocs = {f"di.{s}": rows * rb, f"mid.{s}": mid}
                 first[s] = self._exchange(
                     phase, first_step, s, stream, [head], back=False, allocs=allocs
                 )
@@ -295,8 +299,9 @@ class _RankBuilder(ComputeSteps):
                     [] if self.keep else [f"di.{s}", f"mid.{s}"],
                 )
             else:
-                mid, di = ([f"mid.{s}"], [f"di.{s}"]) if self.has_fwd else ([], [])
-                _, last_of[s] = self._expert_bwd(phase, "", s, fc1, fc2, [got], mid, di)
+                _, last_of[s] = self._expert_bwd(
+                    phase, "", s, fc1, fc2, [got], [f"mid.{s}"], [f"di.{s}"]
+                )
 
         if fwd:
             # Shadowed experts on my own tokens, once their parameters are in; after the

@@ -66,6 +66,7 @@ class LayerSpec:
     ag_bytes: float = 0.0  # allgather: one rank's tokens (bf16)
     count_bytes: float = 0.0  # the counts one rank sends before a forward dispatch (0: none)
     host_count_bytes: float = 0.0  # the counts it then copies to the host
+    elem: int = 2  # bytes of an activation element
 
 
 def layer_spec(
@@ -108,7 +109,7 @@ def layer_spec(
                 gemm("fc2", 1, m, M, H, e, params=El * (H * M + M)),
             ]
         )
-    spec = LayerSpec(attn, sh, experts, dispatcher, sms, P)
+    spec = LayerSpec(attn, sh, experts, dispatcher, sms, P, elem=e)
     if dispatcher == "alltoall":  # all-gather of E int64 counts, all of them to the host
         object.__setattr__(spec, "count_bytes", float(8 * E))
         object.__setattr__(spec, "host_count_bytes", float(8 * E * P))
@@ -146,6 +147,10 @@ def _order_attention(
         Op("ln2", ln.kind, ln.flops, ln.bytes, params=ln.params),
         Op("gate", "gate", 2.0 * T * M * E, float(e * (T * M + M * E) + 4 * T * E), params=M * E),
     ]
+
+
+def _kept(ops: list[Op]) -> float:
+    return float(sum(op.kept for op in ops))
 
 
 def _bwd(ops: list[Op], role: str) -> list[tuple[str, str, float, float, dict | None]]:
@@ -215,8 +220,12 @@ class Emitter:
             self.tips[t.stream] = t.id
         return t.id
 
-    def _compute(self, mb, lid, phase, node, items, deps, stream="compute", role=None) -> str:
+    def _compute(
+        self, mb, lid, phase, node, items, deps, stream="compute", role=None, mem=None
+    ) -> str:
+        """The node's tasks in a chain; `mem` = (allocs of its first task, frees of its last)."""
         out = list(deps)
+        tasks = []
         for step, kind, flops, nbytes, shape in items:
             t = Task(
                 self._id(mb, lid, phase, step),
@@ -228,14 +237,23 @@ class Emitter:
                 bytes=nbytes,
                 shape=dict(shape) if shape else None,
             )
+            tasks.append(t)
             out = [self.add(t, mb, lid, phase, step, node, role)]
+        if mem is not None and tasks:
+            tasks[0].allocs, tasks[-1].frees = mem
         return out[0] if out else (deps[0] if deps else "")
+
+    def _buf(self, mb: int, lid: int, what: str) -> str:
+        """A buffer's name: unique on the rank while it is live."""
+        return f"{self.prefix}mb{mb}/L{lid}/{what}"
 
     @staticmethod
     def _fwd_items(ops: list[Op]) -> list[tuple]:
         return [(op.name, op.kind, op.flops, op.bytes, op.shape) for op in ops]
 
-    def _exchange(self, mb, lid, phase, step, node, direction, deps) -> str:
+    def _exchange(
+        self, mb, lid, phase, step, node, direction, deps, allocs=None, frees=None
+    ) -> str:
         s, p, r0 = self.s, self.rank, self.offset
         group = [g + r0 for g in self.group]
         coll = f"{self.prefix}mb{mb}/L{lid}/{phase}/{step}/{r0}"
@@ -284,15 +302,22 @@ class Emitter:
                 sms=(s.sms or 0) if algo == "deepep" else 0,  # DeepEP's kernels hold their SMs
             )
         t.tags.update(tags)
+        t.allocs, t.frees = allocs or {}, frees or []
         return self.add(t, mb, lid, phase, step, node)
 
     # -- forward nodes -----------------------------------------------------------------------
+    # Activations (task allocs / frees): each node's forward keeps what its operators' backward
+    # reads (`Op.kept`) until its last backward task, the weight gradients: the attention
+    # node's, the experts' input rows (arriving with the dispatch), their hidden rows and
+    # the shared experts'; the experts' output rows live until the combine has sent them.
     def attn_fwd(self, mb: int, lid: int, deps: list[str]) -> str:
-        return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps)
+        mem = ({self._buf(mb, lid, "attn"): _kept(self.s.attn)}, [])
+        return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps, mem=mem)
 
     def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
         deps = [attn] if self.s.count_bytes <= 0 else [self._split_sizes(mb, lid, attn)]
-        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", deps)
+        rows = {self._buf(mb, lid, "rows"): self.s.experts[self.rank][0].kept}
+        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", deps, rows)
 
     def _split_sizes(self, mb: int, lid: int, attn: str) -> str:
         """The count exchange and the host's wait for the counts (see the module docstring)."""
@@ -318,16 +343,23 @@ class Emitter:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
         if not self.s.shared or not self.shared_overlap:
             return None
+        mem = ({self._buf(mb, lid, "shared"): _kept(self.s.shared)}, [])
         return self._compute(
-            mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn], stream=SHARED
+            mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn], SHARED, mem=mem
         )
 
     def mlp_fwd(self, mb: int, lid: int, dispatched: str, attn: str) -> str:
-        ops = self.s.experts[self.rank] + ([] if self.shared_overlap else self.s.shared)
-        return self._compute(mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched])
+        ops = self._mlp_ops()
+        fc2 = self.s.experts[self.rank][-1].shape or {}
+        out = float(self.s.elem * fc2.get("m", 0) * fc2.get("n", 0))
+        allocs = {self._buf(mb, lid, "mlp"): _kept(ops[1:]), self._buf(mb, lid, "out"): out}
+        return self._compute(
+            mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched], mem=(allocs, [])
+        )
 
     def combine_fwd(self, mb: int, lid: int, mlp: str) -> str:
-        return self._exchange(mb, lid, "fwd", "combine", "combine", "combine", [mlp])
+        return self._exchange(mb, lid, "fwd", "combine", "combine", "combine", [mlp],
+                              frees=[self._buf(mb, lid, "out")])  # fmt: skip
 
     # -- backward nodes ----------------------------------------------------------------------
     def combine_bwd(self, mb: int, lid: int, deps: list[str]) -> str:
@@ -344,8 +376,9 @@ class Emitter:
     def shared_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str | None:
         if not self.s.shared or not self.shared_overlap:
             return None
+        mem = ({}, [self._buf(mb, lid, "shared")])
         return self._compute(
-            mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED, "dW"
+            mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED, "dW", mem
         )
 
     def _mlp_ops(self) -> list[Op]:
@@ -355,7 +388,10 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "mlp", _bwd(self._mlp_ops(), "dX"), [got], role="dX")
 
     def mlp_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        return self._compute(mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps, role="dW")
+        mem = ({}, [self._buf(mb, lid, "rows"), self._buf(mb, lid, "mlp")])
+        return self._compute(
+            mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps, role="dW", mem=mem
+        )
 
     def dispatch_bwd(self, mb: int, lid: int, mlp: str) -> str:
         return self._exchange(mb, lid, "bwd", "dispatch_grad", "dispatch", "combine", [mlp])
@@ -364,20 +400,7 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "attn", _bwd(self.s.attn, "dX"), deps, role="dX")
 
     def attn_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        return self._compute(mb, lid, "bwd", "attn_dw", _bwd(self.s.attn, "dW"), deps, role="dW")
-
-
-def exchange_graph(spec: LayerSpec, direction: str) -> TaskGraph:
-    """The forward `direction` ("dispatch" or "combine") of the dispatcher on every rank of
-    one EP group, alone: no count exchange, no compute before or after. What the payload
-    exchange costs by itself, as DeepSpeed PR #8213 times its all-to-all; inside a layer the
-    span of a collective also holds the wait for its slowest rank's experts."""
-    if direction not in ("dispatch", "combine"):
-        raise ConfigError(f"direction: expected 'dispatch' or 'combine', got {direction!r}")
-    g = TaskGraph(spec.world, meta={"strategy": "megatron_ep-exchange", "direction": direction})
-    for p in range(spec.world):
-        Emitter(g, spec, p, shared_overlap=False)._exchange(
-            0, 0, "fwd", direction, direction, direction, []
+        mem = ({}, [self._buf(mb, lid, "attn")])
+        return self._compute(
+            mb, lid, "bwd", "attn_dw", _bwd(self.s.attn, "dW"), deps, role="dW", mem=mem
         )
-    g.validate()
-    return g

@@ -79,6 +79,7 @@ class _Rank:
         self.tasks: list[Task] = []
         self.deg: Degrees = vol.deg
         self.keep = keep  # the forward's activations stay for the backward
+        self.fwd_done = False  # whether this graph's forward left them (else: see _experts)
 
     # -- pieces ----------------------------------------------------------------------------
     def _group(self, kind: str) -> list[int]:
@@ -142,7 +143,9 @@ class _Rank:
         if phase == "fwd":
             a = gemm("fc1", fc1, fc1, dep, allocs={"parm.mid": mid})
             return gemm("fc2", fc2, fc2, a, frees=[] if self.keep else ["parm.mid", "parm.recv"])
-        d2 = gemm("fc2_dgrad", fc2, dgrad_shape(fc2), dep)
+        # a backward with no forward in the graph finds the kept activations live
+        stash = {} if self.fwd_done else {"parm.mid": mid, "parm.recv": float(self.deg.esp * v.buf)}
+        d2 = gemm("fc2_dgrad", fc2, dgrad_shape(fc2), dep, allocs=stash)
         w2 = gemm("fc2_wgrad", fc2, wgrad_shape(fc2), d2, frees=["parm.mid"])
         d1 = gemm("fc1_dgrad", fc1, dgrad_shape(fc1), w2)
         return gemm("fc1_wgrad", fc1, wgrad_shape(fc1), d1, frees=["parm.recv"])
@@ -150,7 +153,9 @@ class _Rank:
     # -- passes ----------------------------------------------------------------------------
     def pass_(self, phase: str, head: Dep) -> Dep:
         """One pass as a chain after `head` (the forward's last task); its last task(s)."""
-        return getattr(self, f"_{self.v.schedule}")(phase, head)
+        out = getattr(self, f"_{self.v.schedule}")(phase, head)
+        self.fwd_done = self.fwd_done or phase == "fwd"
+        return out
 
     def _baseline(self, phase: str, x: Dep) -> Dep:
         n, d = self.deg.esp, self.v.buf
