@@ -10,7 +10,10 @@ sync on each forward dispatch's split sizes). Models: DeepSeek-V3
 proxy = hidden 7168, 256 experts top-8, one shared expert, 128 heads, sequence 4096;
 Qwen-like = hidden 4096, 128 experts top-8, expert hidden 1536, no shared expert, 64 heads
 (Qwen3-235B-A22B's MoE sizes), sequence 4096. Two MoE layers per stage, 4 micro-batches
-(assumed: the published runs' depth and counts are not given).
+(assumed: the published runs' depth and counts are not given). Each setup runs with its EP
+group inside one node (EP8: the 64 or 16 GPUs as 8-GPU EP groups, the rest of the world in
+pipeline / data parallelism, which the graph of one EP group leaves out) and across all its
+nodes (EP64 / EP16): the published EP layout is not given either.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import platform
 import time
 from pathlib import Path
 
+from sim.core.io import atomic_write_text
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.costs.resources import LAUNCH_S
@@ -30,29 +34,33 @@ from sim.strategies.dualpipe.schedule import table
 from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
-READING = """Reading: the published band (1.08x on the DeepSeek-V3 proxy, 1.18x on 16 H100) is NOT
-reproduced except by Qwen-like with DeepEP's flex dispatcher (1.21-1.22x, inside the issue's
-1.1-1.35x band); the other simulated gains are 1.4-1.6x. In these proxies the simulated dispatch and
-combine take longer than the compute of a layer (top-8 of 4,096 tokens crosses InfiniBand at
-~50 GB/s per GPU), so the merged schedule hides the compute behind the communication and the
-gain is about (compute + comm) / comm. That is also why neither one hardware queue nor NCCL
-kernels holding 24 SMs moves it by more than ~3% (one queue does shrink every gain a little,
-most with flex, whose kernels hold 24 SMs from launch): the slowed compute has slack behind the
-communication. The published runs' depth, micro-batch size, recomputation and pipeline layout
-are not given (two MoE layers and four micro-batches here are assumed); a compute-heavier stage
-would shrink the gain toward the band and make the queue and SM effects visible. The host
-launch thread is modelled (5 us a launch, assumed, and a host sync on each forward dispatch's
-split sizes): it moves every gain by less than 0.01x (e.g. 1.414x -> 1.406x, alltoall, 32
-queues; 1.573x -> 1.567x, flex) and does not make one hardware queue shrink the gain more
-(the 32-vs-1 difference stays 0.003-0.036x): each sync waits a few microseconds for a small
-count exchange while a layer's kernels last milliseconds, so the late launches hide behind
-the same communication slack."""
+READING = """Reading:
+
+- With the EP group inside one node (EP8), every simulated gain lands in the issue's 1.1-1.35x
+  band (DeepSeek-V3 proxy 1.13-1.28x, Qwen-like 1.13-1.29x; published 1.078x and 1.18x), and
+  one hardware queue shrinks every one of them (by 0.006-0.04x). NCCL kernels holding 24 SMs
+  shrink the alltoall dispatcher's gains further (DeepSeek-V3 proxy 1.278x -> 1.229x, and
+  1.195x with one queue too): inside a node the all-to-all is shorter than a layer's compute,
+  so the merged schedule's gain is the communication it hides, and what slows the compute
+  beside it (SMs held, launches serialised behind a waiting kernel) takes from it.
+- Not reached: the size of the queue effect. Published: +7.8% with 32 queues against +3.7%
+  with one (the gain halves); simulated at EP8: +16.4% against +13.4% (flex), +27.8% against
+  +24.0% (alltoall). The published proxy's depth, micro-batch size, recomputation and EP / PP
+  layout are not given (two MoE layers and four micro-batches here are assumed).
+- With the EP group across nodes (EP64, EP16) the simulated gains are 1.2-1.6x, above the band:
+  top-8 of 4,096 tokens crosses InfiniBand at ~50 GB/s per GPU, the dispatch and combine take
+  longer than the compute, and the merged schedule hides the compute behind them (gain about
+  (compute + comm) / comm), so neither one queue nor 24 NCCL SMs moves it by more than ~3%.
+- The host launch thread is modelled (5 us a launch, assumed, and a host sync on each forward
+  dispatch's split sizes); it moves every gain by less than 0.01x."""
+DSV3 = dict(M=7168, H=2048, E=256, heads=128, shared=1, published=1.078)
+QWEN = dict(M=4096, H=1536, E=128, heads=64, shared=0, published=1.18)
 SETUPS = {
-    "deepseek-v3 proxy, 64 H100": dict(nodes=8, M=7168, H=2048, E=256, heads=128, shared=1,
-                                       published=1.078),
-    "qwen-like, 16 H100": dict(nodes=2, M=4096, H=1536, E=128, heads=64, shared=0,
-                               published=1.18),
-}  # fmt: skip
+    "deepseek-v3 proxy, 64 H100, EP8": dict(DSV3, nodes=1),
+    "deepseek-v3 proxy, 64 H100, EP64": dict(DSV3, nodes=8),
+    "qwen-like, 16 H100, EP8": dict(QWEN, nodes=1),
+    "qwen-like, 16 H100, EP16": dict(QWEN, nodes=2),
+}
 
 
 def gain(setup: dict, dispatcher: str, queues: int, comm_sms: int) -> dict:
@@ -89,7 +97,7 @@ def main() -> None:
     doc = {"machine": machine, "rows": rows,
            "bubbles_F1_B2_W1": bubbles, "seconds": time.time() - t0}  # fmt: skip
     OUT.mkdir(exist_ok=True)
-    (OUT / "megatron_ep.json").write_text(json.dumps(doc, indent=1))
+    atomic_write_text(OUT / "megatron_ep.json", json.dumps(doc, indent=1) + "\n")
     lines = ["# megatron_ep: simulated EP-overlap gain vs published", "",
              f"machine: {doc['machine']}", "",
              "| setup | dispatcher | queues | NCCL SMs | plain (s) | overlap (s) | gain "
@@ -106,7 +114,7 @@ def main() -> None:
     for b in bubbles:
         lines.append(f"| {b['pp']} | {b['1F1B']} | {b['ZB1P']} | {b['dualpipe']} | "
                      f"{b['dualpipev']} |")  # fmt: skip
-    (OUT / "megatron_ep.md").write_text("\n".join(lines) + "\n")
+    atomic_write_text(OUT / "megatron_ep.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

@@ -104,21 +104,25 @@ def test_all_to_allv_dispatchers_sync_the_host_once_per_forward_dispatch(dispatc
 
 
 @pytest.mark.parametrize("dispatcher", ["alltoall", "flex"])
-def test_overlap_beats_plain_on_dgx_h100(dispatcher):
+def test_overlap_beats_plain_on_dgx_h100_and_one_queue_shrinks_it(dispatcher):
     """The published claim's direction on its hardware: a DeepSeek-like block (hidden 7168,
     256 experts top-8, one shared expert) on 8 H100; the gain stays in a sane band (the
-    benchmark records the number against the published 1.1-1.35x)."""
+    benchmark records the number against the published 1.1-1.35x) and is smaller when every
+    stream's kernels share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)."""
     topo = Topology.load("dgx-h100", nodes=1)
-    costs = CostModel.build(topo, {})
     layer = MoELayer(batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256,
                      world=8, top_k=8)  # fmt: skip
-    spans = {}
-    for overlap in (False, True):
-        params = {"dispatcher": dispatcher, "overlap": overlap, "micro": 3, "layers": 1,
-                  "heads": 56, "shared": 1}  # fmt: skip
-        g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
-        spans[overlap] = simulate(g, topo, costs).makespan
-    assert 1.0 < spans[False] / spans[True] < 2.0
+    gains = {}
+    for queues in (32, 1):
+        costs = CostModel.build(topo, {"resources": {"max_connections": queues}})
+        spans = {}
+        for overlap in (False, True):
+            params = {"dispatcher": dispatcher, "overlap": overlap, "micro": 3, "layers": 1,
+                      "heads": 56, "shared": 1}  # fmt: skip
+            g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
+            spans[overlap] = simulate(g, topo, costs).makespan
+        gains[queues] = spans[False] / spans[True]
+    assert 1.0 < gains[1] < gains[32] < 2.0
 
 
 @pytest.mark.parametrize(
