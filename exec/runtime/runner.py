@@ -10,7 +10,10 @@ CUDA (nccl): each stream is a torch.cuda.Stream; one host thread issues every ta
 rank in a topological order of the *whole* graph that every rank computes identically, so
 communicators are launched in the same order everywhere (concurrent NCCL communicators
 launched in different orders deadlock). Cross-stream dependencies are CUDA events; task times
-are CUDA events converted to the host clock through one reference event.
+are CUDA events converted to the host clock through one reference event. A task with
+`host_sync` (split sizes read on the host) blocks the issuing thread until it has finished,
+as the simulator's launch thread does (sim.engine.launch). On the CPU every stream is its own
+thread, so a host sync holds back only its own stream's later tasks.
 
 Times: host perf_counter_ns (or CUDA events), moved onto rank 0's clock with the offsets from
 exec.runtime.clock, relative to a common origin (the earliest rank's start mark), in seconds.
@@ -318,6 +321,20 @@ class _CudaExecutor(_Executor):
             s: torch.cuda.Stream(device=device) for s in dict.fromkeys(op.task.stream for op in ops)
         }
 
+    def _wait_for(self, op: Op, events: dict[str, tuple[Any, Any]]) -> None:
+        """Block the host until `op` has finished on its stream; a timeout means no progress
+        for timeout_s, reported as the first unfinished communication issued so far."""
+        deadline = time.monotonic() + self.timeout_s
+        end = events[op.task.id][1]
+        while not end.query():
+            if time.monotonic() > deadline:
+                # compute behind a stuck communication is only waiting for it
+                stuck = [o for o in self.ops if o.task.id in events
+                         and not events[o.task.id][1].query()]  # fmt: skip
+                culprit = next((o for o in stuck if o.is_comm), stuck[0] if stuck else op)
+                raise comm_failure(self.rank, culprit, self.timeout_s, None)
+            time.sleep(0.0005)
+
     def run(self) -> dict[str, tuple[int, int]]:
         torch.cuda.synchronize(self.device)
         ref = torch.cuda.Event(enable_timing=True)
@@ -340,18 +357,10 @@ class _CudaExecutor(_Executor):
                     work.wait()  # the stream waits for the communicator's stream; host goes on
                 end.record(stream)
             events[t.id] = (start, end)
-        deadline = time.monotonic() + self.timeout_s
+            if t.host_sync:  # the host reads its result (split sizes): nothing issues before
+                self._wait_for(op, events)
         for op in self.ops:
-            _, end = events[op.task.id]
-            while not end.query():
-                if time.monotonic() > deadline:
-                    # report the first unfinished communication in issue order: compute
-                    # behind it is only waiting for it
-                    stuck = [o for o in self.ops if not events[o.task.id][1].query()]
-                    culprit = next((o for o in stuck if o.is_comm), stuck[0] if stuck else op)
-                    raise comm_failure(self.rank, culprit, self.timeout_s, None)
-                time.sleep(0.0005)
-            deadline = time.monotonic() + self.timeout_s  # a timeout means no progress
+            self._wait_for(op, events)
         return {
             tid: (
                 host_ref + int(ref.elapsed_time(s) * 1e6),
