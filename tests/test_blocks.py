@@ -67,6 +67,30 @@ def test_sequential_model_is_the_sum_of_its_ops(flash, shared):
     assert math.isclose(res.makespan, expect, rel_tol=1e-9), (res.makespan, expect)
 
 
+@pytest.mark.parametrize("flash", [False, True])
+def test_dense_model_peak_is_every_blocks_kept_activations(flash):
+    """A dense model on one compute stream: the forward's kept activations pile up block by
+    block and all are live when the backward starts. In closed form, per block: LN1's input,
+    QKV's input, the attention core's (the scores' and context's operands and the softmax
+    output; or FlashAttention's Q, K, V, O), the projection's input, LN2's input, fc1's
+    input, GELU's input and fc2's input (GELU's output)."""
+    n, B, L, M, h, F, e = 3, 2, 64, 128, 4, 512, 2
+    T = B * L
+    blocks = BlockModel(n=n, heads=h, moe_every=n + 1, flash=flash, ffn_hidden=F)
+    g = build("sequential", LAYER, {}, ("fwd", "bwd"), blocks=blocks)
+    assert not any(t.tags.get("phase") == "fwd" and "chunk" in t.tags for t in g)  # no MoE
+    res = simulate(g, TOPO, alpha_beta())
+    d = M // h
+    core = 4 * e * T * M if flash else e * B * h * L * (d + d) + e * B * h * L * L + e * B * h * (
+        L * L + L * d)  # fmt: skip
+    per_block = e * T * M * 4 + core + e * T * M + 2 * e * T * F
+    assert res.mem_peak[0] == pytest.approx(n * per_block)
+    final = {r: b for _t, r, b in res.mem_timeline}
+    assert all(v == pytest.approx(0.0, abs=1e-6) for v in final.values())
+    fwd = simulate(build("sequential", LAYER, {}, ("fwd",), blocks=blocks), TOPO, alpha_beta())
+    assert fwd.mem_peak[0] < per_block  # a forward alone keeps nothing past its part
+
+
 def test_backward_split_has_twice_the_forward_gemm_work():
     """dX and dW of every GEMM (and the experts' dgrad/wgrad) each do the forward's work."""
     blocks = BlockModel(n=4, heads=4, moe_every=2, shared=1)

@@ -75,10 +75,15 @@ def backward_ops(op: Op) -> list[tuple[str, str, float, float, dict | None, str]
 
 
 class _Rank:
-    """One rank's streams, filled in program order."""
+    """One rank's streams, filled in program order.
 
-    def __init__(self, rank: int, dtype: str):
-        self.rank, self.dtype = rank, dtype
+    Activations: a part's forward (attention, LN2, the dense or shared FFN) keeps what its
+    operators' backward reads (`Op.kept`), allocated by its first task and freed by the last
+    task of its backward (or of its forward, when the graph has no backward); with no forward
+    in the graph, the backward's first task finds them all live (`stash`)."""
+
+    def __init__(self, rank: int, dtype: str, keep: bool = True):
+        self.rank, self.dtype, self.keep = rank, dtype, keep
         self.streams: dict[str, list[Task]] = defaultdict(list)
         self.dws: list[str] = []
 
@@ -113,14 +118,23 @@ class _Rank:
             self.dws.append(t.id)
         return t.id
 
+    def _last(self) -> Task:
+        return self.streams["compute"][-1]
+
     def forward(self, b: int, ops: list[Op], inputs: list[str]) -> list[str]:
         out = inputs
-        for op in ops:
+        kept = _kept(ops)
+        for i, op in enumerate(ops):
             out = [self.task(b, "fwd", op.name, op.kind, op.flops, op.bytes, op.shape, out)]
+            if i == 0 and kept > 0:
+                self._last().allocs = {_buffer(b, ops): kept}
+        if kept > 0 and not self.keep:
+            self._last().frees = [_buffer(b, ops)]
         return out
 
     def backward(self, b: int, ops: list[Op], grads: list[str]) -> list[str]:
         """Ops in reverse; each one's tasks wait for the gradient of its output."""
+        kept = _kept(ops)
         for op in reversed(ops):
             nxt = []
             for step, kind, flops, nbytes, shape, role in backward_ops(op):
@@ -128,7 +142,27 @@ class _Rank:
                 if role == "dX":
                     nxt.append(tid)
             grads = nxt
+        if kept > 0 and ops:
+            self._last().frees = [_buffer(b, ops)]
         return grads
+
+    def stash(self, blocks: BlockModel, kinds: dict[bool, dict[str, list[Op]]]) -> None:
+        """A backward with no forward before it: every part's kept activations are live from
+        the backward's first task on."""
+        first = next(t for t in self.streams["compute"] if t.tags.get("phase") == "bwd")
+        for b in range(blocks.n):
+            for ops in kinds[blocks.is_moe(b)].values():
+                if ops and _kept(ops) > 0:
+                    first.allocs[_buffer(b, ops)] = _kept(ops)
+
+
+def _kept(ops: list[Op]) -> float:
+    return float(sum(op.kept for op in ops))
+
+
+def _buffer(b: int, ops: list[Op]) -> str:
+    """The activations of block b's part whose first operator is ops[0]."""
+    return f"L{b}/{ops[0].name}.kept"
 
 
 def build_model(
@@ -147,7 +181,7 @@ def build_model(
     everyone = list(range(mp))  # shared: validated once
     sync_bytes = grad_bytes(blocks, layer)
     for rank in range(mp):
-        r = _Rank(rank, layer.dtype)
+        r = _Rank(rank, layer.dtype, "bwd" in passes)
         last: list[str] = []
         if "fwd" in passes:
             for b in range(blocks.n):
@@ -161,6 +195,8 @@ def build_model(
                 tpl = tpls.get((rank, "bwd")) if moe else None
                 grads = _backward_block(r, b, kinds[moe], tpl, grads)
             _grad_sync(r, grads, sync_bytes, everyone, blocks.dp, layer)
+            if "fwd" not in passes:
+                r.stash(blocks, kinds)
         for tasks in r.streams.values():
             for t in tasks:
                 g.add(t)
