@@ -5,6 +5,8 @@ the outputs and weight gradients equal the sequential model's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -26,9 +28,9 @@ SPEC = BlockSpec(
 )  # fmt: skip
 
 
-def _check(params: dict) -> None:
-    ranks = run_dualpipe(SPEC, params, timeout_s=60)
-    ref = sequential(SPEC, resolve_params("dualpipe", params))
+def _check(params: dict, spec: BlockSpec = SPEC) -> None:
+    ranks = run_dualpipe(spec, params, timeout_s=60)
+    ref = sequential(spec, resolve_params("dualpipe", params))
     ys = {k: v for r in ranks for k, v in r["y"].items()}
     assert sorted(ys) == sorted(ref["y"])  # every micro-batch left its last stage once
     for k, y in ref["y"].items():
@@ -47,8 +49,9 @@ def _check(params: dict) -> None:
 
 
 def test_dualpipev_equals_the_sequential_model():
-    """4 stages on 2 devices (the V: stages 0 and 3 on device 0, 1 and 2 on device 1)."""
-    _check({"variant": "dualpipev", "pp": 4, "micro": 4})
+    """4 stages on 2 devices (the V: stages 0 and 3 on device 0, 1 and 2 on device 1), the
+    blocks with a shared expert beside the routed ones."""
+    _check({"variant": "dualpipev", "pp": 4, "micro": 4}, replace(SPEC, shared=1))
 
 
 @pytest.mark.slow

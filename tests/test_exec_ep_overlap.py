@@ -5,6 +5,8 @@ gradients for every dispatcher; the nodes launch in the simulator's graph order.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -55,11 +57,11 @@ def _equal_to_plain(ranks: list[dict], variants: list[dict]) -> None:
                                            err_msg=f"{v} {name}")  # fmt: skip
 
 
-def _sim_order(params: dict, stream: str) -> list[tuple]:
+def _sim_order(params: dict, stream: str, shared: int = 0) -> list[tuple]:
     """(node, phase, micro-batch, layer) of rank 0's `stream` in the simulator's graph."""
     layer = MoELayer(batch=2, seq_len=8, model_dim=16, hidden_dim=24, experts=4, world=2,
                      top_k=2, capacity_factor=0.75)  # fmt: skip
-    p = {**params, "layers": LAYERS, "micro": MICRO, "heads": 2, "shared": 0}
+    p = {**params, "layers": LAYERS, "micro": MICRO, "heads": 2, "shared": shared}
     g = build("megatron_ep", layer, p, ("fwd", "bwd"))
     out: list[tuple] = []
     for t in g:
@@ -85,6 +87,28 @@ def test_nodes_launch_in_the_simulators_order(fast):
         for stream in ("comm", "compute"):
             mine = [(n, ph, mb, lid) for s, n, ph, mb, lid in log if s == stream]
             assert mine == _sim_order(v, stream), (v, stream)
+
+
+SHARED = [{"dispatcher": "alltoall", "shared_overlap": o, "shared": 1} for o in (True, False)]
+
+
+@pytest.fixture(scope="module")
+def shared() -> list[dict]:
+    return run_ep_overlap(replace(SPEC, shared=1), LAYERS, MICRO, SHARED, timeout_s=60)
+
+
+def test_shared_experts_overlapped_or_not_equal_plain(shared):
+    _equal_to_plain(shared, SHARED)
+    assert any(k.startswith("0.attn.sh_") for k in shared[0]["variants"]["plain"]["grads"])
+
+
+def test_shared_experts_launch_in_the_simulators_order(shared):
+    for v in SHARED:
+        log = shared[0]["variants"][_label(v)]["log"]
+        for stream in ("comm", "compute", "compute.1"):
+            mine = [(n, ph, mb, lid) for s, n, ph, mb, lid in log if s == stream]
+            assert mine == _sim_order(v, stream, shared=1), (v, stream)
+        assert any(s == "compute.1" for s, *_ in log) == v["shared_overlap"]
 
 
 @pytest.mark.slow

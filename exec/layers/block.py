@@ -1,6 +1,7 @@
-"""A real transformer block on torch.distributed: pre-norm attention, then the MoE layer.
+"""A real transformer block on torch.distributed: pre-norm attention, then the MoE layer
+(and shared experts, `BlockSpec.shared`, on every token: DeepSeek-MoE's).
 
-    h = x + proj(attention(qkv(LN1(x))));   y = h + MoE(LN2(h))
+    h = x + proj(attention(qkv(LN1(x))));   z = LN2(h);   y = h + MoE(z) [+ shared(z)]
 
 The attention and norm weights are replicated (seeded alike on every rank); the MoE layer is
 `exec.layers.moe.DistMoE` run with any registered strategy. Each rank holds B sequences of L
@@ -32,9 +33,11 @@ from exec.layers.moe import (
     make_tokens,
     route,
 )
+from sim.core.errors import ConfigError
 
 ATTN_PARAMS = ("ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b")
 EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
+SHARED_PARAMS = ("sh_w1", "sh_b1", "sh_w2", "sh_b2")
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,7 @@ class BlockSpec:
     moe: MoESpec  # moe.tokens = batch * seq_len rows per rank
     batch: int
     heads: int
+    shared: int = 0  # shared experts of the experts' size: one FFN of shared * hidden_dim units
 
     @property
     def seq_len(self) -> int:
@@ -63,6 +67,26 @@ def make_attention(spec: BlockSpec) -> dict[str, torch.Tensor]:
     }
 
 
+def make_shared(spec: BlockSpec) -> dict[str, torch.Tensor]:
+    """The shared experts' weights (replicated, as the attention's); none without them."""
+    if not spec.shared:
+        return {}
+    g = torch.Generator().manual_seed(spec.moe.seed * 1_000_003 + 400_000)
+    M, S = spec.moe.model_dim, spec.shared * spec.moe.hidden_dim
+    return {
+        "sh_w1": torch.randn(M, S, generator=g) / math.sqrt(M),
+        "sh_b1": 0.1 * torch.randn(S, generator=g),
+        "sh_w2": torch.randn(S, M, generator=g) / math.sqrt(S),
+        "sh_b2": 0.1 * torch.randn(M, generator=g),
+    }
+
+
+def shared_ffn(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
+    """The shared experts on every token of z (the experts' activation function)."""
+    act = ACTIVATIONS[spec.moe.activation]
+    return act(z @ w["sh_w1"] + w["sh_b1"]) @ w["sh_w2"] + w["sh_b2"]
+
+
 def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
     """Causal multi-head self-attention of LN1(x), the op sequence the simulator models:
     QKV projection, scores, softmax, context, output projection."""
@@ -78,23 +102,28 @@ def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tens
 
 
 def block(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec, moe: Any) -> torch.Tensor:
-    """The block with `moe(z) -> y` as its FFN."""
+    """The block with `moe(z) -> y` as its FFN (beside the shared experts, if any)."""
     h = x + attention(x, w, spec)
     z = F.layer_norm(h, (spec.moe.model_dim,), w["ln2_w"], w["ln2_b"])
-    return h + moe(z)
+    y = h + moe(z)
+    return y + shared_ffn(z, w, spec) if spec.shared else y
 
 
 class DistBlock(torch.nn.Module):
     def __init__(self, spec: BlockSpec, rank: int, comms: Comms, device: torch.device):
         super().__init__()
         self.spec = spec
+        replicated = make_attention(spec) | make_shared(spec)
         self.attn = torch.nn.ParameterDict(
-            {k: torch.nn.Parameter(v.to(device)) for k, v in make_attention(spec).items()}
+            {k: torch.nn.Parameter(v.to(device)) for k, v in replicated.items()}
         )
         self.moe = DistMoE(spec.moe, rank, comms, device)
 
     def forward(self, x: torch.Tensor, strategy: str, params: dict | None = None) -> torch.Tensor:
         if strategy == "lancet":  # its passes reach around the MoE layer: a block of its own
+            if self.spec.shared:
+                raise ConfigError("strategy lancet: its real block has no shared experts "
+                                  "(give the block shared: 0)")  # fmt: skip
             from exec.layers.lancet import lancet_block
             from exec.layers.registry import resolve_strategy
 
@@ -145,7 +174,8 @@ def reference(spec: BlockSpec) -> list[dict[str, Any]]:
     gradients of each rank's copy, and each rank's share of the expert gradients (summed
     over the tokens of every rank, as the all-to-all's backward delivers them)."""
     s = spec.moe
-    w = {k: v.double().requires_grad_(True) for k, v in make_attention(spec).items()}
+    replicated = make_attention(spec) | make_shared(spec)
+    w = {k: v.double().requires_grad_(True) for k, v in replicated.items()}
     gate = make_gate(s).double().requires_grad_(True)
     ex = [make_expert(s, e) for e in range(s.experts)]
     stacked = {

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from exec.layers.block import BlockSpec, block, make_attention
-from exec.layers.ep_overlap import Node, layer_spec, micro_spec
+from exec.layers.block import BlockSpec, block, make_attention, make_shared
+from exec.layers.ep_overlap import layer_spec, micro_spec
 from exec.layers.moe import (
     ACTIVATIONS,
     decode,
@@ -39,6 +39,7 @@ from exec.layers.moe import (
     make_tokens,
     route,
 )
+from exec.layers.nodes import Node
 from exec.layers.registry import register_schedule
 from exec.layers.waits import wait_work
 from sim.strategies.dualpipe.schedule import Pipeline
@@ -52,7 +53,8 @@ def stage_weights(spec: BlockSpec, stage: int, layers: int) -> Weights:
     for i in range(layers):
         s = layer_spec(spec, stage * layers + i).moe
         ex = [make_expert(s, e) for e in range(s.experts)]
-        w = {**make_attention(layer_spec(spec, stage * layers + i)), "gate": make_gate(s)}
+        bs = layer_spec(spec, stage * layers + i)
+        w = {**make_attention(bs), **make_shared(bs), "gate": make_gate(s)}
         w.update({k: torch.stack([e[k] for e in ex]) for k in ("w1", "b1", "w2", "b2")})
         out.append({k: v.requires_grad_(True) for k, v in w.items()})
     return out

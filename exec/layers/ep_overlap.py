@@ -5,10 +5,10 @@ real transformer blocks (`exec.layers.block`), gloo or NCCL: the schedule the si
 A stage of `layers` blocks, each cut into Megatron's nodes: `attn` (the previous layer's
 output added to its residual, LN1, attention, residual, LN2, router, and the dispatcher's
 `send`), `dispatch`, `mlp` (the local experts), `combine` (`exec.layers.ep_dispatch`). Every
-node of every (micro-batch, layer) is its own autograd graph, cut from its neighbours' at its
-inputs (`Node`): its backward runs when the schedule says, input gradients (dX) first and
-weight gradients (dW) later (`--delay-wgrad-compute`; the dW pass walks the node's graph
-again to its weights, so the split is in time, not a saving). The dispatch and combine
+node of every (micro-batch, layer) is its own autograd graph, cut from its neighbours' at
+its inputs (`exec.layers.nodes.Node`): its backward runs when the schedule says, input
+gradients (dX) first and weight gradients (dW) later (`--delay-wgrad-compute`; the dW pass
+walks the node's graph again to its weights, so the split is in time, not a saving). The dispatch and combine
 nodes, forward and backward, run on a communication thread (one FIFO, Megatron's comm stream;
 every rank queues them in the same order, so collectives match), the rest on the calling
 thread (the compute stream). Micro-batches go in the 1F1B order: forward 0, then forward i+1
@@ -21,14 +21,19 @@ layer by layer (forward layer k with backward layer L-1-k):
 (each comm node queued as soon as its input is computed, and waited for only when its output
 is needed); without, every node runs and is waited for in turn. Both give the plain
 autograd computation's outputs and gradients (the tests check it): the same operations on
-the same values, only their order differs. Shared experts are not part of the real block.
+the same values, only their order differs.
+
+Shared experts (`BlockSpec.shared`): a node of their own on the LN2 output. With
+`shared_overlap` it runs on a second compute thread (the simulator's `compute.1` stream),
+forward beside the dispatch, backward beside the combine's gradient, its weight gradients
+after the attention's; without, inside the `mlp` node (after the experts, forward and
+backward, its weight gradients with the experts'), as the simulator places its tasks.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -36,78 +41,13 @@ import torch
 import torch.nn.functional as F
 
 from exec.errors import ExecError
-from exec.layers.block import BlockSpec, DistBlock, attention
+from exec.layers.block import SHARED_PARAMS, BlockSpec, DistBlock, attention, shared_ffn
 from exec.layers.ep_dispatch import Tensors, dispatcher
 from exec.layers.moe import Comms, make_output_grad, make_tokens, route
+from exec.layers.nodes import CommStream, Node
 from exec.layers.registry import register_schedule
 from sim.core.errors import ConfigError
 from sim.strategies import resolve_params
-
-
-class Node:
-    """One node's autograd graph: inputs become leaves, outputs are handed on detached."""
-
-    def __init__(self, params: list[torch.nn.Parameter]):
-        self.params = params
-        self.pending: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
-
-    def forward(self, fn: Callable[..., Tensors], inputs: Tensors) -> Tensors:
-        self.leaves = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in inputs)
-        with torch.enable_grad():
-            self.outs = fn(*self.leaves)
-        return tuple(o.detach() for o in self.outs)
-
-    def backward(self, grads: tuple[torch.Tensor | None, ...]) -> tuple[torch.Tensor | None, ...]:
-        """dX: the gradients of the inputs (None where none flows); dW waits for `weights`."""
-        pairs = [(o, g) for o, g in zip(self.outs, grads) if g is not None and o.requires_grad]
-        outs, gs = [o for o, _ in pairs], [g for _, g in pairs]
-        need = [i for i, leaf in enumerate(self.leaves) if leaf.requires_grad]
-        got: tuple[torch.Tensor | None, ...] = ()
-        if outs and need:
-            got = torch.autograd.grad(
-                outs,
-                [self.leaves[i] for i in need],
-                gs,
-                retain_graph=bool(self.params),
-                allow_unused=True,
-            )
-        res: list[torch.Tensor | None] = [None] * len(self.leaves)
-        for i, g in zip(need, got):
-            res[i] = g
-        self.pending = (outs, gs) if self.params and outs else None
-        if not self.params:
-            self.release()
-        return tuple(res)
-
-    def weights(self) -> None:
-        """dW: accumulate the node's weight gradients into its parameters' `.grad`."""
-        if self.pending is not None:
-            outs, gs = self.pending
-            torch.autograd.backward(outs, gs, inputs=self.params)
-        self.release()
-
-    def release(self) -> None:
-        self.leaves, self.outs, self.pending = (), (), None
-
-
-class CommStream:
-    """Megatron's communication stream on CPU: one thread running queued work in order."""
-
-    def __init__(self, rank: int, timeout_s: float):
-        self.rank, self.timeout_s = rank, timeout_s
-        self.pool = ThreadPoolExecutor(1, thread_name_prefix=f"comm{rank}")
-
-    def submit(self, fn: Callable[[], Any]) -> Future:
-        return self.pool.submit(fn)
-
-    def wait(self, fut: Future, what: str) -> Any:
-        try:
-            return fut.result(timeout=2 * self.timeout_s)  # its collectives time out first
-        except FutureTimeout:
-            raise ExecError(f"rank {self.rank}: {what} did not finish in time") from None
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=False, cancel_futures=True)
 
 
 @dataclass
@@ -116,16 +56,23 @@ class _Layer:
 
     nodes: dict[str, Node] = field(default_factory=dict)
     ctx: dict[str, Any] = field(default_factory=dict)
-    out: Tensors = ()  # (h, w, *combined): the layer's output, the next node's input
+    out: Tensors = ()  # (h, w, *combined[, shared]): the layer's output, the next node's input
     grad_out: tuple[torch.Tensor | None, ...] = ()  # the gradients of `out`
     fut: Future | None = None  # the comm node in flight
+    z: torch.Tensor | None = None  # LN2's output: the shared experts' input
+    shared: Any = None  # the shared node's result, or its Future on the side stream
 
 
 class Stage:
     """Real blocks of one rank, driven node by node (module docstring)."""
 
-    def __init__(self, blocks: list[DistBlock], params: dict[str, Any], comm: CommStream):
-        self.blocks, self.comm, self.params = blocks, comm, params
+    def __init__(self, blocks: list[DistBlock], params: dict[str, Any], comm: CommStream,
+                 side: CommStream | None = None):  # fmt: skip
+        """`side`: the shared experts' stream when they overlap (None: inside `mlp`)."""
+        self.blocks, self.comm, self.params, self.side = blocks, comm, params, side
+        self.shared = blocks[0].spec.shared > 0
+        self.k = 3 if self.shared else 2  # the attention node's outputs before the sends
+        self.shared_dw: dict[tuple[int, int], Node] = {}
         self.disp = dispatcher(params)
         self.state: dict[tuple[int, int], _Layer] = {}
         self.inputs: dict[int, torch.Tensor] = {}
@@ -140,6 +87,21 @@ class Stage:
     def _st(self, mb: int, lid: int) -> _Layer:
         return self.state.setdefault((mb, lid), _Layer())
 
+    def _side_stream(self) -> CommStream:
+        if self.side is None:
+            raise ExecError("the shared experts' stream was used without overlap")
+        return self.side
+
+    def _side(self, result: Any, what: str) -> Any:
+        """A shared node's result: waited for when it is still in flight on the side stream."""
+        return self._side_stream().wait(result, what) if isinstance(result, Future) else result
+
+    def _output(self, t: Tensors, ctx: dict[str, Any]) -> torch.Tensor:
+        """A layer's output from its `out` (h, w, *combined[, shared])."""
+        if self.shared:
+            return t[0] + self.disp.out(t[1], t[2:-1], ctx) + t[-1]
+        return t[0] + self.disp.out(t[1], t[2:], ctx)
+
     # -- forward nodes --------------------------------------------------------------------
     def attn_fwd(self, mb: int, lid: int) -> None:
         blk, st = self.blocks[lid], self._st(mb, lid)
@@ -147,14 +109,16 @@ class Stage:
         spec, moe = blk.spec, blk.moe
 
         def fn(*t: torch.Tensor) -> Tensors:
-            x = t[0] if prev is None else t[0] + self.disp.out(t[1], t[2:], prev.ctx)
+            x = t[0] if prev is None else self._output(t, prev.ctx)
             h = x + attention(x, blk.attn, spec)
             z = F.layer_norm(h, (spec.moe.model_dim,), blk.attn["ln2_w"], blk.attn["ln2_b"])
             r = route(z, moe.gate, spec.moe.top_k, spec.moe.capacity, moe.choices)
-            return (h, r.weight, *self.disp.send(moe, z, r, st.ctx))
+            return (h, r.weight, *((z,) if self.shared else ()),
+                    *self.disp.send(moe, z, r, st.ctx))  # fmt: skip
 
         self._launch("compute", "attn", "fwd", mb, lid)
-        node = st.nodes["attn"] = Node([*blk.attn.values(), moe.gate])
+        params = [v for k, v in blk.attn.items() if k not in SHARED_PARAMS]
+        node = st.nodes["attn"] = Node([*params, moe.gate])
         st.out = node.forward(fn, (self.inputs[mb],) if prev is None else prev.out)
 
     def _comm(self, mb: int, lid: int, name: str, step: Callable, inputs: Tensors) -> Future:
@@ -165,8 +129,22 @@ class Stage:
 
     def dispatch_fwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
-        st.fut = self._comm(mb, lid, "dispatch", self.disp.dispatch, st.out[2:])
+        st.fut = self._comm(mb, lid, "dispatch", self.disp.dispatch, st.out[self.k :])
+        st.z = st.out[2] if self.shared else None
         st.out = st.out[:2]
+
+    def _shared_node(self, mb: int, lid: int) -> tuple[Node, Callable[[], Tensors]]:
+        """The shared experts' node on the layer's LN2 output, and its forward."""
+        st, blk = self.state[(mb, lid)], self.blocks[lid]
+        node = st.nodes["shared"] = Node([blk.attn[k] for k in SHARED_PARAMS])
+        z = st.z
+        return node, lambda: node.forward(lambda t: (shared_ffn(t, blk.attn, blk.spec),), (z,))
+
+    def shared_fwd(self, mb: int, lid: int) -> None:
+        """On the side stream beside the dispatch (overlap); else mlp_fwd runs it."""
+        if self.shared and self.side is not None:
+            self._launch("compute.1", "shared", "fwd", mb, lid)
+            self.state[(mb, lid)].shared = self._side_stream().submit(self._shared_node(mb, lid)[1])
 
     def mlp_fwd(self, mb: int, lid: int) -> None:
         st, moe = self.state[(mb, lid)], self.blocks[lid].moe
@@ -174,17 +152,22 @@ class Stage:
         self._launch("compute", "mlp", "fwd", mb, lid)
         node = st.nodes["mlp"] = Node([moe.w1, moe.b1, moe.w2, moe.b2])
         y = node.forward(lambda *t: self.disp.experts(moe, t, st.ctx), got)
+        if self.shared and self.side is None:  # the shared experts after the local ones
+            st.shared = self._shared_node(mb, lid)[1]()
         st.fut = self._comm(mb, lid, "combine", self.disp.combine, y)
 
     def combine_wait(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
         st.out = (*st.out, *self.comm.wait(st.fut, f"combine of micro-batch {mb}, layer {lid}"))
+        if self.shared:
+            s = self._side(st.shared, f"shared experts of micro-batch {mb}, layer {lid}")
+            st.out, st.shared = (*st.out, *s), None
 
     def tail_fwd(self, mb: int) -> torch.Tensor:
         """The last layer's output added to its residual: the stage's output."""
         last = self.state[(mb, len(self.blocks) - 1)]
         node = self.tails[mb] = Node([])
-        return node.forward(lambda h, w, *c: (h + self.disp.out(w, c, last.ctx),), last.out)[0]
+        return node.forward(lambda *t: (self._output(t, last.ctx),), last.out)[0]
 
     # -- backward nodes -------------------------------------------------------------------
     def tail_bwd(self, mb: int, dy: torch.Tensor) -> None:
@@ -192,28 +175,45 @@ class Stage:
 
     def combine_bwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
-        node, g = st.nodes["combine"], st.grad_out[2:]
+        node, g = st.nodes["combine"], st.grad_out[2:-1] if self.shared else st.grad_out[2:]
         self._launch("comm", "combine", "bwd", mb, lid)
         st.fut = self.comm.submit(lambda: node.backward(g))
+
+    def shared_bwd(self, mb: int, lid: int) -> None:
+        """The shared experts' input gradient on the side stream (overlap); else in mlp_bwd."""
+        if self.shared and self.side is not None:
+            st = self.state[(mb, lid)]
+            node, g = st.nodes["shared"], st.grad_out[-1]
+            self._launch("compute.1", "shared", "bwd", mb, lid)
+            st.shared = self._side_stream().submit(lambda: node.backward((g,)))
 
     def mlp_bwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
         g = self.comm.wait(st.fut, f"combine gradient of micro-batch {mb}, layer {lid}")
         self._launch("compute", "mlp", "bwd", mb, lid)
         gin = st.nodes["mlp"].backward(g)
+        if self.shared and self.side is None:
+            st.shared = st.nodes["shared"].backward((st.grad_out[-1],))
         node = st.nodes["dispatch"]
         self._launch("comm", "dispatch", "bwd", mb, lid)
         st.fut = self.comm.submit(lambda: node.backward(gin))
 
     def mlp_bwd_dw(self, mb: int, lid: int) -> None:
         self._launch("compute", "mlp_dw", "bwd", mb, lid)
-        self.state[(mb, lid)].nodes["mlp"].weights()
+        st = self.state[(mb, lid)]
+        st.nodes["mlp"].weights()
+        if self.shared and self.side is None:
+            st.nodes["shared"].weights()
 
     def attn_bwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
         g_send = self.comm.wait(st.fut, f"dispatch gradient of micro-batch {mb}, layer {lid}")
         self._launch("compute", "attn", "bwd", mb, lid)
-        gin = st.nodes["attn"].backward((*st.grad_out[:2], *g_send))
+        g_z: tuple = ()
+        if self.shared:
+            what = f"shared experts' gradient of micro-batch {mb}, layer {lid}"
+            g_z = (self._side(st.shared, what)[0],)
+        gin = st.nodes["attn"].backward((*st.grad_out[:2], *g_z, *g_send))
         if lid == 0:
             self.grad_x[mb] = gin[0]
         else:
@@ -221,13 +221,23 @@ class Stage:
 
     def attn_bwd_dw(self, mb: int, lid: int) -> None:
         self._launch("compute", "attn_dw", "bwd", mb, lid)
-        self.state.pop((mb, lid)).nodes["attn"].weights()
+        st = self.state.pop((mb, lid))
+        st.nodes["attn"].weights()
+        if self.shared and self.side is not None:
+            self.shared_dw[(mb, lid)] = st.nodes["shared"]
+
+    def shared_bwd_dw(self, mb: int, lid: int) -> None:
+        """The shared experts' weight gradients on the side stream (overlap)."""
+        if (mb, lid) in self.shared_dw:
+            self._launch("compute.1", "shared_dw", "bwd", mb, lid)
+            self._side_stream().submit(self.shared_dw.pop((mb, lid)).weights)
 
     # -- schedules ------------------------------------------------------------------------
     def forward(self, mb: int) -> torch.Tensor:
         for lid in range(len(self.blocks)):
             self.attn_fwd(mb, lid)
             self.dispatch_fwd(mb, lid)
+            self.shared_fwd(mb, lid)
             self.mlp_fwd(mb, lid)
             self.combine_wait(mb, lid)
         return self.tail_fwd(mb)
@@ -236,10 +246,12 @@ class Stage:
         self.tail_bwd(mb, dy)
         for lid in reversed(range(len(self.blocks))):
             self.combine_bwd(mb, lid)
+            self.shared_bwd(mb, lid)
             self.mlp_bwd(mb, lid)
             self.mlp_bwd_dw(mb, lid)
             self.attn_bwd(mb, lid)
             self.attn_bwd_dw(mb, lid)
+            self.shared_bwd_dw(mb, lid)
 
     def merged(self, f: int, b: int, dy: torch.Tensor) -> torch.Tensor:
         """Forward of micro-batch f with backward of b, layer by layer (module docstring)."""
@@ -250,11 +262,14 @@ class Stage:
             self.combine_bwd(b, lb)  # comm: combine_bwd     | compute: attn_fwd
             self.attn_fwd(f, lf)
             self.dispatch_fwd(f, lf)  # comm: dispatch_fwd  | compute: mlp_bwd
+            self.shared_fwd(f, lf)  # compute.1: shared_fwd, shared_bwd
+            self.shared_bwd(b, lb)
             self.mlp_bwd(b, lb)  # queues dispatch_bwd behind dispatch_fwd
             self.mlp_bwd_dw(b, lb)
             self.mlp_fwd(f, lf)  # queues combine_fwd behind dispatch_bwd
             self.attn_bwd(b, lb)  # comm: combine_fwd | compute: attn_bwd
             self.attn_bwd_dw(b, lb)
+            self.shared_bwd_dw(b, lb)
             self.combine_wait(f, lf)
         return self.tail_fwd(f)
 
@@ -276,7 +291,10 @@ def run_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: di
     gradients, and the weights' gradients left in `blocks` (accumulated over micro-batches)."""
     overlap = params["overlap"] in (True, "on")
     comm = CommStream(comms.rank, comms.timeout_s)
-    st = Stage(blocks, params, comm)
+    side = None
+    if spec.shared and params.get("shared_overlap", True) in (True, "on"):
+        side = CommStream(comms.rank, comms.timeout_s, "shared")
+    st = Stage(blocks, params, comm, side)
     xs = [make_tokens(micro_spec(spec, i).moe, comms.rank) for i in range(micro)]
     dys = [make_output_grad(micro_spec(spec, i).moe, comms.rank) for i in range(micro)]
     st.inputs = dict(enumerate(xs))
@@ -290,8 +308,12 @@ def run_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: di
                 ys[i] = st.forward(i)
                 st.backward(i - 1, dys[i - 1])
         st.backward(micro - 1, dys[micro - 1])
+        if side is not None:  # the last weight gradients queued there
+            side.wait(side.submit(lambda: None), "the shared experts' weight gradients")
     finally:
         comm.close()
+        if side is not None:
+            side.close()
     return {"y": [ys[i] for i in range(micro)], "x": [st.grad_x[i] for i in range(micro)],
             "log": st.log}  # fmt: skip
 
