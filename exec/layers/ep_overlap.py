@@ -8,12 +8,12 @@ output added to its residual, LN1, attention, residual, LN2, router, and the dis
 node of every (micro-batch, layer) is its own autograd graph, cut from its neighbours' at
 its inputs (`exec.layers.nodes.Node`): its backward runs when the schedule says, input
 gradients (dX) first and weight gradients (dW) later (`--delay-wgrad-compute`; the dW pass
-walks the node's graph again to its weights, so the split is in time, not a saving). The dispatch and combine
-nodes, forward and backward, run on a communication thread (one FIFO, Megatron's comm stream;
-every rank queues them in the same order, so collectives match), the rest on the calling
-thread (the compute stream). Micro-batches go in the 1F1B order: forward 0, then forward i+1
-with backward i, then the last backward. With `overlap` the forward and backward are merged
-layer by layer (forward layer k with backward layer L-1-k):
+walks the node's graph again to its weights, so the split is in time, not a saving). The
+dispatch and combine nodes, forward and backward, run on a communication thread (one FIFO,
+Megatron's comm stream; every rank queues them in the same order, so collectives match),
+the rest on the calling thread (the compute stream). Micro-batches go in the 1F1B order:
+forward 0, then forward i+1 with backward i, then the last backward. With `overlap` the
+forward and backward are merged layer by layer (forward layer k with backward layer L-1-k):
 
     comm:    combine_bwd | dispatch_fwd -> dispatch_bwd | combine_fwd
     compute: attn_fwd    | mlp_bwd -> mlp_bwd_dw -> mlp_fwd | attn_bwd -> attn_bwd_dw
