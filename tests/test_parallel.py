@@ -1,5 +1,6 @@
-"""The parallel layout `parallel: {ep, dp, tp, esp}`: sizes, placement, rank groups, replicas
-of one replica's graph, and replicas that share a fabric contending for it."""
+"""The parallel layout `parallel: {ep, dp, tp, esp, pp}`: sizes, placement, rank groups,
+replicas of one replica's graph, replicas that share a fabric contending for it, and a
+pipeline strategy's devices."""
 
 from __future__ import annotations
 
@@ -168,3 +169,55 @@ def test_topology_world_checks_against_the_layout():
     topo = Topology.load("dgx-a100", nodes=2)
     with pytest.raises(ConfigError, match="the product must be the world"):
         from_spec({"ep": 8, "dp": 4}, topo.world_size, topo.gpus_per_node)
+
+
+def test_pipeline_devices_are_a_factor_of_the_world():
+    lay = from_spec({"ep": 8, "pp": 2}, 64, 8)
+    assert lay.as_dict() == {"ep": 8, "dp": 4, "tp": 1, "esp": 1, "pp": 2}
+    assert (lay.mp, lay.replica, lay.world) == (8, 16, 64)
+    assert list(lay.replica_ranks(1)) == list(range(16, 32))
+    assert from_spec({"dp": 2, "pp": 4}, 64, 8).ep == 8
+    with pytest.raises(ConfigError, match="ep 8 x dp 3 x tp 1 x esp 1 x pp 2 = 48"):
+        from_spec({"ep": 8, "dp": 3, "pp": 2}, 64, 8)
+
+
+def _dualpipe(**strategy):
+    return _cfg(
+        topology="dgx-h100",
+        nodes=4,
+        parallel={"ep": 8, "pp": 2, "dp": 2},
+        strategy={"name": "dualpipe", "layers": 1, **strategy},
+        model={**MODEL, "experts_per_gpu": 2},
+    )
+
+
+@pytest.mark.parametrize("variant,stages", [("dualpipe", 2), ("dualpipev", 4)])
+def test_dualpipe_takes_its_devices_from_parallel_pp(variant, stages):
+    """2 replicas of 2 pipeline devices of EP 8 on 32 GPUs: the replica's graph is the
+    pipeline (DualPipe: a stage per device; DualPipeV: the V's two per device), laid over
+    both replicas, every collective inside one device's EP group."""
+    r = api.run(_dualpipe(variant=variant))
+    g = r.graph
+    assert g.world_size == 32 and g.meta["layout"]["pp"] == 2 and g.meta["pp"] == stages
+    for t in g:
+        if t.group is not None and t.kind != "all_reduce":
+            assert len({m // 8 for m in t.group}) == 1, t.id  # one device's EP group
+    assert {t.rank // 16 for t in g} == {0, 1} and r.summary["makespan_s"] > 0
+
+
+@pytest.mark.parametrize(
+    "cfg,where",
+    [
+        (lambda: _cfg(parallel={"ep": 8, "pp": 4}), "parallel.pp: strategy 'pipelined' has no"),
+        (lambda: _dualpipe(pp=4), "parallel.pp: 2 pipeline devices run 2 dualpipe stages, but"),
+        (
+            lambda: _cfg(parallel={"dp": 4}, strategy={"name": "dualpipe"}),
+            "parallel.pp: dualpipe needs at least 2 pipeline devices",
+        ),
+    ],
+)
+def test_pipeline_layout_errors_name_the_field(cfg, where):
+    with pytest.raises(ConfigError) as e:
+        c = cfg()
+        c.workload(c.load_topology())
+    assert where in str(e.value)

@@ -40,7 +40,7 @@ def simulate_layout(
     def full() -> TaskGraph:
         if before_full is not None:
             before_full()
-        return dp_span.spread(replicate(one, layout), layout.mp)  # gradient reductions
+        return dp_span.spread(replicate(one, layout), layout.replica)  # gradient reductions
 
     return simulate_replicas(
         one, topo, costs, ranks, full=full, prefix="dp0/", meta=meta, record_links=record_links

@@ -234,6 +234,8 @@ class RunConfig:
                 )
             spec.setdefault("tp", params.get("tp", resolve_params(name, {})["tp"]))
         layout = from_spec(spec, W, G, source=src)
+        if layout.pp > 1 or name in PIPELINES:
+            params = _pipeline_params(name, params, layout, src)
         if name == "ted":
             params["tp"] = layout.tp
         elif layout.tp > 1:
@@ -267,6 +269,34 @@ class RunConfig:
         layout = from_spec(spec, W, G, source=src, tp_overlay=True)
         params |= {"tp": layout.tp, "esp": layout.esp}
         return Workload(self.layer(layout.mp), layout, params)
+
+
+PIPELINES = ("dualpipe",)  # strategies whose graph is pp pipeline devices of EP groups
+
+
+def _pipeline_params(
+    name: str, params: dict[str, Any], layout: ParallelLayout, src: str
+) -> dict[str, Any]:
+    """A pipeline strategy's stages from `parallel.pp` (its devices: DualPipe's pp stages
+    on pp devices, DualPipeV's on pp/2), checked against `strategy.pp` when both are given."""
+    if name not in PIPELINES:
+        raise ConfigError(
+            f"{src}.pp: strategy {name!r} has no pipeline stages (dualpipe has); use pp: 1"
+        )
+    full = resolve_params(name, params)
+    per_device = 2 if full["variant"] == "dualpipev" else 1
+    stages = layout.pp * per_device
+    if stages < 2:
+        raise ConfigError(
+            f"{src}.pp: {full['variant']} needs at least 2 pipeline devices, got pp "
+            f"{layout.pp} (give parallel.pp: the pipeline devices of a replica)"
+        )
+    if "pp" in params and params["pp"] != stages:
+        raise ConfigError(
+            f"{src}.pp: {layout.pp} pipeline devices run {stages} {full['variant']} stages, "
+            f"but strategy.pp is {params['pp']} (give the pipeline once, under parallel:)"
+        )
+    return params | {"pp": stages}
 
 
 @dataclass(frozen=True)

@@ -127,6 +127,7 @@ class ParallelSpec(Strict):
     dp: PosInt | None = None
     tp: PosInt | None = None
     esp: PosInt | None = None
+    pp: PosInt | None = None
 
 
 class JitterSpec(Strict):

@@ -128,4 +128,4 @@ def _spread(graph: TaskGraph, layout: ParallelLayout | None) -> TaskGraph:
     """The replica's graph over every data-parallel replica of `layout`."""
     if layout is None:
         return graph
-    return dp_span.spread(replicate(graph, layout), layout.mp)
+    return dp_span.spread(replicate(graph, layout), layout.replica)

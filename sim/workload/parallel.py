@@ -1,8 +1,9 @@
-"""The parallel layout shared by every strategy: `parallel: {ep, dp, tp, esp}`.
+"""The parallel layout shared by every strategy: `parallel: {ep, dp, tp, esp, pp}`.
 
-The world is cut into `dp` data-parallel replicas of `mp = ep * tp * esp` consecutive ranks
-each. Inside a replica, rank `((e * esp) + s) * tp + t` holds expert-parallel index e, expert
-slice s and tensor-parallel index t:
+The world is cut into `dp` data-parallel replicas of `pp` pipeline devices each (one stage
+or, for DualPipe, a pair of stages per device), a device being `mp = ep * tp * esp`
+consecutive ranks. Inside a device's group, rank `((e * esp) + s) * tp + t` holds
+expert-parallel index e, expert slice s and tensor-parallel index t:
 
 - TP innermost: a TP group is `tp` consecutive ranks, inside a node (Megatron's placement).
 - ESP next: an expert sliced over `esp` GPUs (Tutel P1/P2, Parm's ESP) lives on consecutive
@@ -11,14 +12,17 @@ slice s and tensor-parallel index t:
   replica fills whole consecutive nodes (or shares one node with others when smaller), so a
   member sits at the same local index, hence on the same rail of a rail-optimised fabric, as
   the members it exchanges with at that index in the other nodes (NCCL's rail-local pairs).
-- DP outermost: replica d is ranks [d * mp, (d + 1) * mp). Its EP groups run the same
-  collectives as replica 0's at the same time, so on a shared fabric they contend for the
-  same spines and rails; the engine simulates that traffic (nothing assumes groups are
-  independent).
+- PP next: a replica's pipeline device p is ranks [p * mp, (p + 1) * mp) of the replica, a
+  whole EP group (only pipeline strategies, `dualpipe`, take pp > 1).
+- DP outermost: replica d is ranks [d * R, (d + 1) * R), R = pp * mp (`replica`). Its EP
+  groups run the same collectives as replica 0's at the same time, so on a shared fabric
+  they contend for the same spines and rails; the engine simulates that traffic (nothing
+  assumes groups are independent).
 
-Strategies build the graph of one replica (an MoE layer over `mp` ranks); `replicate` lays it
-over every replica. A config without `parallel:` keeps its old meaning: one EP group of the
-whole world (`tp` from TED's `strategy.tp`, `esp` = W/E where experts are sliced).
+Strategies build the graph of one replica (an MoE layer over `mp` ranks, or a pipeline of pp
+such groups); `replicate` lays it over every replica. A config without `parallel:` keeps its
+old meaning: one EP group of the whole world (`tp` from TED's `strategy.tp`, `esp` = W/E
+where experts are sliced).
 
 Parm's placement (Sec. II-B, Fig. 2; `tp_overlay=True`): the MoE layer runs on the ep x esp
 ranks of a replica (ESP innermost, as above), and the dense part's model-parallel (MP = tp)
@@ -39,7 +43,7 @@ import numpy as np
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 
-SIZES = ("ep", "dp", "tp", "esp")
+SIZES = ("ep", "dp", "tp", "esp", "pp")
 
 
 @dataclass(frozen=True)
@@ -50,6 +54,7 @@ class ParallelLayout:
     esp: int = 1
     gpus_per_node: int | None = None  # None: placement inside nodes is not checked
     tp_overlay: bool = False  # Parm: MP groups laid over the ep x esp ranks (module docstring)
+    pp: int = 1  # pipeline devices of a replica, each an EP group of mp ranks
 
     def __post_init__(self) -> None:
         for name in SIZES:
@@ -81,19 +86,30 @@ class ParallelLayout:
 
     @property
     def mp(self) -> int:
-        """Ranks of one data-parallel replica (its model-parallel world)."""
+        """Ranks of one pipeline device's group (the MoE layer's world; with pp = 1, of one
+        data-parallel replica)."""
         return self.ep * self._tp_factor * self.esp
 
     @property
+    def replica(self) -> int:
+        """Ranks of one data-parallel replica: its pipeline devices' groups."""
+        return self.pp * self.mp
+
+    @property
     def world(self) -> int:
-        return self.mp * self.dp
+        return self.replica * self.dp
 
     def as_dict(self) -> dict[str, int]:
-        return {name: getattr(self, name) for name in SIZES}
+        """The sizes; pp only where there are pipeline stages (results without any keep the
+        mapping they always had)."""
+        return {name: getattr(self, name) for name in SIZES if name != "pp" or self.pp > 1}
 
     # -- placement -------------------------------------------------------------------------
     def coords(self, rank: int) -> dict[str, int]:
-        """(dp, ep, esp, tp) indices of a global rank."""
+        """(dp, ep, esp, tp) indices of a global rank (layouts without pipeline stages: the
+        groups below are those of the layer strategies, which take pp = 1)."""
+        if self.pp > 1:
+            raise ConfigError("parallel.pp: the rank groups of a pipeline's stages are its own")
         d, local = divmod(rank, self.mp)
         if self.tp_overlay:  # tp index: position inside the MP group of consecutive ranks
             e, s = divmod(local, self.esp)
@@ -110,8 +126,8 @@ class ParallelLayout:
         return dp * self.mp + (ep * self.esp + esp) * self.tp + tp
 
     def replica_ranks(self, d: int) -> np.ndarray:
-        """Global rank of each local rank 0..mp-1 of replica d."""
-        return np.arange(d * self.mp, (d + 1) * self.mp)
+        """Global rank of each local rank 0..replica-1 of replica d."""
+        return np.arange(d * self.replica, (d + 1) * self.replica)
 
     # -- rank groups -----------------------------------------------------------------------
     def ep_group(self, rank: int) -> list[int]:
@@ -163,9 +179,9 @@ def from_spec(
     tp_overlay: bool = False,
 ) -> ParallelLayout:
     """The layout a config's `parallel:` mapping asks for on `world` GPUs. Missing sizes are
-    derived: tp and esp default to 1 (or what the strategy implies), dp to 1, and ep to what
-    is left, so `{ep: 64}` on 16,384 GPUs means 256 replicas. With `tp_overlay` (Parm) tp
-    is no factor of the world: ep x dp x esp is."""
+    derived: tp, esp and pp default to 1 (or what the strategy implies), dp to 1, and ep to
+    what is left, so `{ep: 64}` on 16,384 GPUs means 256 replicas. With `tp_overlay` (Parm)
+    tp is no factor of the world: ep x dp x esp is."""
     if spec is None:
         spec = {}
     if not isinstance(spec, dict):
@@ -178,46 +194,51 @@ def from_spec(
             raise ConfigError(f"{source}.{name}: expected a positive integer, got {v!r}")
     tp = spec.get("tp", tp_default)
     esp = spec.get("esp", esp_default)
+    pp = spec.get("pp", 1)
     ep, dp = spec.get("ep"), spec.get("dp")
     if tp_overlay:  # tp is laid over the ranks: it takes no share of the world
+        if pp > 1:
+            raise ConfigError(f"{source}.pp: Parm's layout has no pipeline stages; use pp: 1")
         return _overlaid(source, world, tp, esp, ep, dp, gpus_per_node)
     if ep is None and dp is None:
         dp = 1
+    xpp = f" x pp {pp}" if pp > 1 else ""
     if ep is None:
-        ep, rem = divmod(world, dp * tp * esp)
+        ep, rem = divmod(world, dp * tp * esp * pp)
         if rem or ep < 1:
             raise ConfigError(
-                f"{source}: dp {dp} x tp {tp} x esp {esp} does not divide the {world} GPUs"
+                f"{source}: dp {dp} x tp {tp} x esp {esp}{xpp} does not divide the {world} GPUs"
             )
     elif dp is None:
-        dp, rem = divmod(world, ep * tp * esp)
+        dp, rem = divmod(world, ep * tp * esp * pp)
         if rem or dp < 1:
             raise ConfigError(
-                f"{source}: ep {ep} x tp {tp} x esp {esp} does not divide the {world} GPUs"
+                f"{source}: ep {ep} x tp {tp} x esp {esp}{xpp} does not divide the {world} GPUs"
             )
-    if ep * dp * tp * esp != world:
+    if ep * dp * tp * esp * pp != world:
         raise ConfigError(
-            f"{source}: ep {ep} x dp {dp} x tp {tp} x esp {esp} = {ep * dp * tp * esp}, "
-            f"but the cluster has {world} GPUs (the product must be the world)"
+            f"{source}: ep {ep} x dp {dp} x tp {tp} x esp {esp}{xpp} = "
+            f"{ep * dp * tp * esp * pp}, but the cluster has {world} GPUs (the product must "
+            "be the world)"
         )
-    return ParallelLayout(ep, dp, tp, esp, gpus_per_node)
+    return ParallelLayout(ep, dp, tp, esp, gpus_per_node, pp=pp)
 
 
 def check_replica(graph: TaskGraph, layout: ParallelLayout) -> None:
-    """ConfigError unless the strategy's graph is one replica of the layout (a pipeline's
-    stages, e.g. dualpipe's, are more ranks than one replica's ep x tp x esp)."""
-    if graph.world_size != layout.mp:
+    """ConfigError unless the strategy's graph is one replica of the layout: pp pipeline
+    devices of ep x tp x esp ranks each."""
+    if graph.world_size != layout.replica:
         raise ConfigError(
             f"parallel: the strategy {graph.meta.get('strategy', '')!r} built a graph of "
-            f"{graph.world_size} ranks for replicas of {layout.mp} (ep x tp x esp); a "
-            f"pipeline strategy takes the world as its stages' EP groups (drop parallel.dp)"
+            f"{graph.world_size} ranks for replicas of {layout.replica} (pp x ep x tp x esp); "
+            "a pipeline strategy's devices are parallel.pp"
         )
 
 
 def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
-    """One replica's graph (ranks 0..mp-1) laid over every data-parallel replica.
+    """One replica's graph (ranks 0..R-1, R = pp x mp) laid over every data-parallel replica.
 
-    Replica d's copy of a task runs on rank d*mp + rank; its id, dependencies and collective id
+    Replica d's copy of a task runs on rank d*R + rank; its id, dependencies and collective id
     get the prefix `dp{d}/`, and its communicator group is the replica's ranks. With dp = 1
     the graph is returned as it is."""
     check_replica(graph, layout)
@@ -226,7 +247,7 @@ def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
     out = TaskGraph(layout.world, meta=dict(graph.meta) | {"layout": layout.as_dict()})
     tasks = list(graph)
     for d in range(layout.dp):
-        off, pre = d * layout.mp, f"dp{d}/"
+        off, pre = d * layout.replica, f"dp{d}/"
         groups: dict[int, list[int]] = {}  # shared member lists, as the builders share them
         for t in tasks:
             group = None

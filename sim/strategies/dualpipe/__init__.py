@@ -7,7 +7,8 @@ and weight (W) gradients to fill bubbles (zero-bubble).
 Parameters:
 - `variant`: `dualpipe` (PP devices, two directions, half the micro-batches each) or
   `dualpipev` (PP/2 devices, one V-shaped pipeline);
-- `pp`: pipeline stages (even);
+- `pp`: pipeline stages (even); a config's `parallel.pp` (the pipeline devices of a
+  replica) sets it: pp devices for dualpipe, 2 pp stages for dualpipev;
 - `micro`: micro-batches in all (dualpipe: even and >= 2 PP; dualpipev: >= PP; None: 2 PP);
 - `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `dispatcher`,
   `shared_overlap`, `sms`, `gpus_per_node`: a chunk's layers as `megatron_ep` builds them;
@@ -91,7 +92,7 @@ def build_step(
             f"strategy.pp: {NAME} ({pipe.variant}, pp={pp}) runs {pipe.devices} pipeline devices "
             f"x an EP group of {layer.world} GPUs = {pipe.devices * layer.world} ranks, but the "
             f"cluster has {gpus}: the layer's world is one stage's EP group (lower world_size "
-            f"or pp, or add nodes)"
+            f"or pp, or add nodes; or lay the pipeline out with parallel: {{ep, pp, dp}})"
         )
     m = mep.model_fields(layer, params, blocks)
     spec = layer_spec(
