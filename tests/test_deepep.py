@@ -86,6 +86,29 @@ def test_deepep_beats_nccl_all_to_all_across_nodes():
         assert _comm_time("deepep", {"dispatch_dtype": "bf16"}, layer, ep // 8) < nccl
 
 
+def test_deepeps_edge_over_the_best_nccl_dispatcher_is_small_on_one_node():
+    """Megatron #1456 / its maintainers: for EP <= 8 the NCCL dispatchers are recommended,
+    DeepEP is for EP > 8 across nodes. On one node the allgather dispatcher moves nearly the
+    bytes DeepEP's per-GPU dedup does (top-8 over 4 GPUs) and waits for no counts; across
+    nodes every token to every GPU falls far behind (the benchmark records the numbers)."""
+
+    def edge(ep: int) -> float:
+        topo = Topology.load("h800", nodes=max(1, ep // 8))
+        costs = CostModel.build(topo, {})
+        layer = MoELayer(batch=1, seq_len=1024, model_dim=1024, hidden_dim=1024,
+                         experts=max(32, 4 * ep), world=ep, top_k=8)  # fmt: skip
+        ms = {}
+        for d in ("alltoall", "allgather", "flex"):
+            params = {"dispatcher": d, "overlap": False, "micro": 1, "layers": 1, "heads": 8,
+                      "shared": 1}  # fmt: skip
+            g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
+            ms[d] = simulate(g, topo, costs).makespan
+        return 1 - ms["flex"] / min(ms["alltoall"], ms["allgather"])
+
+    one, across = edge(4), edge(16)
+    assert one < 0.15 and across > 0.3 and across > 2 * one
+
+
 def _exchange_time(layer: MoELayer, dispatcher: str) -> float:
     """Dispatch + combine of one layer's exchange alone on 2 h800 nodes (PR #8213's timing)."""
     topo = Topology.load("h800", nodes=2)
