@@ -147,6 +147,19 @@ def test_rows_are_what_api_run_gives():
         assert row.exposed_comm_s == s["exposed_comm_s"]
 
 
+def test_tokens_are_counted_as_compare_counts_them():
+    """A step of micro-batches through several MoE layers (megatron_ep) processes each token
+    once per layer and micro-batch: time per token as `moesim compare` ranks it."""
+    spec = _spec(grid={"strategy": ["sequential", "megatron_ep:micro=3,layers=2,shared=0"]})
+    spec["base"] = {**BASE, "passes": ["fwd", "bwd"], "model": {**BASE["model"], "top_k": 1}}
+    df = run_sweep(spec, workers=1)
+    from sim.hardware.topology import Topology
+
+    one = 128 * Topology.load("flat-switch", nodes=2).world_size  # one layer's tokens
+    assert list(df["tokens"]) == [one, one * 3 * 2]
+    assert list(df["time_per_token_s"]) == list(df["makespan_s"] / df["tokens"])
+
+
 def test_link_and_compute_speed_changes_reach_the_run():
     """`sequential` on a flat switch: doubling every link's bandwidth halves the time the
     communication stream is busy (no latency on flat-switch), half the compute speed doubles

@@ -97,6 +97,7 @@ def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
     """The summary of one point's run and the distinct tokens its step processes: the run
     `sim.api.run` makes (sim.analysis.layout_run.run_config), plus the link and
     compute-speed changes of `moesim whatif`."""
+    from sim.analysis.compare import step_tokens
     from sim.analysis.layout_run import run_config
     from sim.analysis.whatif import with_links, with_speed
     from sim.config import RunConfig
@@ -107,7 +108,6 @@ def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
         edit_topology=lambda topo: with_links(topo, list(point.links)),
         edit_costs=lambda costs: with_speed(costs, point.speed),
     )
-    layer, graph = r.workload.layer, r.result.graph
-    # as `moesim compare` counts them: tensor-parallel replicas share their tokens
-    tokens = layer.tokens * graph.world_size // int(graph.meta.get("tp") or 1)
-    return r.summary, tokens
+    # counted as `moesim compare` counts them (micro-batches, MoE layers crossed, pipeline
+    # devices, tensor-parallel replicas sharing their tokens)
+    return r.summary, step_tokens(r.workload.layer, r.result.graph)
