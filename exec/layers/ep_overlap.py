@@ -133,18 +133,18 @@ class Stage:
         st.z = st.out[2] if self.shared else None
         st.out = st.out[:2]
 
-    def _shared_node(self, mb: int, lid: int) -> tuple[Node, Callable[[], Tensors]]:
-        """The shared experts' node on the layer's LN2 output, and its forward."""
+    def _shared_forward(self, mb: int, lid: int) -> Callable[[], Tensors]:
+        """The forward of the shared experts' node (made now) on the layer's LN2 output."""
         st, blk = self.state[(mb, lid)], self.blocks[lid]
         node = st.nodes["shared"] = Node([blk.attn[k] for k in SHARED_PARAMS])
         z = st.z
-        return node, lambda: node.forward(lambda t: (shared_ffn(t, blk.attn, blk.spec),), (z,))
+        return lambda: node.forward(lambda t: (shared_ffn(t, blk.attn, blk.spec),), (z,))
 
     def shared_fwd(self, mb: int, lid: int) -> None:
         """On the side stream beside the dispatch (overlap); else mlp_fwd runs it."""
         if self.shared and self.side is not None:
             self._launch("compute.1", "shared", "fwd", mb, lid)
-            self.state[(mb, lid)].shared = self._side_stream().submit(self._shared_node(mb, lid)[1])
+            self.state[(mb, lid)].shared = self._side_stream().submit(self._shared_forward(mb, lid))
 
     def mlp_fwd(self, mb: int, lid: int) -> None:
         st, moe = self.state[(mb, lid)], self.blocks[lid].moe
@@ -153,7 +153,7 @@ class Stage:
         node = st.nodes["mlp"] = Node([moe.w1, moe.b1, moe.w2, moe.b2])
         y = node.forward(lambda *t: self.disp.experts(moe, t, st.ctx), got)
         if self.shared and self.side is None:  # the shared experts after the local ones
-            st.shared = self._shared_node(mb, lid)[1]()
+            st.shared = self._shared_forward(mb, lid)()
         st.fut = self._comm(mb, lid, "combine", self.disp.combine, y)
 
     def combine_wait(self, mb: int, lid: int) -> None:
