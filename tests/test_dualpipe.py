@@ -88,6 +88,29 @@ def test_memory_matches_the_table(variant, pp):
 
 
 @pytest.mark.parametrize("variant", ["dualpipe", "dualpipev"])
+def test_simulated_activation_peak_is_within_the_tables_chunks(variant):
+    """The engine's buffers (what each chunk's operators keep for their backward, freed by
+    its weight gradients) peak on every device at no more than the table's PP+1 micro-batch
+    chunks and above PP-1 of them (a chunk's buffers come and go layer by layer)."""
+    pp = 4
+    layer = MoELayer(batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=2,
+                     top_k=2)  # fmt: skip
+    g = build("dualpipe", layer, {"variant": variant, "pp": pp, "layers": 1, "shared": 0},
+              ("fwd", "bwd"))  # fmt: skip
+    topo = Topology.load("dgx-h100", nodes=1)
+    res = simulate(g, topo, CostModel.build(topo, {}))
+    chunk: dict[str, float] = {}  # one (micro-batch, chunk)'s buffers on rank 0
+    for t in g:
+        if t.rank == 0:
+            for name, nbytes in t.allocs.items():
+                key = name.rsplit("/L", 1)[0]
+                chunk[key] = chunk.get(key, 0.0) + nbytes
+    one = max(chunk.values())
+    for dev in range(g.meta["devices"]):
+        assert pp - 1 < res.mem_peak[dev * 2] / one <= pp + 1
+
+
+@pytest.mark.parametrize("variant", ["dualpipe", "dualpipev"])
 def test_every_chunk_runs_once_and_stages_talk_by_p2p(variant):
     pp, micro = 4, 8
     layer = MoELayer(batch=1, seq_len=32, model_dim=64, hidden_dim=128, experts=4, world=2, top_k=2)
