@@ -258,3 +258,43 @@ def test_comm_sms_bad_values_are_one_line_errors():
     costs = CostModel.build(TOPO, {"resources": {"comm_sms": 500}})
     with pytest.raises(ConfigError, match="reserves 500 SMs but the GPU"):
         simulate(g, TOPO, costs)
+
+
+def _a2a(nbytes: float, sms: int) -> list[Task]:
+    """An all-to-all of `nbytes` per rank over the 8 GPUs of a dgx-h100, each kernel holding
+    `sms` SMs."""
+    return [Task(f"a{r}", r, "comm", "all_to_all", bytes=nbytes, group=list(range(8)),
+                 coll="a2a", sms=sms) for r in range(8)]  # fmt: skip
+
+
+@pytest.mark.parametrize("network", ["flow", "collective"])
+def test_a_communication_kernel_sends_no_faster_than_its_sms(network):
+    """costs.resources.comm_sm_bw: a kernel on k SMs takes at least bytes / (k x bw), the
+    closed form once it binds; with SMs fast enough for the links, the links rule."""
+    nbytes, k = 1e9, 4
+
+    def span(resources: dict, sms: int = k) -> float:
+        g = TaskGraph(8)
+        for t in _a2a(nbytes, sms):
+            g.add(t)
+        costs = CostModel.build(TOPO, {"network": network, "resources": resources})
+        r = simulate(g, TOPO, costs)
+        return float(r.end.max() - r.start.min())
+
+    links = span({"comm_sm_bw": 1e15})
+    bound = span({"comm_sm_bw": 5e9})  # 4 SMs x 5 GB/s = 20 GB/s: far below NVLink
+    assert bound == pytest.approx(nbytes / (k * 5e9), rel=1e-12) and bound > 10 * links
+    assert span({"comm_sm_bw": 5e9}, sms=0) == pytest.approx(links, rel=1e-12)  # none reserved
+    both = {"comm_sm_bw": 5e9, "comm_sms": 4}  # NCCL's SMs: taken from compute, not bounding
+    assert span(both, sms=0) == pytest.approx(links, rel=1e-12)
+    assert span({"comm_sm_bw": 1e12}) == pytest.approx(links, rel=1e-12)  # the links bind
+    # the preset's 14 GB/s per SM (DeepEP's measured NVLink kernels): 4 SMs bind, 132 do not
+    assert span({}) == pytest.approx(nbytes / (k * 14e9), rel=1e-12)
+    assert span({}, sms=132) == pytest.approx(links, rel=1e-12)
+
+
+def test_comm_sm_bw_bad_values_are_one_line_errors():
+    for v in (0, -1.0, math.inf, "fast", True):
+        with pytest.raises(ConfigError, match=r"costs\.resources\.comm_sm_bw") as e:
+            CostModel.build(TOPO, {"resources": {"comm_sm_bw": v}})
+        assert "\n" not in str(e.value)

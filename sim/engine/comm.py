@@ -45,6 +45,7 @@ class _CollRun:
         "kind",
         "size",
         "copies",
+        "t0",
     )
 
     def __init__(
@@ -62,6 +63,7 @@ class _CollRun:
         self.k = 0
         self.pending: np.ndarray | None = None
         self.bundles_left = 0
+        self.t0 = 0.0  # when every member had arrived
 
 
 class Comm:
@@ -110,22 +112,40 @@ class Comm:
             kind, size = t.kind, len(t.group)  # type: ignore[arg-type]
         copies = 1.0 if self.sym is None else self.sym.copies(list(rank_task), size)
         run = _CollRun(members, rank_task, phases, kind, size, copies)
+        run.t0 = now
         if not self.flow_mode:
             self.fidelity_used["collective"] += 1
             n = size if t.kind in COLLECTIVE_KINDS else 2
             # one draw per collective: it is one operation, as slow as it is for everyone
             noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
             for m in members:
-                dur = self.costs.comm_duration(self.tasks[m], kind, n)
-                self._local(m, "comm", dur * noise)
+                dur = self.costs.comm_duration(self.tasks[m], kind, n) * noise
+                self._local(m, "comm", max(dur, self._sm_floor(m)))
             return
         self._start_phase(run)
+
+    def _sm_floor(self: Engine, m: int) -> float:
+        """Seconds member m's kernel needs at least on the SMs it reserves (`comm_sm_bw`;
+        only a task's own `sms`, DeepEP's kernels: NCCL's `comm_sms` take SMs from the
+        compute beside them, but their send rate per SM is not known here)."""
+        return self.costs.resources.comm_floor(self.tasks[m].sms, self.tasks[m].bytes)
+
+    def _done(self: Engine, run: _CollRun, m: int) -> None:
+        """Member m's part of the collective is over: it ends now, or once the SMs its
+        kernel holds could have sent its bytes, whichever is later."""
+        if not math.isnan(self.end[m]) or m in self._ending:
+            return
+        wait = run.t0 + self._sm_floor(m) - self.env.now
+        if wait > 0:
+            self._ending.add(m)
+            self._after(wait, self._finish, m)
+        else:
+            self._finish(m)
 
     def _start_phase(self: Engine, run: _CollRun) -> None:
         if run.k >= len(run.phases):
             for m in run.members:
-                if math.isnan(self.end[m]):
-                    self._finish(m)
+                self._done(run, m)
             return
         phase = run.phases[run.k]
         if isinstance(phase, coll_algos.LocalPhase):
@@ -151,7 +171,7 @@ class Comm:
             # Members no flow touches are done as soon as the last phase starts.
             for r, m in run.rank_task.items():
                 if run.pending[r] == 0:
-                    self._finish(m)
+                    self._done(run, m)
         self._send(batch, run)
 
     def _send(self: Engine, batch: BundleBatch, run: _CollRun) -> None:
@@ -267,15 +287,12 @@ class Comm:
             if last:
                 for r in np.unique(ranks):
                     if run.pending[r] == 0 and int(r) in run.rank_task:
-                        m = run.rank_task[int(r)]
-                        if math.isnan(self.end[m]):
-                            self._finish(m)
+                        self._done(run, run.rank_task[int(r)])
             if run.bundles_left == 0:
                 self.owners[owner] = None
                 if run.phases:
                     self._next_phase(run)
                 else:
                     for m in run.members:
-                        if math.isnan(self.end[m]):
-                            self._finish(m)
+                        self._done(run, m)
         self._net_touch()

@@ -138,6 +138,7 @@ class Engine(Comm):
         if record_links:  # for a trace's counter tracks; a pass over the links per solve
             self.net.record(None if symmetry is None else symmetry.orbit)
         self.owners: list[Any] = []
+        self._ending: set[int] = set()  # comm tasks waiting out their SMs' send time (comm)
         self._net_version = 0
         self._net_dirty = False
         self.fidelity_used = {"flow": 0, "bundled": 0, "collective": 0}

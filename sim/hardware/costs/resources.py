@@ -37,6 +37,16 @@ their links (at most ~0.27 of an H100's HBM for NVLink both ways), below the fit
 collective as one thread block per channel, each on an SM, for as long as the kernel is
 resident (shared/reference/overlap-strategies.md, "pitfalls"), so compute beside it loses them.
 Its default is 0, where communication is costed by the interference table alone, as before.
+`comm_sm_bw` bounds what a communication kernel holding k SMs can send: a rank's part of a
+collective ends no sooner than its bytes / (k comm_sm_bw) after the collective started, even
+where its links would carry them faster (a roofline on the kernel; the flows themselves are
+not slowed, so links the kernel leaves idle are not handed to others). Unset (None), SMs
+bound nothing, as before. DeepEP's normal kernels are SM-bound on NVLink at about 14 GB/s
+per SM: 24 SMs reach 337 GB/s on an H20 whose links carry more, and the maintainers advise
+more SMs for more bandwidth (DeepEP issue #16); 20 SMs reach 287-329 GB/s (combine,
+dispatch) on 8 H100 (tile-ai/tilescale PR #40). Only kernels that reserve SMs of their own
+(`Task.sms`: DeepEP's) are bounded; NCCL's `comm_sms` take SMs from the compute beside them,
+but no measurement here gives their send rate per SM.
 
 Copy engines: d2h and h2d copies take no SMs and no share of the SMs' speed (finding 4: a GEMM
 and a concurrent pinned d2h run at speed 1.0 both ways); the schema refuses `sms` on them.
@@ -89,6 +99,7 @@ class Resources:
     mem_knee: float = 0.0
     mem_slope: float = 0.0
     launch_s: float = 0.0  # host seconds to launch one task (sim.engine.launch); 0: free
+    comm_sm_bw: float | None = None  # bytes/s a communication kernel sends per SM it holds
 
     @classmethod
     def build(cls, gpu: dict[str, Any], spec: Any) -> Resources:
@@ -132,6 +143,12 @@ class Resources:
             return duration
         return max(duration, nbytes / (sms * self.sm_bw))
 
+    def comm_floor(self, sms: int, nbytes: float) -> float:
+        """Seconds a communication kernel on `sms` SMs needs at least to send `nbytes`."""
+        if self.comm_sm_bw is None or sms <= 0 or nbytes <= 0:
+            return 0.0
+        return nbytes / (sms * self.comm_sm_bw)
+
     def mem_share(self, nbytes: float, duration: float) -> float:
         """The share of HBM bandwidth a kernel moving `nbytes` in `duration` takes."""
         if nbytes <= 0 or self.mem_bw <= 0:
@@ -168,6 +185,7 @@ def _check(where: str, key: str, v: Any) -> Any:
         "mem_knee": (-1.0, 1.0, "a bandwidth share in [0, 1]"),
         "mem_slope": (-1.0, 100.0, "a slope in [0, 100]"),
         "sm_bw": (0.0, 1e15, "bytes/s per SM in (0, 1e15]"),
+        "comm_sm_bw": (0.0, 1e15, "bytes/s a communication kernel sends per SM, in (0, 1e15]"),
         "launch_s": (-1.0, 1.0, "host seconds per task launch in [0, 1]"),
     }
     lo, hi, what = ranges[key]
