@@ -204,3 +204,23 @@ def test_merged_schedule_holds_more_micro_batches_than_one():
     four = build("megatron_ep", LAYER, {"micro": 4, "layers": 2, "shared": 0}, PASSES)
     p1, p4 = (simulate(g, *_cluster()).mem_peak.max() for g in (one, four))
     assert p4 > p1 > 0
+
+
+def test_communication_sms_have_an_interior_optimum_under_overlap():
+    """DeepEP's kernels on few SMs send slowly (comm_sm_bw), on many take them from the
+    GEMMs beside them: the merged step is slower at both ends than in between; the plain
+    schedule, with nothing beside the exchange, only gains from more."""
+    topo = Topology.load("dgx-h100", nodes=1)
+    costs = CostModel.build(topo, {})
+    layer = MoELayer(batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256,
+                     world=8, top_k=8)  # fmt: skip
+
+    def step(sms: int, overlap: bool) -> float:
+        params = {"dispatcher": "flex", "overlap": overlap, "micro": 3, "layers": 1,
+                  "heads": 56, "shared": 1, "sms": sms}  # fmt: skip
+        g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
+        return simulate(g, topo, costs).makespan
+
+    few, mid, many = (step(k, True) for k in (4, 24, 96))
+    assert mid < few and mid < many
+    assert step(4, False) > step(24, False) >= step(96, False)
