@@ -13,6 +13,7 @@ DeepEP's notify wait and Megatron's split-size sync are host syncs in the graphs
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 
@@ -62,10 +63,10 @@ def megatron_1456() -> list[dict]:
     MoE layers and two micro-batches (assumed), `megatron_ep` without overlap, dispatchers
     alltoall (NCCL all-to-allv, dropless, a copy per (token, expert)) and allgather (NCCL
     all-gather of every token, reduce-scatter back: no count exchange, no host sync) vs flex
-    (DeepEP), on h800."""
+    (DeepEP, its kernels on 24 SMs), on h800 and on dgx-h100 (the report names no GPU)."""
     out = []
-    for ep in (4, 8, 16, 32):
-        topo = Topology.load("h800", nodes=max(1, ep // 8))
+    for preset, ep in itertools.product(("h800", "dgx-h100"), (4, 8, 16, 32)):
+        topo = Topology.load(preset, nodes=max(1, ep // 8))
         costs = CostModel.build(topo, {"resources": {"launch_s": LAUNCH_S}})
         layer = MoELayer(batch=1, seq_len=4096, model_dim=2048, hidden_dim=2048,
                          experts=max(32, 4 * ep), world=ep, top_k=8)  # fmt: skip
@@ -75,7 +76,7 @@ def megatron_1456() -> list[dict]:
                       "heads": 16, "shared": 1}  # fmt: skip
             g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
             ms[disp] = simulate(g, topo, costs).makespan * 1e3
-        out.append({"ep": ep, "nodes": topo.nodes, "experts": layer.experts,
+        out.append({"preset": preset, "ep": ep, "nodes": topo.nodes, "experts": layer.experts,
                     "alltoall_ms": ms["alltoall"], "allgather_ms": ms["allgather"],
                     "flex_ms": ms["flex"]})  # fmt: skip
     return out
@@ -90,7 +91,7 @@ DIFFERS = """## Where the simulation differs, and why
 - Claim "DeepEP does not win at EP <= 8 on one node" is NOT reproduced: per-GPU dedup and
   dropless (unpadded) rows make DeepEP move fewer bytes than `sequential`'s padded all-to-all
   even on NVLink; against Megatron's allgather dispatcher its edge on one node shrinks to
-  5-17% (the #1456 table above). The SM reservation is now honoured (`Task.sms`, see the SMs paragraph above)
+  5-17% on h800, and on dgx-h100 at EP4 it loses (the #1456 table above). The SM reservation is now honoured (`Task.sms`, see the SMs paragraph above)
   but nothing in this graph runs beside the reserving kernels, so it changes no number here.
 - Skew: see `deepep_skew.md` (DeepSpeed PR #8213's setting, each exchange timed alone). The
   tables here time the exchanges inside a layer graph, where a skewed layer's combine also
@@ -153,42 +154,45 @@ def main() -> None:
         f"SMs: DeepEP's kernels reserve `Task.sms` = {sms} of {res.sms}; on h800 a kernel beside "
         f"them runs at {res.sm_speed(sms):.3f} of its speed (sim.hardware.costs.resources, fitted to an "
         f"H100). In this layer graph compute overlapping the reserving kernels totals {overlap:.3f} ms "
-        "(every step waits on the one before), so the reservation costs nothing here and the EP <= 8 "
-        "result above is unchanged by it: the claim that DeepEP does not win at EP <= 8 on one node is "
-        "still not reproduced. The cost appears where compute overlaps the kernels (another micro-batch, "
-        "a shared expert, Megatron-Core's EP overlap).",
+        "(every step waits on the one before), so the reservation costs nothing here. The cost appears "
+        "where compute overlaps the kernels (another micro-batch, a shared expert, Megatron-Core's EP "
+        "overlap: `comm_sms.md`). The kernels also send no faster than their SMs allow "
+        "(`comm_sm_bw`, 14 GB/s per SM: 336 GB/s, above h800's NVLink, so it binds nothing here).",
     ]
     md += ["", "Skewed routing (DeepSpeed PR #8213: NCCL 99.7 -> 115.8 ms vs DeepEP ~46-48 ms on 16"
            " H100): `deepep_skew.md`.", ""]  # fmt: skip
     md += ["Megatron-LM #1456's layer as a training step (`megatron_ep`, no overlap; hidden 2048,"
            " top-8, 1 shared expert, 2 layers x 2 micro-batches assumed): step time (ms)", "",
-           "| EP | nodes | experts | NCCL alltoall | NCCL allgather | DeepEP (flex) | DeepEP / alltoall | DeepEP / best NCCL |",
-           "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+           "| preset | EP | nodes | experts | NCCL alltoall | NCCL allgather | DeepEP (flex) | DeepEP / alltoall | DeepEP / best NCCL |",
+           "|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in step:
         best = min(r["alltoall_ms"], r["allgather_ms"])
-        md.append(f"| {r['ep']} | {r['nodes']} | {r['experts']} | {r['alltoall_ms']:.2f} | "
+        md.append(f"| {r['preset']} | {r['ep']} | {r['nodes']} | {r['experts']} | {r['alltoall_ms']:.2f} | "
                   f"{r['allgather_ms']:.2f} | {r['flex_ms']:.2f} | "
                   f"{r['flex_ms'] / r['alltoall_ms']:.3f} | {r['flex_ms'] / best:.3f} |")  # fmt: skip
-    one = [r for r in step if r["nodes"] == 1]
-    many = [r for r in step if r["nodes"] > 1]
+    def edge(preset: str, one_node: bool) -> str:
+        v = [1 - r["flex_ms"] / min(r["alltoall_ms"], r["allgather_ms"]) for r in step
+             if r["preset"] == preset and (r["nodes"] == 1) == one_node]  # fmt: skip
+        return f"{100 * min(v):+.0f} to {100 * max(v):+.0f}%"
 
-    def edge(rows: list[dict]) -> str:
-        v = [1 - r["flex_ms"] / min(r["alltoall_ms"], r["allgather_ms"]) for r in rows]
-        return f"{100 * min(v):.0f}-{100 * max(v):.0f}%"
-
-    md += ["", f"Reading: the direction of #1456 holds, its claim only in part. Against the best"
-           f" NCCL dispatcher DeepEP's edge is {edge(one)} on one node (EP <= 8) and"
-           f" {edge(many)} across nodes. On one node the allgather dispatcher, which the"
+    h100_ep4 = next(r for r in step if r["preset"] == "dgx-h100" and r["ep"] == 4)
+    md += ["", "Reading: the direction of #1456 holds, its claim in one case. Against the best"
+           f" NCCL dispatcher DeepEP's edge on one node (EP <= 8) is {edge('h800', True)} on"
+           f" h800 and {edge('dgx-h100', True)} on dgx-h100, across nodes"
+           f" {edge('h800', False)} and {edge('dgx-h100', False)}. At EP4 on dgx-h100 DeepEP is"
+           f" slower than the allgather dispatcher ({h100_ep4['flex_ms']:.2f} against"
+           f" {h100_ep4['allgather_ms']:.2f} ms): there its kernels send no faster than their 24"
+           " SMs allow (14 GB/s each, 336 GB/s, below the H100's NVLink), where h800's NVLink"
+           " (160 GB/s) binds both dispatchers alike. On one node the allgather dispatcher, which the"
            " Megatron maintainers recommend there, moves nearly as many bytes as DeepEP (top-8"
            " over 4 GPUs gives 90% of the tokens an expert on every GPU, over 8 GPUs 66%, so"
            " DeepEP's per-GPU dedup saves little) and needs no count exchange or host sync; across"
            " nodes it moves every token to every GPU and falls 3-6x behind. DeepEP still"
            " beats the alltoall dispatcher on one node (it sends a token once per GPU where"
            " that one sends a copy per (token, expert)). Not reproduced: DeepEP slower than"
-           " NCCL at EP <= 8; what made it slower there (the report gives no profile) is not"
-           " in the model: kernels held to the bandwidth of their 24 SMs (communication flows"
-           " are not limited by the SMs their kernels hold), layout and permute kernels' own"
-           " costs. The host launch thread is modelled (5 us a launch, assumed; DeepEP's"
+           " NCCL at EP8 or on h800; what made it slower in the report (which gives no"
+           " profile) may be costs not in the model, such as the layout and permute kernels'"
+           " own. The host launch thread is modelled (5 us a launch, assumed; DeepEP's"
            " notify wait and the alltoall dispatcher's split-size sync are host syncs) and"
            " moves the step by 0.1-3%.", "", DIFFERS]  # fmt: skip
     atomic_write_text(OUT / "deepep_h800.md", "\n".join(md) + "\n")
