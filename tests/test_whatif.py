@@ -125,6 +125,35 @@ def test_config_changes_strategy_layer_and_cluster():
     assert a["whatif"]["changes"][0] == "strategy.degree=*2"
 
 
+def test_gpu_resources_are_what_if_keys():
+    """costs.resources.<field>: one hardware queue slows Megatron's merged schedule, and
+    DeepEP's kernels on slower SMs (comm_sm_bw) stretch its exchanges."""
+    cfg = {
+        "topology": "dgx-h100",
+        "nodes": 1,
+        "model": {"batch": 1, "seq_len": 1024, "model_dim": 1024, "hidden_dim": 512,
+                  "experts": 32, "top_k": 8},  # fmt: skip
+        "strategy": {"name": "megatron_ep", "dispatcher": "flex", "micro": 2, "layers": 1,
+                     "heads": 8},  # fmt: skip
+        "passes": ["fwd", "bwd"],
+    }
+    one = whatif(cfg, ["costs.resources.max_connections=1"])
+    assert one.after["makespan_s"] > one.before["makespan_s"]
+    slow = whatif(cfg, ["costs.resources.comm_sm_bw=1e9"])
+    assert slow.after["exposed_comm_s"] > slow.before["exposed_comm_s"]
+    with pytest.raises(ConfigError, match=r"costs\.resources\.queues: unknown key"):
+        whatif(cfg, ["costs.resources.queues=1"])
+    # on a task graph base too (the cluster's costs)
+    from sim.strategies import build
+    from sim.workload.moe import MoELayer
+
+    layer = MoELayer(**{**cfg["model"], "world": 8})
+    g = build("megatron_ep", layer, {k: v for k, v in cfg["strategy"].items() if k != "name"},
+              ("fwd", "bwd"))  # fmt: skip
+    w = whatif(g, ["costs.resources.max_connections=1"], topology="dgx-h100")
+    assert w.after["makespan_s"] > w.before["makespan_s"]
+
+
 def test_measured_trace_what_ifs():
     """On a replayed executor trace, compute.speed scales the measured compute times (not
     their launch gaps) and a link's bandwidth the measured transfers."""

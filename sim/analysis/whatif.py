@@ -203,8 +203,7 @@ def _cluster_after(changes, topology, nodes, costs, g):
         elif c.key == "nodes":
             n = c.number(n or _enough(name, g.world_size), integer=True)
         elif c.key.startswith("costs."):
-            field = c.key.split(".", 1)[1]
-            spec[field] = c.plain(spec.get(field))
+            spec = keys.set_cost(spec, c)
         elif c.key.startswith("link."):
             links.append(c)
         elif c.key == "compute.speed":

@@ -33,6 +33,7 @@ KNOWN = (
     "strategy",
     "strategy.<param>",
     "costs.<field>",
+    "costs.resources.<field>",
 )
 LINK_FIELDS = ("bw", "latency")
 
@@ -116,6 +117,7 @@ def check_key(key: str, where: str = "--set") -> None:
         or (parts[0] == "fabric" and len(parts) == 2 and parts[1] in fabric)
         or (parts[0] == "parallel" and len(parts) == 2 and parts[1] in ParallelSpec.model_fields)
         or (parts[0] in ("strategy", "costs") and len(parts) == 2 and parts[1])
+        or (parts[:2] == ["costs", "resources"] and len(parts) == 3 and parts[2])
     )
     if not ok:
         raise ConfigError(f"{where} {key}: unknown key (known: {known()})")
@@ -151,7 +153,9 @@ def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
             s[field] = c.plain(full.get(field))
         elif k.startswith("model.routing."):
             raw["model"]["routing"] = _routing(raw["model"].get("routing"), c, notes)
-        elif k.startswith(("model.", "costs.", "fabric.", "parallel.")):
+        elif k.startswith("costs."):
+            raw["costs"] = set_cost(raw.get("costs"), c)
+        elif k.startswith(("model.", "fabric.", "parallel.")):
             section = dict(raw.get(k.split(".")[0]) or {})
             section[field] = c.plain(section.get(field))
             raw[k.split(".")[0]] = section
@@ -160,6 +164,19 @@ def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
         elif k == "compute.speed":
             speed = float(c.number(1.0))
     return Applied(raw, links, speed)
+
+
+def set_cost(costs: dict[str, Any] | None, c: Change) -> dict[str, Any]:
+    """A run's `costs` mapping with `costs.<field>` or `costs.resources.<field>` changed."""
+    out = dict(costs or {})
+    parts = c.key.split(".")
+    if parts[1] == "resources" and len(parts) == 3:  # the GPU's SMs, queues, launches
+        res = dict(out.get("resources") or {})
+        res[parts[2]] = c.plain(res.get(parts[2]))
+        out["resources"] = res
+    else:
+        out[parts[1]] = c.plain(out.get(parts[1]))
+    return out
 
 
 def _strategy(c: Change) -> dict[str, Any]:
