@@ -214,6 +214,10 @@ def test_dualpipe_takes_its_devices_from_parallel_pp(variant, stages):
             lambda: _cfg(parallel={"dp": 4}, strategy={"name": "dualpipe"}),
             "parallel.pp: dualpipe needs at least 2 pipeline devices",
         ),
+        (
+            lambda: _cfg(nodes=3, parallel={"ep": 8, "pp": 3}, strategy={"name": "dualpipe"}),
+            "parallel.pp: dualpipe's two directions need an even number of pipeline devices",
+        ),
     ],
 )
 def test_pipeline_layout_errors_name_the_field(cfg, where):

@@ -291,6 +291,11 @@ def _pipeline_params(
             f"{src}.pp: {full['variant']} needs at least 2 pipeline devices, got pp "
             f"{layout.pp} (give parallel.pp: the pipeline devices of a replica)"
         )
+    if stages % 2:
+        raise ConfigError(
+            f"{src}.pp: dualpipe's two directions need an even number of pipeline devices, "
+            f"got {layout.pp}"
+        )
     if "pp" in params and params["pp"] != stages:
         raise ConfigError(
             f"{src}.pp: {layout.pp} pipeline devices run {stages} {full['variant']} stages, "
