@@ -110,9 +110,19 @@ def _queued() -> list[Task]:
 
 def test_one_hardware_queue_serialises_streams_in_issue_order():
     times, _ = _run(_queued(), {"resources": {"max_connections": 1}})
-    # b1 waits behind a2, which waits for a1 to end (head-of-line blocking)
-    assert times["b1"][0] == pytest.approx(times["a1"][1])
+    # b1 waits behind a2 (head-of-line blocking), which waits for a1 to end and then keeps
+    # the queue until its last wave of blocks is out: its end
     assert times["a2"][0] == pytest.approx(times["a1"][1])
+    assert times["b1"][0] == pytest.approx(times["a2"][1])
+
+
+def test_a_kernel_that_fits_one_wave_frees_its_queue_when_it_starts():
+    """A kernel reserving its SMs (one block per SM) has every block out at once: the kernel
+    of another stream behind it on the one queue starts beside it."""
+    spec = {"resources": {"max_connections": 1}}
+    hold = Task("h", 0, "compute.1", "elementwise", flops=1e13, sms=24, tags={"dtype": "bf16"})
+    times, _ = _run([hold, _work("w")], spec)
+    assert times["w"][0] == 0.0 and times["h"][1] > times["w"][0]
 
 
 def test_default_queues_let_streams_run_concurrently():
@@ -121,11 +131,12 @@ def test_default_queues_let_streams_run_concurrently():
 
 
 def test_more_streams_than_queues_share_round_robin():
-    """With 2 queues, streams 0, 1, 2 map to queues 0, 1, 0: stream 2 waits behind stream 0."""
+    """With 2 queues, streams 0, 1, 2 map to queues 0, 1, 0: stream 2 waits behind stream 0
+    (until a2, issued before it on their shared queue, has ended)."""
     tasks = [_work("a1"), _work("a2"), _work("b1", "compute.1"), _work("c1", "compute.2")]
     times, _ = _run(tasks, {"resources": {"max_connections": 2}})
     assert times["b1"][0] == 0.0
-    assert times["c1"][0] == pytest.approx(times["a1"][1])
+    assert times["c1"][0] == pytest.approx(times["a2"][1])
 
 
 def test_queue_deadlock_is_reported():

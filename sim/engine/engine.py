@@ -194,7 +194,7 @@ class Engine(Comm):
             if q is not None and not q.ready(i):
                 return  # behind an earlier task on its hardware queue: tried again on issue
             self.running[s] = True  # the stream is taken while the launch is under way
-            if q is not None:
+            if q is not None and not q.holds(i):
                 nxt = q.issue(i)
                 if nxt is not None:
                     self._try_launch(nxt, after)
@@ -248,6 +248,10 @@ class Engine(Comm):
         s = self.stream_of[i]
         self.running[s] = False
         self.head[s] += 1
+        if self.queues is not None and self.queues.holds(i):  # its last blocks are out
+            nxt = self.queues.issue(i)
+            if nxt is not None:
+                self._try_launch(nxt, self.dispatch.cross)
         for j in self.dependents[i]:
             self.deps_left[j] -= 1
             if self.deps_left[j] == 0:

@@ -11,6 +11,15 @@ blocking). With `max_connections: 1` every stream of a rank shares one queue, an
 of different streams serialise in issue order, which is why Megatron-Core's overlap needs
 more than one.
 
+The next kernel on a queue starts only once every block of the one before has been
+dispatched to an SM (CUDA C Programming Guide, implicit synchronisation on devices with one
+work queue: an operation "can start executing only when all thread blocks of all prior kernel
+launches ... have started executing"). A communication kernel or one that reserves its SMs
+fits in one wave, so its blocks are all out when it starts. A compute kernel of many waves
+(GEMMs and elementwise kernels over a layer's tokens) sends its last wave near its end: on a
+queue that several streams share it keeps the queue until it ends (taken as its end: the
+last wave is short beside the kernel, and the model knows no kernel's waves but GEMMs').
+
 A rank with no more streams than queues has a queue per stream, and a stream already runs in
 issue order, so nothing changes: `HardwareQueues.build` returns None then, and the engine is
 exactly as without queues.
@@ -21,13 +30,27 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from sim.core.graph import Task
+from sim.core.kinds import COMPUTE_KINDS
+
+
+def _fills_gpu(t: Task) -> bool:
+    """A compute kernel whose blocks outnumber one wave: all but those that reserve SMs."""
+    return t.kind in COMPUTE_KINDS and t.sms == 0
 
 
 class HardwareQueues:
     """Per (rank, queue): its tasks in issue order and how many of them have been issued."""
 
-    def __init__(self, queue_of: list[int], order: list[list[int]], stream_of: list[int]):
+    def __init__(
+        self,
+        queue_of: list[int],
+        order: list[list[int]],
+        stream_of: list[int],
+        hold: list[bool] | None = None,
+    ):
         self.queue_of = queue_of  # task index -> queue id
+        # task index -> whether it keeps its queue until it ends (see `holds`)
+        self.hold = hold if hold is not None else [False] * len(queue_of)
         self.order = order  # queue id -> task indices in issue order
         self.pos = [0] * len(queue_of)  # task index -> its place on its queue
         for seq in order:
@@ -67,7 +90,15 @@ class HardwareQueues:
             q = queue_id[key]
             queue_of.append(q)
             order[q].append(i)
-        return cls(queue_of, order, stream_of)
+        shared = [len({stream_of[j] for j in seq}) > 1 for seq in order]
+        hold = [shared[queue_of[i]] and _fills_gpu(t) for i, t in enumerate(tasks)]
+        return cls(queue_of, order, stream_of, hold)
+
+    def holds(self, i: int) -> bool:
+        """Whether task i keeps its queue until it ends: a compute kernel on a queue that
+        several streams share (module docstring: a grid's blocks all leave before the next
+        grid's; a kernel of many waves sends its last ones near its end)."""
+        return self.hold[i]
 
     def ready(self, i: int) -> bool:
         """Whether every task issued before task i on its queue has been issued."""
