@@ -130,6 +130,23 @@ def test_default_queues_let_streams_run_concurrently():
     assert times["b1"][0] == 0.0
 
 
+def test_a_gemm_of_one_wave_frees_its_queue_when_it_starts():
+    """The GEMM model's waves: 128 x 128 output tiles of a 1024 x 1024 GEMM are 64 tiles, one
+    wave on 132 SMs, so the next kernel on the one queue starts beside it; a GEMM of many
+    waves keeps the queue to its end."""
+    spec = {"resources": {"max_connections": 1}}
+
+    def gemm(tid: str, m: int) -> Task:
+        shape = {"batch": 1, "m": m, "n": 1024, "k": 8192}
+        return Task(tid, 0, "compute", "gemm", flops=2.0 * m * 1024 * 8192, shape=shape,
+                    tags={"dtype": "bf16"})  # fmt: skip
+
+    small, _ = _run([gemm("g", 1024), _work("w", "compute.1")], spec)
+    assert small["w"][0] == 0.0 and small["g"][1] > 0
+    big, _ = _run([gemm("g", 65536), _work("w", "compute.1")], spec)
+    assert big["w"][0] == pytest.approx(big["g"][1])
+
+
 def test_more_streams_than_queues_share_round_robin():
     """With 2 queues, streams 0, 1, 2 map to queues 0, 1, 0: stream 2 waits behind stream 0
     (until a2, issued before it on their shared queue, has ended)."""

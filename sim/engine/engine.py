@@ -110,7 +110,11 @@ class Engine(Comm):
         self.sm = SmState(self.tasks, costs.resources, str(topo.gpu.get("model", topo.name)))
         self.interfere = not inter.trivial or self.sm.active
         self.queues = HardwareQueues.build(
-            self.tasks, self.stream_of, self.stream_keys, costs.resources.max_connections
+            self.tasks,
+            self.stream_of,
+            self.stream_keys,
+            costs.resources.max_connections,
+            getattr(costs.compute, "waves", None),
         )
         # the host thread issuing each rank's tasks (None: launches are free, nothing syncs)
         self.launch = LaunchThread.build(

@@ -18,7 +18,8 @@ launches ... have started executing"). A communication kernel or one that reserv
 fits in one wave, so its blocks are all out when it starts. A compute kernel of many waves
 (GEMMs and elementwise kernels over a layer's tokens) sends its last wave near its end: on a
 queue that several streams share it keeps the queue until it ends (taken as its end: the
-last wave is short beside the kernel, and the model knows no kernel's waves but GEMMs').
+last wave is short beside the kernel). The GEMM model's waves tell a GEMM of one wave, which
+frees its queue when it starts; any other compute kernel is taken to be of many.
 
 A rank with no more streams than queues has a queue per stream, and a stream already runs in
 issue order, so nothing changes: `HardwareQueues.build` returns None then, and the engine is
@@ -27,7 +28,7 @@ exactly as without queues.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from sim.core.graph import Task
 from sim.core.kinds import COMPUTE_KINDS
@@ -66,8 +67,11 @@ class HardwareQueues:
         stream_of: list[int],
         stream_keys: list[tuple[int, str]],
         max_connections: int,
+        waves: Callable[[Task], int | None] | None = None,
     ) -> HardwareQueues | None:
-        """Queues for these tasks, or None where every rank has a queue per stream."""
+        """Queues for these tasks, or None where every rank has a queue per stream. `waves`:
+        a kernel's waves of blocks where the cost model knows them (one wave frees its queue
+        when it starts)."""
         per_rank: dict[int, int] = {}
         for rank, _ in stream_keys:
             per_rank[rank] = per_rank.get(rank, 0) + 1
@@ -91,7 +95,10 @@ class HardwareQueues:
             queue_of.append(q)
             order[q].append(i)
         shared = [len({stream_of[j] for j in seq}) > 1 for seq in order]
-        hold = [shared[queue_of[i]] and _fills_gpu(t) for i, t in enumerate(tasks)]
+        hold = [
+            shared[queue_of[i]] and _fills_gpu(t) and (waves is None or (waves(t) or 2) > 1)
+            for i, t in enumerate(tasks)
+        ]
         return cls(queue_of, order, stream_of, hold)
 
     def holds(self, i: int) -> bool:

@@ -62,6 +62,21 @@ class RooflineCompute:
             GemmModel.from_gpu(gpu) if use_gemm else None,
         )
 
+    def waves(self, task: Task) -> int | None:
+        """Waves of a GEMM's tiles over the SMs (the GEMM model's choice); None where no
+        model here knows them (other kernels, or no GEMM model)."""
+        s = task.shape
+        if self.gemm is None or task.kind != "gemm" or not s or not {"m", "n", "k"} <= s.keys():
+            return None
+        b, m, n, k = shape_key(s)
+        if min(b, m, n, k) < 1:
+            return None
+        try:
+            layout = gemm_layout(s)
+        except ValueError:
+            return None  # duration() names the task
+        return self.gemm.best(str(task.tags.get("dtype", "bf16")), b, m, n, k, layout).waves
+
     def duration(self, task: Task) -> float:
         dtype = task.tags.get("dtype", "bf16")
         s = task.shape
