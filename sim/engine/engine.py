@@ -254,7 +254,7 @@ class Engine(Comm):
         self.head[s] += 1
         if self.queues is not None and self.queues.holds(i):  # its last blocks are out
             nxt = self.queues.issue(i)
-            if nxt is not None:
+            if nxt is not None and nxt != s:  # its own stream is tried below, as always
                 self._try_launch(nxt, self.dispatch.cross)
         for j in self.dependents[i]:
             self.deps_left[j] -= 1
