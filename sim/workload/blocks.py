@@ -195,10 +195,8 @@ def attention_ops(B: int, L: int, M: int, heads: int, e: int, flash: bool) -> li
 
 
 def residual(name: str, T: int, M: int, e: int) -> Op:
-    """x + f(x): two reads and a write of T x M."""
-    return Op(
-        name, "elementwise", float(T * M), float(3 * e * T * M), saved=0.0
-    )  # adds keep nothing
+    """x + f(x): two reads and a write of T x M; its backward keeps nothing (an add)."""
+    return Op(name, "elementwise", float(T * M), float(3 * e * T * M), saved=0.0)
 
 
 def dense_ffn_ops(prefix: str, T: int, M: int, F: int, e: int) -> list[Op]:
