@@ -13,7 +13,9 @@ as a combine.
 
 The data kernels reserve SMs: their tasks set `Task.sms` (default 24 of 132, as DeepEP V1's
 tests use), held from launch to end, so a kernel beside them on the same GPU runs on the SMs
-left (sim.hardware.costs.resources). The notify kernel is a few blocks and reserves none.
+left (sim.hardware.costs.resources), and they send no faster than those SMs allow
+(`costs.resources.comm_sm_bw` bytes/s per SM, 14 GB/s in the Hopper presets). The notify
+kernel is a few blocks and reserves none.
 """
 
 from __future__ import annotations
