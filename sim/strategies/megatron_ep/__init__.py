@@ -19,7 +19,8 @@ Parameters:
 - `layers`, `heads`, `shared`, `flash`: the model around the MoE layer; None takes
   `model.blocks` (its MoE blocks, heads, shared experts, flash) when given, else 2 layers,
   heads = model_dim / 128, no shared expert, flash attention;
-- `sms`: SMs a `flex` kernel holds (DeepEP V1: 24 of 132); `gpus_per_node`: None = the
+- `sms`: SMs a `flex` kernel holds (DeepEP V1: 24 of 132; fewer send slower,
+  `costs.resources.comm_sm_bw`; benchmarks/comm_sms.py); `gpus_per_node`: None = the
   cluster's.
 
 Tasks enter the graph in the order Megatron's host thread launches them (with one hardware
