@@ -16,14 +16,12 @@ DeepSeek-V3's DualPipe gives communication 20 SMs (shared/reference/overlap-stra
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine  # noqa: E402
-from sim.core.io import atomic_write_text  # noqa: E402
+from benchmarks.common import machine, record  # noqa: E402
 from sim.engine.engine import simulate  # noqa: E402
 from sim.hardware.costs import CostModel  # noqa: E402
 from sim.hardware.costs.resources import LAUNCH_S  # noqa: E402
@@ -31,7 +29,6 @@ from sim.hardware.topology import Topology  # noqa: E402
 from sim.strategies import Cluster, build  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results"
 SMS = (4, 8, 12, 16, 20, 24, 32, 48, 64)
 SETUPS = {"EP8, 1 node": 1, "EP16, 2 nodes": 2}
 
@@ -75,10 +72,7 @@ def main() -> None:
         "bind. The per-SM rate comes from DeepEP's NVLink "
            "kernels; the RDMA leg's own SM needs are not modelled apart."]  # fmt: skip
     data = {"machine": machine(), "sms": list(SMS), "rows": rows}
-    OUT.mkdir(exist_ok=True)
-    atomic_write_text(OUT / "comm_sms.json", json.dumps(data, indent=1) + "\n")
-    atomic_write_text(OUT / "comm_sms.md", "\n".join(md) + "\n")
-    print("\n".join(md))
+    record("comm_sms", data, md)
 
 
 if __name__ == "__main__":

@@ -26,3 +26,19 @@ def machine(cores: str = "cores") -> str:
     """'MODEL, N cores, Python X.Y.Z'; `cores` is the word for the CPUs (the recorded
     results of some benchmarks say "CPUs": they keep their wording)."""
     return f"{cpu_model()}, {os.cpu_count()} {cores}, Python {platform.python_version()}"
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def record(name: str, data: dict, lines: list[str]) -> None:
+    """Write `results/NAME.json` (the data) and `results/NAME.md` (the lines), each replaced
+    atomically, and print the markdown."""
+    import json
+
+    from sim.core.io import atomic_write_text
+
+    RESULTS.mkdir(exist_ok=True)
+    atomic_write_text(RESULTS / f"{name}.json", json.dumps(data, indent=1) + "\n")
+    atomic_write_text(RESULTS / f"{name}.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))

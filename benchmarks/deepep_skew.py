@@ -22,14 +22,12 @@ NVLink; `sim.hardware.collectives.deepep_flows`). Presets: `dgx-h100` (the PR's 
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine  # noqa: E402
-from sim.core.io import atomic_write_text  # noqa: E402
+from benchmarks.common import machine, record  # noqa: E402
 from sim.engine.engine import simulate  # noqa: E402
 from sim.hardware.costs import CostModel  # noqa: E402
 from sim.hardware.topology import Topology  # noqa: E402
@@ -37,7 +35,6 @@ from sim.strategies.megatron_ep.exchange import exchange_graph  # noqa: E402
 from sim.strategies.megatron_ep.nodes import layer_spec  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 
-OUT = Path(__file__).resolve().parent / "results"
 PUBLISHED = [  # (skew, NCCL ms, DeepEP ms), PR #8213's table, sorted by skew
     (2.56, 100.52, 47.91),
     (3.01, 99.72, 48.02),
@@ -144,10 +141,7 @@ def main() -> None:
            "over 2 nodes, and is 10-25% faster than DeepEP's published bandwidths on h800 "
            "(`deepep_h800.md`)."]  # fmt: skip
     data = {"machine": machine(), "published": PUBLISHED, "shape": SHAPE, "rows": rows}
-    OUT.mkdir(exist_ok=True)
-    atomic_write_text(OUT / "deepep_skew.json", json.dumps(data, indent=1) + "\n")
-    atomic_write_text(OUT / "deepep_skew.md", "\n".join(md) + "\n")
-    print("\n".join(md))
+    record("deepep_skew", data, md)
 
 
 if __name__ == "__main__":
