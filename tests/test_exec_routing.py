@@ -37,6 +37,8 @@ VARIANTS = [
     Variant("mpipemoe", {"degree": 2, "reuse": "S1"}),
     Variant("fastermoe", {"group_size": 1, "shadow": [1]}),
     Variant("fastermoe", {"group_size": 2, "shadow": "none"}),
+    Variant("deepep", {"gpus_per_node": 1}),  # 2 "nodes": the forwarders' two stages
+    Variant("lancet", {}),
 ]
 
 
