@@ -56,7 +56,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "roofline": {"flops_efficiency": 0.7, "mem_efficiency": 0.8, "launch_s": 5e-6},
             "interference": {"compute": {"comm": 0.9}, "comm": {"compute": 0.95}},
             "dispatch": {"stream": 1e-5, "cross": 1e-4},
-            "resources": {"max_connections": 4, "sm_share": 0.8, "mem_slope": 0.5},
+            "resources": {"max_connections": 4, "sm_share": 0.8, "mem_slope": 0.5,
+                          "comm_sm_bw": 1.4e10},  # fmt: skip
             "symmetry": "auto",
         },
         "output": {"trace_format": "csv", "chrome_trace": False, "max_trace_ranks": 4},
@@ -70,6 +71,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "model": {**_MODEL, "routing": {"kind": "uniform"}},
         "strategy": "sequential",
         "passes": "fwd",
+    },
+    "pipeline": {  # DualPipe's devices from parallel.pp, two replicas
+        "topology": "dgx-a100",
+        "nodes": 2,
+        "parallel": {"ep": 4, "pp": 2, "dp": 2},
+        "model": {**_MODEL, "experts_per_gpu": 2, "routing": {"kind": "uniform"}},
+        "strategy": {"name": "dualpipe", "layers": 1, "micro": 4},
+        "passes": ["fwd", "bwd"],
     },
     "alpha_beta": {
         "topology": "dgx-a100",
