@@ -156,6 +156,11 @@ class Op:
         return self.bytes / 2 if self.saved is None else self.saved
 
 
+def kept_bytes(ops: list[Op]) -> float:
+    """Bytes of activations a sequence of operators keeps for its backward."""
+    return float(sum(op.kept for op in ops))
+
+
 def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> Op:
     """y[b, m, n] = x[b, m, k] @ w[b, k, n]: 2bmnk flops, each operand read or written once.
     Its backward keeps x for the weight gradient, or both operands when w is an activation

@@ -62,33 +62,33 @@ class RooflineCompute:
             GemmModel.from_gpu(gpu) if use_gemm else None,
         )
 
-    def waves(self, task: Task) -> int | None:
-        """Waves of a GEMM's tiles over the SMs (the GEMM model's choice); None where no
-        model here knows them (other kernels, or no GEMM model)."""
+    def _gemm_args(self, task: Task) -> tuple[str, int, int, int, int, str] | None:
+        """(dtype, batch, m, n, k, layout) of a GEMM the GEMM model costs; None for other
+        kernels or without a GEMM model."""
         s = task.shape
         if self.gemm is None or task.kind != "gemm" or not s or not {"m", "n", "k"} <= s.keys():
             return None
-        b, m, n, k = shape_key(s)
-        if min(b, m, n, k) < 1:
-            return None
         try:
             layout = gemm_layout(s)
-        except ValueError:
-            return None  # duration() names the task
-        return self.gemm.best(str(task.tags.get("dtype", "bf16")), b, m, n, k, layout).waves
+        except ValueError as e:
+            raise ConfigError(f"task {task.id!r}: {e}") from None
+        return (str(task.tags.get("dtype", "bf16")), *shape_key(s), layout)
+
+    def waves(self, task: Task) -> int | None:
+        """Waves of a GEMM's tiles over the SMs (the GEMM model's choice); None where no
+        model here knows them (other kernels, no GEMM model, a GEMM without tokens)."""
+        args = self._gemm_args(task)
+        if args is None or min(args[1:5]) < 1:
+            return None
+        return self.gemm.best(*args).waves  # type: ignore[union-attr]
 
     def duration(self, task: Task) -> float:
         dtype = task.tags.get("dtype", "bf16")
-        s = task.shape
-        if self.gemm is not None and task.kind == "gemm" and s and {"m", "n", "k"} <= s.keys():
-            try:
-                layout = gemm_layout(s)
-            except ValueError as e:
-                raise ConfigError(f"task {task.id!r}: {e}") from None
-            b, m, n, k = shape_key(s)
-            if min(b, m, n, k) < 1:
+        args = self._gemm_args(task)
+        if args is not None:
+            if min(args[1:5]) < 1:
                 return 0.0  # a chunk without tokens: the library returns without a kernel
-            return self.gemm.seconds(str(dtype), b, m, n, k, layout)
+            return self.gemm.seconds(*args)  # type: ignore[union-attr]
         peak = self.peak_flops.get(dtype)
         if peak is None:  # no silent fallback: tf32 at the fp32 rate would be 8x off
             raise ConfigError(

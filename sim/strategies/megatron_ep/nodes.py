@@ -42,7 +42,7 @@ from sim.core.graph import Task, TaskGraph
 from sim.strategies.deepep.builder import COUNT_BYTES
 from sim.strategies.deepep.volumes import choice_probs, row_bytes, volumes
 from sim.strategies.model.builder import backward_ops
-from sim.workload.blocks import Op, attention_ops, dense_ffn_ops, gemm, residual
+from sim.workload.blocks import Op, attention_ops, dense_ffn_ops, gemm, kept_bytes, residual
 from sim.workload.moe import MoELayer
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -147,10 +147,6 @@ def _order_attention(
         Op("ln2", ln.kind, ln.flops, ln.bytes, params=ln.params),
         Op("gate", "gate", 2.0 * T * M * E, float(e * (T * M + M * E) + 4 * T * E), params=M * E),
     ]
-
-
-def _kept(ops: list[Op]) -> float:
-    return float(sum(op.kept for op in ops))
 
 
 def _bwd(ops: list[Op], role: str) -> list[tuple[str, str, float, float, dict | None]]:
@@ -311,7 +307,7 @@ class Emitter:
     # node's, the experts' input rows (arriving with the dispatch), their hidden rows and
     # the shared experts'; the experts' output rows live until the combine has sent them.
     def attn_fwd(self, mb: int, lid: int, deps: list[str]) -> str:
-        mem = ({self._buf(mb, lid, "attn"): _kept(self.s.attn)}, [])
+        mem = ({self._buf(mb, lid, "attn"): kept_bytes(self.s.attn)}, [])
         return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps, mem=mem)
 
     def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
@@ -343,7 +339,7 @@ class Emitter:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
         if not self.s.shared or not self.shared_overlap:
             return None
-        mem = ({self._buf(mb, lid, "shared"): _kept(self.s.shared)}, [])
+        mem = ({self._buf(mb, lid, "shared"): kept_bytes(self.s.shared)}, [])
         return self._compute(
             mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn], SHARED, mem=mem
         )
@@ -352,7 +348,7 @@ class Emitter:
         ops = self._mlp_ops()
         fc2 = self.s.experts[self.rank][-1].shape or {}
         out = float(self.s.elem * fc2.get("m", 0) * fc2.get("n", 0))
-        allocs = {self._buf(mb, lid, "mlp"): _kept(ops[1:]), self._buf(mb, lid, "out"): out}
+        allocs = {self._buf(mb, lid, "mlp"): kept_bytes(ops[1:]), self._buf(mb, lid, "out"): out}
         return self._compute(
             mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched], mem=(allocs, [])
         )

@@ -30,6 +30,7 @@ from sim.workload.blocks import (
     attention_ops,
     dense_ffn_ops,
     expert_params,
+    kept_bytes,
     residual,
 )
 from sim.workload.moe import MoELayer
@@ -123,7 +124,7 @@ class _Rank:
 
     def forward(self, b: int, ops: list[Op], inputs: list[str]) -> list[str]:
         out = inputs
-        kept = _kept(ops)
+        kept = kept_bytes(ops)
         for i, op in enumerate(ops):
             out = [self.task(b, "fwd", op.name, op.kind, op.flops, op.bytes, op.shape, out)]
             if i == 0 and kept > 0:
@@ -134,7 +135,7 @@ class _Rank:
 
     def backward(self, b: int, ops: list[Op], grads: list[str]) -> list[str]:
         """Ops in reverse; each one's tasks wait for the gradient of its output."""
-        kept = _kept(ops)
+        kept = kept_bytes(ops)
         for op in reversed(ops):
             nxt = []
             for step, kind, flops, nbytes, shape, role in backward_ops(op):
@@ -152,12 +153,8 @@ class _Rank:
         first = next(t for t in self.streams["compute"] if t.tags.get("phase") == "bwd")
         for b in range(blocks.n):
             for ops in kinds[blocks.is_moe(b)].values():
-                if ops and _kept(ops) > 0:
-                    first.allocs[_buffer(b, ops)] = _kept(ops)
-
-
-def _kept(ops: list[Op]) -> float:
-    return float(sum(op.kept for op in ops))
+                if ops and kept_bytes(ops) > 0:
+                    first.allocs[_buffer(b, ops)] = kept_bytes(ops)
 
 
 def _buffer(b: int, ops: list[Op]) -> str:
