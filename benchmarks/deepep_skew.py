@@ -130,16 +130,18 @@ def main() -> None:
            "how its skew and its times are aggregated over a step's layers (a step's worst "
            "layer against a sum over all of them would move the time less than the skew).",
            "- Not reached: the size of DeepEP's edge. The model gives "
-           f"{base['dgx-h100']['nccl_ms'] / base['dgx-h100']['deepep_ms']:.1f}x on dgx-h100 at skew "
-           f"2.56 against the published 2.10x ({uni['dgx-h100']:.2f}x at uniform routing). Its "
-           "DeepEP kernels send no faster than their 12 SMs allow (the preset's `comm_sm_bw`, "
-           "14 GB/s per SM from DeepEP's measured NVLink kernels; without that bound the edge "
-           "was 6.8x); the rest is mostly the model's NCCL, which slows with skew more than the "
-           "published one (above). The PR splits its 2.1x into 1.29x from sending a token once "
-           "per rank and 1.61x from the kernels; the model's DeepEP also sends it once per "
-           "*node* over InfiniBand, which removes about 3/4 of NCCL's InfiniBand bytes at top-8 "
-           "over 2 nodes, and is 10-25% faster than DeepEP's published bandwidths on h800 "
-           "(`deepep_h800.md`)."]  # fmt: skip
+           f"{base['dgx-h100']['nccl_ms'] / base['dgx-h100']['deepep_ms']:.1f}x on dgx-h100 and "
+           f"{base['h800']['nccl_ms'] / base['h800']['deepep_ms']:.1f}x on h800 at skew 2.56 "
+           f"against the published 2.10x ({uni['dgx-h100']:.2f}x and {uni['h800']:.2f}x at "
+           "uniform routing). On dgx-h100 its DeepEP kernels send no faster than their 12 SMs "
+           "allow (the preset's `comm_sm_bw`, 14 GB/s per SM from DeepEP's measured NVLink "
+           "kernels; without that bound the edge was 6.8x); on h800 the NVLink binds and the "
+           "kernels reach the `comm_sm_efficiency` fitted to DeepEP's published h800 "
+           "bandwidths (`deepep_h800.md`). The rest is mostly the model's NCCL, which slows with "
+           "skew more than the published one (above). The PR splits its 2.1x into 1.29x from "
+           "sending a token once per rank and 1.61x from the kernels; the model's DeepEP also "
+           "sends it once per *node* over InfiniBand, which removes about 3/4 of NCCL's "
+           "InfiniBand bytes at top-8 over 2 nodes."]  # fmt: skip
     data = {"machine": machine(), "published": PUBLISHED, "shape": SHAPE, "rows": rows}
     record("deepep_skew", data, md)
 

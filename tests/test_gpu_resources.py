@@ -302,10 +302,12 @@ def test_a_communication_kernel_sends_no_faster_than_its_sms(network):
     nbytes, k = 1e9, 4
 
     def span(resources: dict, sms: int = k) -> float:
+        # at line rate: the preset's comm_sm_efficiency has its own test below
+        res = {"comm_sm_efficiency": 1.0, **resources}
         g = TaskGraph(8)
         for t in _a2a(nbytes, sms):
             g.add(t)
-        costs = CostModel.build(TOPO, {"network": network, "resources": resources})
+        costs = CostModel.build(TOPO, {"network": network, "resources": res})
         r = simulate(g, TOPO, costs)
         return float(r.end.max() - r.start.min())
 
@@ -319,6 +321,33 @@ def test_a_communication_kernel_sends_no_faster_than_its_sms(network):
     # the preset's 14 GB/s per SM (DeepEP's measured NVLink kernels): 4 SMs bind, 132 do not
     assert span({}) == pytest.approx(nbytes / (k * 14e9), rel=1e-12)
     assert span({}, sms=132) == pytest.approx(links, rel=1e-12)
+
+
+@pytest.mark.parametrize("network", ["flow", "collective"])
+def test_an_sm_holding_kernel_reaches_its_efficiency_of_the_links(network):
+    """costs.resources.comm_sm_efficiency e: a kernel holding SMs of its own takes 1/e of the
+    link time per byte. Flows: span(e) = latency + T / e, so halving e again doubles the
+    increment; collective level: the whole duration scales. Kernels holding no SMs (NCCL's)
+    and e = 1 are the line rate."""
+    nbytes = 1e9
+
+    def span(eff: float, sms: int = 24) -> float:
+        g = TaskGraph(8)
+        for t in _a2a(nbytes, sms):
+            g.add(t)
+        res = {"comm_sm_bw": 1e15, "comm_sm_efficiency": eff}  # SMs never bind here
+        r = simulate(g, TOPO, CostModel.build(TOPO, {"network": network, "resources": res}))
+        return float(r.end.max() - r.start.min())
+
+    full, half, quarter = span(1.0), span(0.5), span(0.25)
+    assert quarter - half == pytest.approx(2 * (half - full), rel=1e-9)
+    assert half > 1.9 * full if network == "flow" else half == pytest.approx(2 * full, rel=1e-12)
+    assert span(0.5, sms=0) == pytest.approx(full, rel=1e-12)
+    assert CostModel.build(TOPO, {}).resources.comm_sm_efficiency == 0.865  # the preset's fit
+    for v in (0, -0.5, 1.5, math.nan, "high", True):
+        with pytest.raises(ConfigError, match=r"costs\.resources\.comm_sm_efficiency") as e:
+            CostModel.build(TOPO, {"resources": {"comm_sm_efficiency": v}})
+        assert "\n" not in str(e.value)
 
 
 def test_comm_sm_bw_bad_values_are_one_line_errors():

@@ -133,11 +133,37 @@ def test_overlap_beats_plain_on_dgx_h100_and_one_queue_shrinks_it(dispatcher):
         ({"micro": 0}, "strategy.micro"),
         ({"layers": 0}, "strategy.layers"),
         ({"heads": 3}, "strategy.heads"),
+        ({"dispatch_dtype": "int4"}, "strategy.dispatch_dtype"),
     ],
 )
 def test_bad_parameters_are_one_line_errors(params, field):
     with pytest.raises(ConfigError, match=field):
         build("megatron_ep", LAYER, params, PASSES)
+
+
+def test_flex_dispatches_megatrons_bf16_rows_unless_fp8_is_asked():
+    """Megatron-Core hands DeepEP the hidden states as they are (BF16): a forward dispatch row
+    is 2 M bytes; "fp8" is DeepSeek's FP8 dispatch, M bytes and an fp32 scale per 128. The
+    combine and the backward stay BF16 either way."""
+
+    def rows(dtype: str | None) -> dict[str, float]:
+        params = {"dispatcher": "flex", "micro": 1, "layers": 1, "shared": 0, "gpus_per_node": 2}
+        if dtype is not None:
+            params["dispatch_dtype"] = dtype
+        g = build("megatron_ep", LAYER, params, PASSES)
+        out: dict[str, float] = {}
+        for t in g:
+            if t.kind == "all_to_allv":
+                key = f"{t.tags['phase']}/{t.tags['step']}"
+                out[key] = out.get(key, 0.0) + t.bytes
+        return out
+
+    bf16, default, fp8 = rows("bf16"), rows(None), rows("fp8")
+    assert default == bf16
+    assert fp8["fwd/dispatch"] == pytest.approx(bf16["fwd/dispatch"] * (1 + 4 / 128) / 2)
+    for step in ("fwd/combine", "bwd/combine_grad", "bwd/dispatch_grad"):
+        assert fp8[step] == bf16[step] > 0
+    assert bf16["fwd/dispatch"] == pytest.approx(bf16["fwd/combine"])  # same rows, same bytes
 
 
 @pytest.mark.parametrize("name", ["megatron_ep", "dualpipe"])

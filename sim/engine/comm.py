@@ -20,6 +20,7 @@ from sim.core.graph import Task
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.watch import clock
 from sim.hardware import collectives as coll_algos
+from sim.hardware.costs.measured import measured
 from sim.hardware.network import (
     BundleBatch,
     bundled_uniform,
@@ -46,6 +47,7 @@ class _CollRun:
         "size",
         "copies",
         "t0",
+        "wire",
     )
 
     def __init__(
@@ -64,6 +66,7 @@ class _CollRun:
         self.pending: np.ndarray | None = None
         self.bundles_left = 0
         self.t0 = 0.0  # when every member had arrived
+        self.wire = 1.0  # link bytes per payload byte (`comm_sm_efficiency`)
 
 
 class Comm:
@@ -113,6 +116,8 @@ class Comm:
         copies = 1.0 if self.sym is None else self.sym.copies(list(rank_task), size)
         run = _CollRun(members, rank_task, phases, kind, size, copies)
         run.t0 = now
+        # an SM-holding kernel (DeepEP's) reaches comm_sm_efficiency of its links' rate
+        run.wire = self.costs.resources.wire_factor(max(x.sms for x in tasks))
         if not self.flow_mode:
             self.fidelity_used["collective"] += 1
             n = size if t.kind in COLLECTIVE_KINDS else 2
@@ -120,6 +125,8 @@ class Comm:
             noise = self.jitter.factor(kind, "comm") if self.jitter is not None else 1.0
             for m in members:
                 dur = self.costs.comm_duration(self.tasks[m], kind, n) * noise
+                if measured(self.tasks[m]) is None:
+                    dur *= run.wire
                 self._local(m, "comm", max(dur, self._sm_floor(m)))
             return
         self._start_phase(run)
@@ -162,6 +169,8 @@ class Comm:
             self._after(self.costs.compute.duration(copy), self._next_phase, run)
             return
         batch = self._bundle(phase, run.size)
+        if run.wire != 1.0:
+            batch.nbytes = batch.nbytes * run.wire
         run.pending = np.bincount(batch.rank_r, minlength=self.graph.world_size)
         run.bundles_left = len(batch)
         if run.bundles_left == 0:

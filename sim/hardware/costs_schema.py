@@ -155,3 +155,4 @@ class ResourceParams(Strict):
     mem_slope: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
     launch_s: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None  # host s
     comm_sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = None
+    comm_sm_efficiency: Fraction | None = None

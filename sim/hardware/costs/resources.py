@@ -47,6 +47,15 @@ more SMs for more bandwidth (DeepEP issue #16); 20 SMs reach 287-329 GB/s (combi
 dispatch) on 8 H100 (tile-ai/tilescale PR #40). Only kernels that reserve SMs of their own
 (`Task.sms`: DeepEP's) are bounded; NCCL's `comm_sms` take SMs from the compute beside them,
 but no measurement here gives their send rate per SM.
+`comm_sm_efficiency` is the share of its links' rate such a kernel (one that holds SMs of its
+own) reaches when its SMs do not bind: its flows take 1 / efficiency of the link time per
+byte (flow mode: the bytes it puts on each link are scaled; collective mode: its duration).
+It stands for what a kernel that copies through SMs loses beside the line rate (chunked ring
+buffers, signalling, per-token metadata). Default 1: as before. The Hopper presets set 0.86,
+fitted to DeepEP's published H800 figures (benchmarks/deepep_h800.py: intranode EP8
+153 / 158 GB/s, internode EP16 / 32 / 64 43 / 58 / 51 GB/s RDMA, against the line-rate sim).
+Scaling bytes, not capping rates, keeps the max-min solver as it is; the difference shows only
+where another flow shares the link with such a kernel's, and then it errs against the kernel.
 
 Copy engines: d2h and h2d copies take no SMs and no share of the SMs' speed (finding 4: a GEMM
 and a concurrent pinned d2h run at speed 1.0 both ways); the schema refuses `sms` on them.
@@ -100,6 +109,7 @@ class Resources:
     mem_slope: float = 0.0
     launch_s: float = 0.0  # host seconds to launch one task (sim.engine.launch); 0: free
     comm_sm_bw: float | None = None  # bytes/s a communication kernel sends per SM it holds
+    comm_sm_efficiency: float = 1.0  # share of its links' rate such a kernel reaches
 
     @classmethod
     def build(cls, gpu: dict[str, Any], spec: Any) -> Resources:
@@ -149,6 +159,11 @@ class Resources:
             return 0.0
         return nbytes / (sms * self.comm_sm_bw)
 
+    def wire_factor(self, sms: int) -> float:
+        """Link time per byte of a communication kernel on `sms` SMs of its own, relative to
+        the links' rate (1 / `comm_sm_efficiency`; 1 for kernels that hold none)."""
+        return 1.0 / self.comm_sm_efficiency if sms > 0 else 1.0
+
     def mem_share(self, nbytes: float, duration: float) -> float:
         """The share of HBM bandwidth a kernel moving `nbytes` in `duration` takes."""
         if nbytes <= 0 or self.mem_bw <= 0:
@@ -187,6 +202,7 @@ def _check(where: str, key: str, v: Any) -> Any:
         "sm_bw": (0.0, 1e15, "bytes/s per SM in (0, 1e15]"),
         "comm_sm_bw": (0.0, 1e15, "bytes/s a communication kernel sends per SM, in (0, 1e15]"),
         "launch_s": (-1.0, 1.0, "host seconds per task launch in [0, 1]"),
+        "comm_sm_efficiency": (0.0, 1.0, "a share of the links' rate in (0, 1]"),
     }
     lo, hi, what = ranges[key]
     lo_ok = num and (v > lo if lo >= 0 else v >= 0)

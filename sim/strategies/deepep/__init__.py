@@ -14,8 +14,10 @@ as a combine.
 The data kernels reserve SMs: their tasks set `Task.sms` (default 24 of 132, as DeepEP V1's
 tests use), held from launch to end, so a kernel beside them on the same GPU runs on the SMs
 left (sim.hardware.costs.resources), and they send no faster than those SMs allow
-(`costs.resources.comm_sm_bw` bytes/s per SM, 14 GB/s in the Hopper presets). The notify
-kernel is a few blocks and reserves none.
+(`costs.resources.comm_sm_bw` bytes/s per SM, 14 GB/s in the Hopper presets), at
+`costs.resources.comm_sm_efficiency` of their links' rate (0.865 in the Hopper presets, fitted
+to DeepEP's published H800 figures, benchmarks/deepep_h800.py). The notify kernel is a few
+blocks and reserves none.
 """
 
 from __future__ import annotations

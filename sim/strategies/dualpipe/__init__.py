@@ -11,8 +11,9 @@ Parameters:
   replica) sets it: pp devices for dualpipe, 2 pp stages for dualpipev;
 - `micro`: micro-batches in all (dualpipe: even and >= 2 PP; dualpipev: >= PP; None: 2 PP);
 - `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `dispatcher`,
-  `shared_overlap`, `sms`, `gpus_per_node`: a chunk's layers as `megatron_ep` builds them;
-  the layer's world is one stage's EP group, so the graph has devices x world ranks.
+  `shared_overlap`, `sms`, `dispatch_dtype`, `gpus_per_node`: a chunk's layers as
+  `megatron_ep` builds them; the layer's world is one stage's EP group, so the graph has
+  devices x world ranks.
 
 Published figures (the DualPipe README's table, for the same number of PP stages): bubble
 (PP/2-1)(F&B + B - 3W) for both, 2x parameters per device, PP+1 micro-batches' activations
@@ -47,6 +48,7 @@ DEFAULTS: dict[str, Any] = {
     "dispatcher": "alltoall",
     "shared_overlap": True,
     "sms": 24,
+    "dispatch_dtype": "bf16",
     "gpus_per_node": None,
 }
 BUILDS_MODEL = True  # as megatron_ep: with blocks, the step is the model's graph
@@ -103,6 +105,7 @@ def build_step(
         params["dispatcher"],
         mep.gpus_per_node(layer, params, cluster),
         mep._int(params, "sms"),
+        params["dispatch_dtype"],
     )
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
     meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}

@@ -10,7 +10,9 @@ kernel waits for the one launched before it (the plain schedule, the baseline).
 
 Parameters:
 - `dispatcher`: `alltoall` (all-to-allv), `allgather` (all-gather / reduce-scatter) or
-  `flex` (DeepEP's normal kernels: `sim.strategies.deepep` volumes, FP8 dispatch, `sms`);
+  `flex` (DeepEP's normal kernels: `sim.strategies.deepep` volumes, `sms`);
+- `dispatch_dtype`: the bytes of a `flex` forward dispatch row: "bf16" (Megatron-Core's, the
+  default) or "fp8" (DeepSeek's FP8 dispatch);
 - `overlap`: true | false;
 - `shared_overlap`: the shared experts on a second compute stream beside the dispatch and
   combine (true) or inside the MLP node (false);
@@ -53,6 +55,7 @@ DEFAULTS: dict[str, Any] = {
     "shared": None,
     "flash": None,
     "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
+    "dispatch_dtype": "bf16",  # Megatron-Core's fused_dispatch sends the BF16 hidden states
     "gpus_per_node": None,
 }
 BUILDS_MODEL = True  # sim.strategies.build: with blocks, `build_model` is the whole graph
@@ -147,6 +150,7 @@ def build_stage(
         params["dispatcher"],
         gpus_per_node(layer, params, cluster),
         sms,
+        params["dispatch_dtype"],
     )
     g = TaskGraph(
         layer.world,

@@ -13,8 +13,11 @@ Dispatchers (the tokens each rank sends, per destination, from the layer's routi
 - `alltoall`: an all-to-allv of the (token, expert) rows (dropless, BF16 both ways);
 - `allgather`: every rank all-gathers all tokens and keeps its experts' (dispatch), the
   outputs come back by a reduce-scatter of the full token buffer (combine);
-- `flex`: DeepEP's normal kernels (`sim.strategies.deepep.volumes`: per-node dedup, FP8
-  dispatch, BF16 combine, `sms` SMs held).
+- `flex`: DeepEP's normal kernels (`sim.strategies.deepep.volumes`: per-node dedup, `sms`
+  SMs held), the forward dispatch in `dispatch_dtype`, everything else BF16. Megatron-Core
+  hands DeepEP the hidden states as they are (`fused_a2a.FusedDispatch`: BF16 rows, buffers
+  sized by `hidden * max(element size, 2)`), so "bf16" is the default; "fp8" is DeepSeek's own
+  FP8 dispatch (1 byte per element and an fp32 scale per 128).
 
 The all-to-allv dispatchers need their split sizes on the host before the forward dispatch:
 `alltoall` all-gathers the per-expert token counts (int64) over the EP group, copies them to
@@ -77,6 +80,7 @@ def layer_spec(
     dispatcher: str,
     gpus_per_node: int,
     sms: int | None = None,
+    dispatch_dtype: str = "bf16",
 ) -> LayerSpec:
     if dispatcher not in DISPATCHERS:
         raise ConfigError(f"strategy.dispatcher: expected one of {DISPATCHERS}, got {dispatcher!r}")
@@ -92,6 +96,7 @@ def layer_spec(
         layer.elem,
     )
     T, k = B * L, layer.top_k
+    fwd_row = row_bytes(M, dispatch_dtype)  # checked whatever the dispatcher
     attn = _order_attention(B, L, M, heads, e, flash, T, E)
     sh = dense_ffn_ops("shared_", T, M, shared * H, e) if shared else []
     q = choice_probs(layer)  # [P, E]
@@ -122,11 +127,10 @@ def layer_spec(
         spec.send["combine"] = rows_to.T * bf16
     elif dispatcher == "flex":
         vol = volumes(layer, gpus_per_node)
-        fp8 = row_bytes(M, "fp8")
-        spec.send["dispatch"] = vol.gpu_tokens * fp8
+        spec.send["dispatch"] = vol.gpu_tokens * fwd_row
         spec.send["combine"] = vol.gpu_tokens.T * bf16
         spec.send["dispatch_bf16"] = vol.gpu_tokens * bf16  # backward of the combine
-        spec.node_bytes["dispatch"] = vol.node_tokens * fp8
+        spec.node_bytes["dispatch"] = vol.node_tokens * fwd_row
         spec.node_bytes["bf16"] = vol.node_tokens * bf16
     else:
         object.__setattr__(spec, "ag_bytes", float(T * bf16))
