@@ -57,7 +57,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "interference": {"compute": {"comm": 0.9}, "comm": {"compute": 0.95}},
             "dispatch": {"stream": 1e-5, "cross": 1e-4},
             "resources": {"max_connections": 4, "sm_share": 0.8, "mem_slope": 0.5,
-                          "comm_sm_bw": 1.4e10},  # fmt: skip
+                          "comm_sm_bw": 1.4e10, "comm_sm_efficiency": 0.9},  # fmt: skip
             "symmetry": "auto",
         },
         "output": {"trace_format": "csv", "chrome_trace": False, "max_trace_ranks": 4},
@@ -77,7 +77,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "nodes": 2,
         "parallel": {"ep": 4, "pp": 2, "dp": 2},
         "model": {**_MODEL, "experts_per_gpu": 2, "routing": {"kind": "uniform"}},
-        "strategy": {"name": "dualpipe", "layers": 1, "micro": 4},
+        "strategy": {"name": "dualpipe", "layers": 1, "micro": 4, "dispatcher": "flex",
+                     "dispatch_dtype": "fp8", "sms": 8},  # fmt: skip
         "passes": ["fwd", "bwd"],
     },
     "alpha_beta": {
@@ -245,6 +246,8 @@ INTEGER = [
 ]
 # Numbers that may be negative: a fit worse than the mean has r2 < 0.
 SIGNED = [r"\.r2$"]
+# Strings YAML 1.1 may give as booleans, taken as such (`symmetry: on` reads as True).
+BOOLISH = [r"^costs\.symmetry$"]
 
 # Strings that may be anything (names, descriptions, where outputs go).
 FREE_STRINGS = [
@@ -329,7 +332,10 @@ def mutate(seed: Any, where: DocPath, op: str, variant: int = 0) -> Mutant | Non
         choices = [k for k in _WRONG if k != kind and not (kind == "num" and k == "bool")]
         if kind == "none" or not choices:
             return None
-        put(copy.deepcopy(_WRONG[choices[variant % len(choices)]]))
+        wrong = choices[variant % len(choices)]
+        put(copy.deepcopy(_WRONG[wrong]))
+        if wrong == "bool" and _matches(BOOLISH, path):
+            expect = "any"
     elif op in ("nan", "inf", "negative", "fraction", "zero", "huge"):
         if kind != "num":
             return None

@@ -141,6 +141,18 @@ def test_bad_parameters_are_one_line_errors(params, field):
         build("megatron_ep", LAYER, params, PASSES)
 
 
+@pytest.mark.parametrize("name", ["megatron_ep", "dualpipe"])
+def test_a_huge_stage_is_refused_before_it_is_built(name):
+    """Found by the input fuzzer: `layers: 1e30` built tasks for minutes before the graph's own
+    limit stopped it; the size is now checked first, in one line."""
+    params = {"layers": 10**30, "micro": 4}
+    if name == "dualpipe":
+        params["pp"] = 2
+    with pytest.raises(ConfigError, match=r"limits\.max_tasks") as e:
+        build(name, LAYER, params, PASSES)
+    assert "\n" not in str(e.value) and f"{name}'s graph" in str(e.value)
+
+
 def test_flex_dispatches_megatrons_bf16_rows_unless_fp8_is_asked():
     """Megatron-Core hands DeepEP the hidden states as they are (BF16): a forward dispatch row
     is 2 M bytes; "fp8" is DeepSeek's FP8 dispatch, M bytes and an fp32 scale per 128. The

@@ -34,7 +34,7 @@ DTYPE_ROW_BYTES = {
 
 
 def row_bytes(model_dim: int, dtype: str) -> float:
-    if dtype not in DTYPE_ROW_BYTES:
+    if not isinstance(dtype, str) or dtype not in DTYPE_ROW_BYTES:
         raise ConfigError(
             f"strategy.dispatch_dtype: expected one of {sorted(DTYPE_ROW_BYTES)}, got {dtype!r}"
         )

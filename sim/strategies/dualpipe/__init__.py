@@ -107,6 +107,7 @@ def build_step(
         mep._int(params, "sms"),
         params["dispatch_dtype"],
     )
+    mep.check_size(spec, m["layers"], pipe.micro, pipe.devices * layer.world, NAME)
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
     meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}
     if blocks is None:  # per-token metrics: a token crosses every stage's MoE layers

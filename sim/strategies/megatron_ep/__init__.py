@@ -36,9 +36,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, layer_spec
+from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
 from sim.strategies.steps import require_whole_experts
 from sim.workload.blocks import BlockModel
@@ -110,6 +111,16 @@ def gpus_per_node(layer: MoELayer, params: dict[str, Any], cluster: Any) -> int:
     return min(G, layer.world)
 
 
+def check_size(spec: LayerSpec, layers: int, micro: int, ranks: int, name: str) -> None:
+    """Refuse, before building, a graph over `limits.max_tasks` (a huge `layers` or `micro`
+    would otherwise build for hours before the graph's own check stops it). Per (rank,
+    micro-batch, layer) at most 3 tasks per operator (forward, dX, dW) and 5 exchanges."""
+    ops = len(spec.attn) + len(spec.shared) + len(spec.experts[0])
+    n = ranks * micro * layers * (3 * ops + 5)
+    what = f"strategy: {name}'s graph ({ranks:,} ranks x {micro:,} micro-batches x {layers:,}"
+    limits.active().check("max_tasks", n, f"{what} layers), tasks at most")
+
+
 def build(
     layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], cluster: Any = None
 ) -> TaskGraph:
@@ -152,6 +163,7 @@ def build_stage(
         sms,
         params["dispatch_dtype"],
     )
+    check_size(spec, m["layers"], micro, layer.world, NAME)
     g = TaskGraph(
         layer.world,
         meta={
