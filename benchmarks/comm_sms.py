@@ -1,8 +1,9 @@
 # ruff: noqa: E501  (markdown table rows are kept one line each)
 """How many SMs should communication get? DeepEP's `sms` swept in Megatron-Core's EP overlap.
 
-A DeepSeek-V3-like stage (hidden 7168, 256 experts top-8, one shared expert, 128 heads,
-sequence 4096; two MoE layers and four micro-batches, assumed) on `dgx-h100`, dispatcher
+A DeepSeek-V3-like stage (hidden 7168, 256 SwiGLU experts of 2048 top-8 as two-matrix FFNs
+of equal FLOPs, 3072 wide, one shared expert, DeepSeek-V3's MLA of 128 heads, sequence 4096;
+two MoE layers and four micro-batches, assumed) on `dgx-h100`, dispatcher
 `flex` (DeepEP), with the forward of one micro-batch merged with the backward of another
 (`overlap: true`) and without (`overlap: false`), EP8 on one node and EP16 on two. DeepEP's
 kernels reserve `sms` SMs: compute beside them runs on the SMs left (`sim.hardware.costs.
@@ -27,6 +28,7 @@ from sim.hardware.costs import CostModel  # noqa: E402
 from sim.hardware.costs.resources import LAUNCH_S  # noqa: E402
 from sim.hardware.topology import Topology  # noqa: E402
 from sim.strategies import Cluster, build  # noqa: E402
+from sim.workload.blocks import PRESETS  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 
 SMS = (4, 8, 12, 16, 20, 24, 32, 48, 64)
@@ -36,10 +38,10 @@ SETUPS = {"EP8, 1 node": 1, "EP16, 2 nodes": 2}
 def step_ms(nodes: int, sms: int, overlap: bool) -> float:
     topo = Topology.load("dgx-h100", nodes=nodes)
     costs = CostModel.build(topo, {"resources": {"launch_s": LAUNCH_S}})
-    layer = MoELayer(batch=1, seq_len=4096, model_dim=7168, hidden_dim=2048, experts=256,
+    layer = MoELayer(batch=1, seq_len=4096, model_dim=7168, hidden_dim=3072, experts=256,
                      world=topo.world_size, top_k=8)  # fmt: skip
     params = {"dispatcher": "flex", "overlap": overlap, "micro": 4, "layers": 2, "heads": 128,
-              "shared": 1, "sms": sms}  # fmt: skip
+              "shared": 1, "sms": sms, "mla": PRESETS["deepseek-v3"]["blocks"]["mla"]}  # fmt: skip
     g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
     return simulate(g, topo, costs).makespan * 1e3
 

@@ -81,6 +81,20 @@ CONFIGS: dict[str, dict[str, Any]] = {
                      "dispatch_dtype": "fp8", "sms": 8},  # fmt: skip
         "passes": ["fwd", "bwd"],
     },
+    "blocks": {  # a transformer of MLA blocks around the MoE layers, shared experts
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": {
+            **_MODEL,
+            "routing": {"kind": "uniform"},
+            "blocks": {"n": 2, "heads": 4, "moe_every": 1, "first_dense": 0, "ffn_hidden": 512,
+                       "shared": 1, "flash": True,
+                       "mla": {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                               "qk_rope_head_dim": 4, "v_head_dim": 8}},
+        },  # fmt: skip
+        "strategy": "sequential",
+        "passes": ["fwd", "bwd"],
+    },
     "alpha_beta": {
         "topology": "dgx-a100",
         "nodes": 1,
@@ -203,6 +217,8 @@ REQUIRED = [
     r"^(topology|model)$",
     r"^model\.(batch|seq_len|model_dim|hidden_dim|experts_per_gpu|experts)$",
     r"^model\.routing\.(kind|tokens)$",
+    r"^model\.blocks\.(n|heads)$",
+    r"^model\.blocks\.mla\.(kv_lora_rank|qk_nope_head_dim|qk_rope_head_dim|v_head_dim)$",
     r"^strategy\.name$",
     r"^costs\.(alpha_beta\.\w+|collectives\.\w+\.\d+)\.(alpha|beta)$",
     r"^costs\.jitter\.quantiles$",
@@ -225,6 +241,8 @@ INTEGER = [
     r"^nodes$",
     r"^model\.(batch|seq_len|model_dim|hidden_dim|experts|experts_per_gpu|top_k)$",
     r"^model\.routing\.seed$",
+    r"^model\.blocks\.(n|heads|moe_every|first_dense|ffn_hidden|shared)$",
+    r"^model\.blocks\.mla\.\w+$",
     r"^strategy\.degree$",
     r"^parallel\.\w+$",
     r"^costs\.jitter\.(seed|replicas)$",

@@ -14,7 +14,7 @@ from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
 from sim.strategies import STRATEGIES, build, resolve_params
-from sim.workload.blocks import PRESETS, BlockModel, expand_preset
+from sim.workload.blocks import MLA, PRESETS, BlockModel, attention_ops, expand_preset
 from sim.workload.moe import MoELayer
 
 TOPO = Topology.load("pipemoe-2080ti", nodes=1)  # 4 GPUs; links unused in collective mode
@@ -206,3 +206,70 @@ def test_presets_and_config():
             {"topology": "p4de-a100", "model": {"preset": "gpt2-s-moe", "blocks": {"heads": 7}}}
         )
         cfg.workload(cfg.load_topology())
+
+
+DSV3_MLA = MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
+               v_head_dim=128)  # fmt: skip
+
+
+def test_mla_is_deepseek_v3s_attention_in_closed_form():
+    """MLA (DeepSeek-V2 Sec. 2.1) on DeepSeek-V3's config: 187,105,280 projection weights per
+    block (q 7168x1536 + 1536x128x192, kv 7168x576 + 512x128x256, out 128x128x7168) and two
+    RMSNorms' 1536 + 512; the fused kernel's QK^T and PV over 192 and 128 dims per head."""
+    B, L, M, H = 1, 4096, 7168, 128
+    ops = {op.name: op for op in attention_ops(B, L, M, H, 2, True, DSV3_MLA)}
+    assert list(ops) == ["ln1", "q_a", "q_norm", "q_b", "kv_a", "kv_norm", "kv_b", "attn", "proj"]
+    gemms = sum(op.params for op in ops.values() if op.kind == "gemm")
+    assert gemms == 187_105_280
+    assert ops["q_norm"].params + ops["kv_norm"].params == 1536 + 512
+    assert ops["attn"].flops == 2.0 * B * H * L * L * (192 + 128)
+    assert ops["kv_b"].shape == {"batch": 1, "m": L, "n": H * 256, "k": 512}
+    # no query compression (DeepSeek-V2-Lite): one direct projection
+    lite = MLA(kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128)
+    q = [op for op in attention_ops(B, L, 2048, 16, 2, True, lite) if op.name.startswith("q")]
+    assert [op.name for op in q] == ["q"] and q[0].params == 2048 * 16 * 192
+    # standard attention is the special case it was: 4 B h L^2 d flops, Q K V O traffic
+    std = {op.name: op for op in attention_ops(2, 64, 128, 4, 2, True)}
+    assert std["attn"].flops == 4.0 * 2 * 4 * 64 * 64 * 32
+    assert std["attn"].bytes == 4 * 2 * 128 * 128
+    unfused = {op.name: op for op in attention_ops(B, 256, M, H, 2, False, DSV3_MLA)}
+    assert unfused["scores"].shape["k"] == 192 and unfused["context"].shape["n"] == 128
+
+
+def test_mla_model_is_the_sum_of_its_ops_and_the_preset_has_it():
+    blocks = BlockModel(n=2, heads=4, moe_every=2, flash=True, mla={
+        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
+        "v_head_dim": 8})  # fmt: skip
+    assert isinstance(blocks.mla, MLA)
+    g = build("sequential", LAYER, {}, ("fwd", "bwd"), blocks=blocks)
+    assert {t.tags["step"] for t in g if t.rank == 0} >= {"kv_b", "kv_b_wgrad", "q_a_dgrad"}
+    res = simulate(g, TOPO, alpha_beta())
+    expect = sum(FITS[t.kind][0] + FITS[t.kind][1] * (
+        t.shape.get("batch", 1) * t.shape["m"] * t.shape["n"] * t.shape["k"] if t.shape
+        else t.bytes) if not t.is_comm else COLL[t.kind][0] + COLL[t.kind][1] * t.bytes
+        for t in g if t.rank == 0)  # fmt: skip
+    assert math.isclose(res.makespan, expect, rel_tol=1e-9)
+    cfg = RunConfig.from_dict({"topology": "dgx-h100-superpod", "nodes": 8, "parallel": {"ep": 64},
+                               "model": {"preset": "deepseek-v3"}})  # fmt: skip
+    assert cfg.workload(cfg.load_topology()).blocks.mla == DSV3_MLA
+
+
+@pytest.mark.parametrize(
+    "mla,field",
+    [
+        ({"kv_lora_rank": 0, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
+         "kv_lora_rank"),
+        ({"kv_lora_rank": 16, "qk_nope_head_dim": 8, "v_head_dim": 8}, "qk_rope_head_dim"),
+        ({"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
+          "rope_theta": 1e4}, "rope_theta"),
+        ("yes", "mla"),
+    ],
+)  # fmt: skip
+def test_bad_mla_is_a_one_line_error(mla, field):
+    with pytest.raises(ConfigError, match=field) as e:
+        cfg = RunConfig.from_dict({"topology": "p4de-a100", "model": {
+            "preset": "gpt2-s-moe", "blocks": {"mla": mla}}})  # fmt: skip
+        cfg.workload(cfg.load_topology())
+    assert "\n" not in str(e.value) and "model.blocks.mla" in str(e.value)
+    with pytest.raises(ConfigError, match="strategy.mla"):
+        build("megatron_ep", LAYER, {"mla": mla, "micro": 1}, ("fwd", "bwd"))

@@ -18,6 +18,7 @@ from exec.layers.block import BlockSpec  # noqa: E402
 from exec.layers.ep_overlap import run_ep_overlap  # noqa: E402
 from exec.layers.moe import MoESpec  # noqa: E402
 from sim.strategies import build  # noqa: E402
+from sim.workload.blocks import MLA  # noqa: E402
 from sim.workload.moe import MoELayer  # noqa: E402
 
 # 2 sequences of 8 tokens per rank and micro-batch, 4 experts top-2, f = 0.75: drops
@@ -109,6 +110,37 @@ def test_shared_experts_launch_in_the_simulators_order(shared):
             mine = [(n, ph, mb, lid) for s, n, ph, mb, lid in log if s == stream]
             assert mine == _sim_order(v, stream, shared=1), (v, stream)
         assert any(s == "compute.1" for s, *_ in log) == v["shared_overlap"]
+
+
+MLA_SPEC = replace(SPEC, heads=2, mla=MLA(q_lora_rank=8, kv_lora_rank=6, qk_nope_head_dim=4,
+                                           qk_rope_head_dim=2, v_head_dim=3))  # fmt: skip
+
+
+def test_mla_blocks_in_the_merged_schedule_equal_plain():
+    """DeepSeek's latent attention in the real block (exec.layers.block): the merged schedule
+    still gives plain autograd's outputs and gradients, every MLA weight reached."""
+    variants = [{"dispatcher": "alltoall"}]
+    ranks = run_ep_overlap(MLA_SPEC, LAYERS, MICRO, variants, timeout_s=60)
+    _equal_to_plain(ranks, variants)
+    grads = ranks[0]["variants"]["plain"]["grads"]
+    for name in ("wq_a", "q_norm_w", "wq_b", "wkv_a", "kv_norm_w", "wkv_b", "wo"):
+        assert f"0.attn.{name}" in grads, name
+    assert not any(k.endswith((".wqkv", ".bo")) for k in grads)
+
+
+@pytest.mark.parametrize("q_lora", [8, None])
+def test_the_real_mla_has_the_simulators_weights(q_lora):
+    """The twin's weights per projection are the simulator's op params (attention_ops)."""
+    from exec.layers.block import make_attention
+    from sim.workload.blocks import attention_ops
+
+    spec = replace(MLA_SPEC, mla=replace(MLA_SPEC.mla, q_lora_rank=q_lora))
+    w = make_attention(spec)
+    M = spec.moe.model_dim
+    ops = attention_ops(spec.batch, spec.seq_len, M, spec.heads, 4, False, spec.mla)
+    sim = sum(op.params for op in ops if op.name != "ln1")
+    real = sum(t.numel() for k, t in w.items() if not k.startswith(("ln1", "ln2")))
+    assert real == sim
 
 
 @pytest.mark.slow

@@ -3,6 +3,11 @@
 
     h = x + proj(attention(qkv(LN1(x))));   z = LN2(h);   y = h + MoE(z) [+ shared(z)]
 
+The attention is standard multi-head, or DeepSeek's latent attention (`BlockSpec.mla`, the
+simulator's `sim.workload.blocks.MLA`): queries through a low-rank bottleneck and RMSNorm,
+keys and values up-projected from one normalised latent, one RoPE key part shared by the
+heads (the rotation itself left out, as in the simulator), no biases.
+
 The attention and norm weights are replicated (seeded alike on every rank); the MoE layer is
 `exec.layers.moe.DistMoE` run with any registered strategy. Each rank holds B sequences of L
 tokens (T = B*L rows). The routing of a rank depends only on its own tokens (capacity is per
@@ -34,8 +39,8 @@ from exec.layers.moe import (
     route,
 )
 from sim.core.errors import ConfigError
+from sim.workload.blocks import MLA
 
-ATTN_PARAMS = ("ln1_w", "ln1_b", "wqkv", "bqkv", "wo", "bo", "ln2_w", "ln2_b")
 EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
 SHARED_PARAMS = ("sh_w1", "sh_b1", "sh_w2", "sh_b2")
 
@@ -46,6 +51,7 @@ class BlockSpec:
     batch: int
     heads: int
     shared: int = 0  # shared experts of the experts' size: one FFN of shared * hidden_dim units
+    mla: MLA | None = None  # DeepSeek's latent attention instead of standard multi-head
 
     @property
     def seq_len(self) -> int:
@@ -55,6 +61,8 @@ class BlockSpec:
 def make_attention(spec: BlockSpec) -> dict[str, torch.Tensor]:
     g = torch.Generator().manual_seed(spec.moe.seed * 1_000_003 + 300_000)
     M = spec.moe.model_dim
+    if spec.mla is not None:
+        return _make_mla(spec, g)
     return {
         "ln1_w": 1 + 0.1 * torch.randn(M, generator=g),
         "ln1_b": 0.1 * torch.randn(M, generator=g),
@@ -65,6 +73,32 @@ def make_attention(spec: BlockSpec) -> dict[str, torch.Tensor]:
         "ln2_w": 1 + 0.1 * torch.randn(M, generator=g),
         "ln2_b": 0.1 * torch.randn(M, generator=g),
     }
+
+
+def _make_mla(spec: BlockSpec, g: torch.Generator) -> dict[str, torch.Tensor]:
+    a, M, H = spec.mla, spec.moe.model_dim, spec.heads
+    assert a is not None
+
+    def lin(k: int, n: int) -> torch.Tensor:
+        return torch.randn(k, n, generator=g) / math.sqrt(k)
+
+    dq, c, r = a.qk_head_dim, a.kv_lora_rank, a.qk_rope_head_dim
+    w = {"ln1_w": 1 + 0.1 * torch.randn(M, generator=g), "ln1_b": 0.1 * torch.randn(M, generator=g)}
+    if a.q_lora_rank is None:
+        w["wq"] = lin(M, H * dq)
+    else:
+        ql = a.q_lora_rank
+        w |= {"wq_a": lin(M, ql), "q_norm_w": 1 + 0.1 * torch.randn(ql, generator=g),
+              "wq_b": lin(ql, H * dq)}  # fmt: skip
+    w |= {
+        "wkv_a": lin(M, c + r),
+        "kv_norm_w": 1 + 0.1 * torch.randn(c, generator=g),
+        "wkv_b": lin(c, H * (a.qk_nope_head_dim + a.v_head_dim)),
+        "wo": lin(H * a.v_head_dim, M),
+        "ln2_w": 1 + 0.1 * torch.randn(M, generator=g),
+        "ln2_b": 0.1 * torch.randn(M, generator=g),
+    }
+    return w
 
 
 def make_shared(spec: BlockSpec) -> dict[str, torch.Tensor]:
@@ -91,14 +125,37 @@ def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tens
     """Causal multi-head self-attention of LN1(x), the op sequence the simulator models:
     QKV projection, scores, softmax, context, output projection."""
     B, L, H, M = spec.batch, spec.seq_len, spec.heads, spec.moe.model_dim
-    d = M // H
     z = F.layer_norm(x, (M,), w["ln1_w"], w["ln1_b"])
+    if spec.mla is not None:
+        return _mla(z, w, spec, spec.mla)
+    d = M // H
     q, k, v = (z @ w["wqkv"] + w["bqkv"]).view(B, L, 3, H, d).permute(2, 0, 3, 1, 4)
+    return _attend(q, k, v) @ w["wo"] + w["bo"]
+
+
+def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """Causal attention of [B, H, L, d] queries and keys over [B, H, L, dv] values, the
+    heads' contexts side by side: [B * L, H * dv]."""
+    B, H, L, d = q.shape
     scores = q @ k.transpose(-1, -2) / math.sqrt(d)
-    mask = torch.ones(L, L, dtype=torch.bool, device=x.device).triu(1)
+    mask = torch.ones(L, L, dtype=torch.bool, device=q.device).triu(1)
     p = torch.softmax(scores.masked_fill(mask, float("-inf")), dim=-1)
-    ctx = (p @ v).permute(0, 2, 1, 3).reshape(B * L, M)
-    return ctx @ w["wo"] + w["bo"]
+    return (p @ v).permute(0, 2, 1, 3).reshape(B * L, H * v.shape[-1])
+
+
+def _mla(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec, a: MLA) -> torch.Tensor:
+    B, L, H = spec.batch, spec.seq_len, spec.heads
+    nope, r, c, dv = a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
+    if a.q_lora_rank is None:
+        q = z @ w["wq"]
+    else:
+        q = F.rms_norm(z @ w["wq_a"], (a.q_lora_rank,), w["q_norm_w"]) @ w["wq_b"]
+    q = q.view(B, L, H, nope + r).transpose(1, 2)
+    latent, k_rope = (z @ w["wkv_a"]).split([c, r], dim=-1)
+    kv = (F.rms_norm(latent, (c,), w["kv_norm_w"]) @ w["wkv_b"]).view(B, L, H, nope + dv)
+    k_nope, v = kv.split([nope, dv], dim=-1)
+    k = torch.cat([k_nope, k_rope.view(B, L, 1, r).expand(B, L, H, r)], dim=-1)
+    return _attend(q, k.transpose(1, 2), v.transpose(1, 2)) @ w["wo"]
 
 
 def block(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec, moe: Any) -> torch.Tensor:
@@ -128,8 +185,8 @@ class DistBlock(torch.nn.Module):
             from exec.layers.registry import resolve_strategy
 
             def attend(xs: torch.Tensor, b: int) -> torch.Tensor:  # b of the B sequences
-                sub = BlockSpec(replace(self.spec.moe, tokens=b * self.spec.seq_len), b,
-                                self.spec.heads)  # fmt: skip
+                sub = replace(self.spec, moe=replace(self.spec.moe, tokens=b * self.spec.seq_len),
+                              batch=b)  # fmt: skip
                 return attention(xs, self.attn, sub)
 
             return lancet_block(self, x, resolve_strategy(strategy, params or {}), attend)

@@ -71,6 +71,17 @@ def _kind_only(v: Any) -> Any:
     return {"kind": v} if isinstance(v, str) else v
 
 
+class MLASpec(Strict):
+    """`model.blocks.mla`: DeepSeek's multi-head latent attention (`sim.workload.blocks.MLA`;
+    the Hugging Face config's field names)."""
+
+    kv_lora_rank: Dim
+    qk_nope_head_dim: Dim
+    qk_rope_head_dim: Annotated[int, Field(ge=0, le=MAX_DIM)]
+    v_head_dim: Dim
+    q_lora_rank: Dim | None = None
+
+
 class BlocksSpec(Strict):
     """`model.blocks`: a transformer of `n` blocks around the MoE layers
     (`sim.workload.blocks`)."""
@@ -82,6 +93,7 @@ class BlocksSpec(Strict):
     ffn_hidden: Dim | None = None
     shared: Annotated[int, Field(ge=0, le=1024)] = 0
     flash: bool = False
+    mla: MLASpec | None = None
 
 
 def _preset(v: Any) -> Any:

@@ -52,8 +52,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # DeepSeek-V3 technical report (arXiv 2412.19437) Sec. 4.2: 61 blocks, hidden 7168, 128
     # heads, the first 3 FFNs dense, the others MoE with 1 shared + 256 routed experts of
     # hidden 2048, 8 routed per token; sequence 4K in pre-training. Dense FFN 18432: the
-    # released config's intermediate_size. MLA is approximated by standard multi-head
-    # attention of 128 heads x 56 = 7168 (its low-rank KV compression is not modelled).
+    # released config's intermediate_size. MLA (Sec. 4.2): 128 heads of 128 dims, KV
+    # compression 512, query compression 1536, decoupled RoPE key / query 64 per head
+    # (config.json: kv_lora_rank, q_lora_rank, qk_nope_head_dim, qk_rope_head_dim,
+    # v_head_dim): 187.1M attention weights per block.
     # Batch 1 sequence per GPU, capacity factor 1.0 (V3 drops no tokens: uniform routing
     # fills every slot) and bf16 GEMMs (V3 uses FP8 for most GEMMs): assumed.
     "deepseek-v3": {
@@ -73,6 +75,13 @@ PRESETS: dict[str, dict[str, Any]] = {
             "ffn_hidden": 18432,
             "shared": 1,
             "flash": True,
+            "mla": {
+                "q_lora_rank": 1536,
+                "kv_lora_rank": 512,
+                "qk_nope_head_dim": 128,
+                "qk_rope_head_dim": 64,
+                "v_head_dim": 128,
+            },
         },
     },
 }
@@ -103,6 +112,52 @@ def expand_preset(model: dict[str, Any], source: str = "model") -> dict[str, Any
 
 
 @dataclass(frozen=True)
+class MLA:
+    """DeepSeek's multi-head latent attention (DeepSeek-V2, arXiv 2405.04434, Sec. 2.1): the
+    queries through a rank-`q_lora_rank` bottleneck (None: one direct projection), keys and
+    values from one shared rank-`kv_lora_rank` latent, each normalised (RMSNorm) before its up
+    projection, and one RoPE key part of `qk_rope_head_dim` shared by every head. A head
+    attends over qk_nope + qk_rope dims and returns `v_head_dim`. Field names are the
+    Hugging Face config's. RoPE's rotation itself is not modelled (elementwise, small)."""
+
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    q_lora_rank: int | None = None
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    @classmethod
+    def parse(cls, raw: Any, where: str) -> MLA | None:
+        """From a mapping of the fields (None: standard attention), or a one-line error."""
+        if raw is None or isinstance(raw, MLA):
+            return raw
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{where}: expected a mapping of {_MLA_FIELDS}, got {raw!r}")
+        unknown = sorted(set(raw) - set(_MLA_FIELDS))
+        missing = sorted(set(_MLA_FIELDS) - set(raw) - {"q_lora_rank"})
+        if unknown or missing:
+            raise ConfigError(f"{where}: unknown {unknown} / missing {missing} (fields: "
+                              f"{_MLA_FIELDS})")  # fmt: skip
+        for k, v in raw.items():
+            low = 0 if k == "qk_rope_head_dim" else 1
+            if not (v is None and k == "q_lora_rank") and (
+                isinstance(v, bool) or not isinstance(v, int) or not low <= v <= MAX_MLA_DIM
+            ):
+                raise ConfigError(
+                    f"{where}.{k}: expected an integer in [{low}, {MAX_MLA_DIM}], got {v!r}"
+                )
+        return cls(**raw)
+
+
+_MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim", "v_head_dim")
+MAX_MLA_DIM = 1 << 20
+
+
+@dataclass(frozen=True)
 class BlockModel:
     """The transformer around the MoE layers; `dp` the data-parallel replicas the non-expert
     and expert gradients are reduced over (from the parallel layout)."""
@@ -114,7 +169,12 @@ class BlockModel:
     ffn_hidden: int | None = None  # dense FFN units; None: 4 x model_dim (GPT-2)
     shared: int = 0  # shared experts of the expert size on every token (DeepSeek-MoE)
     flash: bool = False  # one fused attention kernel instead of scores/softmax/context
+    mla: MLA | None = None  # DeepSeek's latent attention; None: standard multi-head
     dp: int = 1
+
+    def __post_init__(self) -> None:
+        if isinstance(self.mla, dict):  # a preset's or a config's mapping
+            object.__setattr__(self, "mla", MLA.parse(self.mla, "model.blocks.mla"))
 
     def is_moe(self, i: int) -> bool:
         return i >= self.first_dense and (i - self.first_dense + 1) % self.moe_every == 0
@@ -126,7 +186,7 @@ class BlockModel:
     @classmethod
     def from_spec(cls, spec: dict[str, Any], model_dim: int, dp: int = 1) -> BlockModel:
         b = cls(dp=dp, **spec)
-        if model_dim % b.heads:
+        if b.mla is None and model_dim % b.heads:
             raise ConfigError(
                 f"model.blocks.heads: {b.heads} heads must divide model_dim {model_dim}"
             )
@@ -176,27 +236,58 @@ def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> 
     )
 
 
-def attention_ops(B: int, L: int, M: int, heads: int, e: int, flash: bool) -> list[Op]:
-    """LN1 .. output projection of one block's attention sublayer (without the residual)."""
-    T, d = B * L, M // heads
-    ops = [
-        Op("ln1", "layernorm", 8.0 * T * M, float(2 * e * T * M), params=2 * M),
-        gemm("qkv", 1, T, 3 * M, M, e, params=3 * M * M + 3 * M),
-    ]
+def attention_ops(
+    B: int, L: int, M: int, heads: int, e: int, flash: bool, mla: MLA | None = None
+) -> list[Op]:
+    """LN1 .. output projection of one block's attention sublayer (without the residual):
+    standard multi-head attention of `heads` heads of M / heads dims, or DeepSeek's MLA."""
+    T = B * L
+    ln1 = Op("ln1", "layernorm", 8.0 * T * M, float(2 * e * T * M), params=2 * M)
+    if mla is None:
+        d = M // heads
+        proj: list[Op] = [gemm("qkv", 1, T, 3 * M, M, e, params=3 * M * M + 3 * M)]
+        dq = dv = d
+    else:
+        proj = _mla_projections(T, M, heads, e, mla)
+        dq, dv = mla.qk_head_dim, mla.v_head_dim
+    ops = [ln1, *proj]
     if flash:
         # two GEMMs per head (QK^T, PV) in one kernel that never writes the L x L scores:
         # reads Q, K, V and writes O (causal masking is not skipped: an upper bound)
         # its backward keeps Q, K, V and O (and recomputes the scores)
-        ops.append(Op("attn", "attention", 4.0 * B * heads * L * L * d, float(4 * e * T * M),
-                      saved=float(4 * e * T * M)))  # fmt: skip
+        qkvo = float(e * T * heads * (2 * dq + 2 * dv))
+        ops.append(Op("attn", "attention", 2.0 * B * heads * L * L * (dq + dv), qkvo,
+                      saved=qkvo))  # fmt: skip
     else:
         ops += [
-            gemm("scores", B * heads, L, L, d, e),
+            gemm("scores", B * heads, L, L, dq, e),
             Op("softmax", "softmax", 5.0 * B * heads * L * L, float(2 * e * B * heads * L * L)),
-            gemm("context", B * heads, L, d, L, e),
+            gemm("context", B * heads, L, dv, L, e),
         ]
-    ops.append(gemm("proj", 1, T, M, M, e, params=M * M + M))
+    if mla is None:
+        ops.append(gemm("proj", 1, T, M, M, e, params=M * M + M))
+    else:  # DeepSeek's projections carry no biases
+        ops.append(gemm("proj", 1, T, M, heads * dv, e, params=heads * dv * M))
     return ops
+
+
+def _mla_projections(T: int, M: int, heads: int, e: int, a: MLA) -> list[Op]:
+    """MLA's query and key/value projections: down, RMSNorm, up (the latent's RoPE part
+    goes straight to the keys)."""
+    def norm(name: str, d: int) -> Op:  # RMSNorm: weight only
+        return Op(name, "layernorm", 6.0 * T * d, float(2 * e * T * d), params=d)
+
+    hq, r, c = heads * a.qk_head_dim, a.qk_rope_head_dim, a.kv_lora_rank
+    if a.q_lora_rank is None:
+        q = [gemm("q", 1, T, hq, M, e, params=M * hq)]
+    else:
+        ql = a.q_lora_rank
+        q = [gemm("q_a", 1, T, ql, M, e, params=M * ql), norm("q_norm", ql),
+             gemm("q_b", 1, T, hq, ql, e, params=ql * hq)]  # fmt: skip
+    hkv = heads * (a.qk_nope_head_dim + a.v_head_dim)
+    kv = [gemm("kv_a", 1, T, c + r, M, e, params=M * (c + r)), norm("kv_norm", c),
+          gemm("kv_b", 1, T, hkv, c, e, params=c * hkv)]  # fmt: skip
+    return q + kv
 
 
 def residual(name: str, T: int, M: int, e: int) -> Op:

@@ -10,7 +10,7 @@ Parameters:
 - `pp`: pipeline stages (even); a config's `parallel.pp` (the pipeline devices of a
   replica) sets it: pp devices for dualpipe, 2 pp stages for dualpipev;
 - `micro`: micro-batches in all (dualpipe: even and >= 2 PP; dualpipev: >= PP; None: 2 PP);
-- `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `dispatcher`,
+- `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `mla`, `dispatcher`,
   `shared_overlap`, `sms`, `dispatch_dtype`, `gpus_per_node`: a chunk's layers as
   `megatron_ep` builds them; the layer's world is one stage's EP group, so the graph has
   devices x world ranks.
@@ -45,6 +45,7 @@ DEFAULTS: dict[str, Any] = {
     "heads": None,
     "shared": None,
     "flash": None,
+    "mla": None,
     "dispatcher": "alltoall",
     "shared_overlap": True,
     "sms": 24,
@@ -106,10 +107,12 @@ def build_step(
         mep.gpus_per_node(layer, params, cluster),
         mep._int(params, "sms"),
         params["dispatch_dtype"],
+        m["mla"],
     )
     mep.check_size(spec, m["layers"], pipe.micro, pipe.devices * layer.world, NAME)
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
-    meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher, **m}
+    meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher,
+            **mep.meta_fields(m)}  # fmt: skip
     if blocks is None:  # per-token metrics: a token crosses every stage's MoE layers
         meta["moe_layers"] = m["layers"] * pipe.pp
     return build_pipeline(

@@ -18,9 +18,10 @@ Parameters:
   combine (true) or inside the MLP node (false);
 - `micro`: micro-batches (>= 1; recorded as `graph.meta["micro"]`: per-token metrics divide
   by micro x tokens);
-- `layers`, `heads`, `shared`, `flash`: the model around the MoE layer; None takes
-  `model.blocks` (its MoE blocks, heads, shared experts, flash) when given, else 2 layers,
-  heads = model_dim / 128, no shared expert, flash attention;
+- `layers`, `heads`, `shared`, `flash`, `mla`: the model around the MoE layer; None takes
+  `model.blocks` (its MoE blocks, heads, shared experts, flash, MLA) when given, else 2
+  layers, heads = model_dim / 128, no shared expert, flash attention, standard multi-head
+  attention (`mla`: DeepSeek's latent attention, `sim.workload.blocks.MLA`'s fields);
 - `sms`: SMs a `flex` kernel holds (DeepEP V1: 24 of 132; fewer send slower,
   `costs.resources.comm_sm_bw`; benchmarks/comm_sms.py); `gpus_per_node`: None = the
   cluster's.
@@ -34,6 +35,7 @@ dense blocks are not modelled: the stage is its MoE layers).
 
 from __future__ import annotations
 
+from dataclasses import asdict
 from typing import Any
 
 from sim.core import limits
@@ -42,7 +44,7 @@ from sim.core.graph import TaskGraph
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
 from sim.strategies.steps import require_whole_experts
-from sim.workload.blocks import BlockModel
+from sim.workload.blocks import MLA, BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "megatron_ep"
@@ -55,6 +57,7 @@ DEFAULTS: dict[str, Any] = {
     "heads": None,
     "shared": None,
     "flash": None,
+    "mla": None,
     "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
     "dispatch_dtype": "bf16",  # Megatron-Core's fused_dispatch sends the BF16 hidden states
     "gpus_per_node": None,
@@ -79,21 +82,30 @@ def _bool(params: dict[str, Any], key: str) -> bool:
 def model_fields(
     layer: MoELayer, params: dict[str, Any], blocks: BlockModel | None = None
 ) -> dict[str, Any]:
-    """layers, heads, shared, flash: the parameters, else `blocks`, else defaults."""
-    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True}
+    """layers, heads, shared, flash, mla: the parameters, else `blocks`, else defaults."""
+    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True,
+            "mla": None}  # fmt: skip
     if blocks is not None:
         base = {
             "layers": max(1, len(blocks.moe_blocks)),
             "heads": blocks.heads,
             "shared": blocks.shared,
             "flash": blocks.flash,
+            "mla": blocks.mla,
         }
     out = {k: base[k] if params.get(k) is None else params[k] for k in base}
     for k in ("layers", "heads"):
         _int(out, k)
     _int(out, "shared", 0)
     _bool(out, "flash")
+    out["mla"] = MLA.parse(out["mla"], "strategy.mla")
     return out
+
+
+def meta_fields(m: dict[str, Any]) -> dict[str, Any]:
+    """`model_fields` as graph metadata (JSON): the MLA's fields, and no key without one."""
+    out = {k: v for k, v in m.items() if k != "mla"}
+    return out | ({"mla": asdict(m["mla"])} if m["mla"] is not None else {})
 
 
 def block_ids(blocks: BlockModel | None, layers: int) -> list[int] | None:
@@ -162,6 +174,7 @@ def build_stage(
         gpus_per_node(layer, params, cluster),
         sms,
         params["dispatch_dtype"],
+        m["mla"],
     )
     check_size(spec, m["layers"], micro, layer.world, NAME)
     g = TaskGraph(
@@ -173,7 +186,7 @@ def build_stage(
             "dispatcher": spec.dispatcher,
             "overlap": overlap,
             "shared_overlap": shared_overlap,
-            **m,
+            **meta_fields(m),
             # per-token metrics: the MoE layers a token crosses, where others build one layer
             **({} if blocks else {"moe_layers": m["layers"]}),
         },

@@ -45,7 +45,15 @@ from sim.core.graph import Task, TaskGraph
 from sim.strategies.deepep.builder import COUNT_BYTES
 from sim.strategies.deepep.volumes import choice_probs, row_bytes, volumes
 from sim.strategies.model.builder import backward_ops
-from sim.workload.blocks import Op, attention_ops, dense_ffn_ops, gemm, kept_bytes, residual
+from sim.workload.blocks import (
+    MLA,
+    Op,
+    attention_ops,
+    dense_ffn_ops,
+    gemm,
+    kept_bytes,
+    residual,
+)
 from sim.workload.moe import MoELayer
 
 DISPATCHERS = ("alltoall", "allgather", "flex")
@@ -81,10 +89,11 @@ def layer_spec(
     gpus_per_node: int,
     sms: int | None = None,
     dispatch_dtype: str = "bf16",
+    mla: MLA | None = None,
 ) -> LayerSpec:
     if dispatcher not in DISPATCHERS:
         raise ConfigError(f"strategy.dispatcher: expected one of {DISPATCHERS}, got {dispatcher!r}")
-    if layer.model_dim % heads:
+    if mla is None and layer.model_dim % heads:
         raise ConfigError(f"strategy.heads: {heads} heads must divide model_dim {layer.model_dim}")
     B, L, M, H, E, P, e = (
         layer.batch,
@@ -97,7 +106,7 @@ def layer_spec(
     )
     T, k = B * L, layer.top_k
     fwd_row = row_bytes(M, dispatch_dtype)  # checked whatever the dispatcher
-    attn = _order_attention(B, L, M, heads, e, flash, T, E)
+    attn = _order_attention(B, L, M, heads, e, flash, T, E, mla)
     sh = dense_ffn_ops("shared_", T, M, shared * H, e) if shared else []
     q = choice_probs(layer)  # [P, E]
     El = E // P
@@ -138,10 +147,10 @@ def layer_spec(
 
 
 def _order_attention(
-    B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int, E: int
+    B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int, E: int, mla: MLA | None
 ) -> list[Op]:
     """res2 (the previous layer's residual), LN1 .. output projection, res1, LN2, router."""
-    att = attention_ops(B, L, M, heads, e, flash)
+    att = attention_ops(B, L, M, heads, e, flash, mla)
     ln = att[0]
     return [
         residual("res2", T, M, e),

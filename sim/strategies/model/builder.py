@@ -49,9 +49,10 @@ def block_ops(blocks: BlockModel, layer: MoELayer, moe: bool) -> dict[str, list[
         ffn = dense_ffn_ops("", T, M, blocks.ffn_hidden or 4 * M, e)
     elif blocks.shared:
         ffn = dense_ffn_ops("shared_", T, M, blocks.shared * layer.hidden_dim, e)
-    ln2 = attention_ops(B, L, M, blocks.heads, e, blocks.flash)[0]
+    attn = attention_ops(B, L, M, blocks.heads, e, blocks.flash, blocks.mla)
+    ln2 = attn[0]
     return {
-        "attn": attention_ops(B, L, M, blocks.heads, e, blocks.flash),
+        "attn": attn,
         "ln2": [Op("ln2", ln2.kind, ln2.flops, ln2.bytes, params=ln2.params)],
         "ffn": ffn,
         "res1": [residual("res1", T, M, e)],
