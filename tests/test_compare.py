@@ -142,3 +142,26 @@ def test_readme_compare_examples_run_on_the_demo_config(tmp_path, monkeypatch):
     for line in lines:
         assert main(shlex.split(line)) == 0, line
     assert (tmp_path / "rep" / "report.html").is_file()  # the report of the compare above
+
+
+def test_with_blocks_every_entry_is_the_model_and_scopes_are_named():
+    """`compare` builds what `simulate` builds: with `model.blocks` a layer strategy's graph
+    is the model (attention and all), so it ranks against megatron_ep's stage of the same
+    blocks; without, the table says which rows hold attention beside their MoE layer."""
+    blocks = {"n": 2, "heads": 4, "moe_every": 1, "flash": True}
+    base = {**CFG, "passes": ["fwd", "bwd"], "costs": {"compute": "roofline"}}
+    entries = ["sequential", "megatron_ep:micro=1,layers=2,heads=4,overlap=false"]
+    alone = compare(RunConfig.from_dict(base), entries).set_index("strategy")
+    model = RunConfig.from_dict({**base, "model": {**base["model"], "blocks": blocks}})
+    both = compare(model, entries).set_index("strategy")
+    assert list(alone["scope"]) == ["one MoE layer", "2 MoE blocks with attention"]
+    assert list(both["scope"]) == ["the model", "the model"]
+    # the layer strategy now carries the attention of both blocks
+    assert both.loc["sequential", "makespan_ms"] > 2 * alone.loc["sequential", "makespan_ms"]
+    from sim.analysis.compare import SCOPES_DIFFER, to_markdown
+
+    assert SCOPES_DIFFER in to_markdown(alone.reset_index())
+    assert SCOPES_DIFFER not in to_markdown(both.reset_index())
+    dense = {**blocks, "n": 3, "first_dense": 1}
+    mixed = RunConfig.from_dict({**base, "model": {**base["model"], "blocks": dense}})
+    assert list(compare(mixed, entries)["scope"]) == ["the model", "the model's MoE blocks"]

@@ -28,7 +28,7 @@ from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.progress import iterate
 from sim.hardware.costs import CostModel
-from sim.strategies import Cluster, build, resolve_params
+from sim.strategies import STRATEGIES, Cluster, build, resolve_params
 
 LABEL_KEYS = ("batch", "seq_len", "model_dim", "hidden_dim", "experts_per_gpu", "experts", "top_k")
 
@@ -60,12 +60,28 @@ def run_id(cfg: RunConfig, entry: str) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def simulate_entry(cfg: RunConfig, entry: str, cluster: Cluster) -> tuple[Any, Any]:
-    """One entry built with the cluster (its selector runs) and simulated: (result, layer)."""
+def simulate_entry(cfg: RunConfig, entry: str, cluster: Cluster) -> tuple[Any, Any, str]:
+    """One entry built with the cluster (its selector runs) and simulated: (result, layer,
+    scope). With `model.blocks` every entry's graph is the model, as `simulate` builds it."""
     name, params = parse_entry(entry)
     wl = cfg.with_strategy(name, params).workload(cluster.topology)
-    one = build(name, wl.layer, wl.params, cfg.passes, cluster)
-    return simulate_layout(one, wl.layout, cluster.topology, cluster.costs), wl.layer
+    one = build(name, wl.layer, wl.params, cfg.passes, cluster, blocks=wl.blocks)
+    res = simulate_layout(one, wl.layout, cluster.topology, cluster.costs)
+    return res, wl.layer, scope(name, one, wl.blocks)
+
+
+def scope(name: str, graph: Any, blocks: Any) -> str:
+    """What an entry's graph covers, so that a table mixing them says so: one MoE layer,
+    the model, or a stage of MoE blocks with their attention (megatron_ep's and dualpipe's
+    graphs: without `model.blocks` they build `layers` blocks of their own; with it, the
+    model's MoE blocks and not its dense ones)."""
+    if "moe_layers" in graph.meta:
+        return f"{graph.meta['moe_layers']} MoE blocks with attention"
+    if blocks is None:
+        return "one MoE layer"
+    if getattr(STRATEGIES[name], "BUILDS_MODEL", False) and len(blocks.moe_blocks) < blocks.n:
+        return "the model's MoE blocks"
+    return "the model"
 
 
 def step_tokens(layer: Any, graph: Any) -> int:
@@ -87,7 +103,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     label = config_label(cfg, topo.nodes)
     rows = []
     for entry in iterate(entries, "compare", "strategy"):  # a bar on stderr, if watched
-        res, layer = simulate_entry(cfg, entry, cluster)
+        res, layer, covers = simulate_entry(cfg, entry, cluster)
         graph = res.graph
         s = summarize(res, to_frame(res))
         chosen = {k: v for k, v in s["params"].items() if k != "selector"}
@@ -96,6 +112,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
             {
                 "strategy": entry,
                 "params": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
+                "scope": covers,
                 "tokens": tokens,
                 "makespan_ms": s["makespan_s"] * 1e3,
                 "time_per_token_ns": s["makespan_s"] / tokens * 1e9,
@@ -206,15 +223,24 @@ def write(df: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
 
 def to_markdown(df: pd.DataFrame) -> str:
     head = (
-        "| strategy | params | tokens/step | makespan (ms) | exposed comm (ms) | "
+        "| strategy | params | scope | tokens/step | makespan (ms) | exposed comm (ms) | "
         "peak act. (GiB) | time/token (ns) | vs best |"
     )
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|"]
     for r in df.itertuples(index=False):
         oom = " OOM" if r.oom else ""
         lines.append(
-            f"| {r.strategy} | {r.params} | {r.tokens} | {r.makespan_ms:.3f} | "
+            f"| {r.strategy} | {r.params} | {r.scope} | {r.tokens} | {r.makespan_ms:.3f} | "
             f"{r.exposed_comm_ms:.3f} | {r.peak_activation_gib:.3f}{oom} | "
             f"{r.time_per_token_ns:.4g} | {r.vs_best:.3f}x |"
         )
+    if df["scope"].nunique() > 1:
+        lines += ["", SCOPES_DIFFER]
     return "\n".join(lines)
+
+
+SCOPES_DIFFER = (
+    "Scopes differ: time per token ranks like with like only within a scope (attention or "
+    "dense blocks in a graph cost per token for that alone). With `model.blocks` whose every "
+    "block is MoE (`first_dense: 0, moe_every: 1`) every strategy builds the same model."
+)

@@ -78,7 +78,7 @@ def _resimulate(config: Path, entry: str) -> pd.DataFrame:
     cfg = RunConfig.load(config)
     with applied(cfg.size_limits()):
         topo = cfg.load_topology()
-        res, _ = simulate_entry(cfg, entry, Cluster(topo, CostModel.build(topo, cfg.costs)))
+        res, _, _ = simulate_entry(cfg, entry, Cluster(topo, CostModel.build(topo, cfg.costs)))
         return to_frame(res)
 
 
