@@ -123,7 +123,8 @@ def shared_ffn(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Ten
 
 def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
     """Causal multi-head self-attention of LN1(x), the op sequence the simulator models:
-    QKV projection, scores, softmax, context, output projection."""
+    QKV projection (MLA's down / norm / up projections), scores, softmax, context, output
+    projection."""
     B, L, H, M = spec.batch, spec.seq_len, spec.heads, spec.moe.model_dim
     z = F.layer_norm(x, (M,), w["ln1_w"], w["ln1_b"])
     if spec.mla is not None:

@@ -136,12 +136,13 @@ class MLA:
         if raw is None or isinstance(raw, MLA):
             return raw
         if not isinstance(raw, dict):
-            raise ConfigError(f"{where}: expected a mapping of {_MLA_FIELDS}, got {raw!r}")
+            fields = ", ".join(_MLA_FIELDS)
+            raise ConfigError(f"{where}: expected a mapping of {fields}, got {raw!r}")
         unknown = sorted(set(raw) - set(_MLA_FIELDS))
         missing = sorted(set(_MLA_FIELDS) - set(raw) - {"q_lora_rank"})
         if unknown or missing:
-            raise ConfigError(f"{where}: unknown {unknown} / missing {missing} (fields: "
-                              f"{_MLA_FIELDS})")  # fmt: skip
+            what = f"unknown field(s) {unknown}" if unknown else f"missing field(s) {missing}"
+            raise ConfigError(f"{where}: {what} (fields: {', '.join(_MLA_FIELDS)})")
         for k, v in raw.items():
             low = 0 if k == "qk_rope_head_dim" else 1
             if not (v is None and k == "q_lora_rank") and (

@@ -51,7 +51,7 @@ but no measurement here gives their send rate per SM.
 own) reaches when its SMs do not bind: its flows take 1 / efficiency of the link time per
 byte (flow mode: the bytes it puts on each link are scaled; collective mode: its duration).
 It stands for what a kernel that copies through SMs loses beside the line rate (chunked ring
-buffers, signalling, per-token metadata). Default 1: as before. The Hopper presets set 0.86,
+buffers, signalling, per-token metadata). Default 1: as before. The Hopper presets set 0.865,
 fitted to DeepEP's published H800 figures (benchmarks/deepep_h800.py: intranode EP8
 153 / 158 GB/s, internode EP16 / 32 / 64 43 / 58 / 51 GB/s RDMA, against the line-rate sim).
 Scaling bytes, not capping rates, keeps the max-min solver as it is; the difference shows only
