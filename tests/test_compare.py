@@ -162,6 +162,9 @@ def test_with_blocks_every_entry_is_the_model_and_scopes_are_named():
 
     assert SCOPES_DIFFER in to_markdown(alone.reset_index())
     assert SCOPES_DIFFER not in to_markdown(both.reset_index())
+    # the founding papers' strategies and DeepEP rank against Megatron's on the same model
+    more = compare(model, ["pipemoe", "tutel", "deepep:gpus_per_node=4", entries[1]])
+    assert set(more["scope"]) == {"the model"} and more["vs_best"].min() == 1.0
     dense = {**blocks, "n": 3, "first_dense": 1}
     mixed = RunConfig.from_dict({**base, "model": {**base["model"], "blocks": dense}})
     assert list(compare(mixed, entries)["scope"]) == ["the model", "the model's MoE blocks"]
