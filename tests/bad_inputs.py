@@ -95,6 +95,17 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "strategy": "sequential",
         "passes": ["fwd", "bwd"],
     },
+    "megatron_gqa": {  # Megatron's EP overlap on grouped-query attention blocks
+        "topology": "dgx-a100",
+        "nodes": 1,
+        "model": {
+            **_MODEL,
+            "routing": {"kind": "uniform"},
+            "blocks": {"n": 2, "heads": 4, "kv_heads": 2, "head_dim": 32, "moe_every": 1},
+        },
+        "strategy": {"name": "megatron_ep", "dispatcher": "flex", "micro": 2},
+        "passes": ["fwd", "bwd"],
+    },
     "alpha_beta": {
         "topology": "dgx-a100",
         "nodes": 1,
@@ -241,7 +252,7 @@ INTEGER = [
     r"^nodes$",
     r"^model\.(batch|seq_len|model_dim|hidden_dim|experts|experts_per_gpu|top_k)$",
     r"^model\.routing\.seed$",
-    r"^model\.blocks\.(n|heads|moe_every|first_dense|ffn_hidden|shared)$",
+    r"^model\.blocks\.(n|heads|kv_heads|head_dim|moe_every|first_dense|ffn_hidden|shared)$",
     r"^model\.blocks\.mla\.\w+$",
     r"^strategy\.degree$",
     r"^parallel\.\w+$",

@@ -273,3 +273,43 @@ def test_bad_mla_is_a_one_line_error(mla, field):
     assert "\n" not in str(e.value) and "model.blocks.mla" in str(e.value)
     with pytest.raises(ConfigError, match="strategy.mla"):
         build("megatron_ep", LAYER, {"mla": mla, "micro": 1}, ("fwd", "bwd"))
+
+
+def test_grouped_query_attention_in_closed_form_and_the_qwen3_preset():
+    """Qwen3-235B-A22B's attention: 64 query heads of 128 dims, 4 key / value heads, at
+    hidden 4096: the QKV projection is (64 + 2 x 4) x 128 = 9,216 wide, the output
+    projection reads 64 x 128 = 8,192; the fused kernel's work is per query head, its
+    traffic Q and O per query head, K and V per key / value head."""
+    B, L, M, H, KV, d = 1, 4096, 4096, 64, 4, 128
+    ops = {op.name: op for op in attention_ops(B, L, M, H, 2, True, kv_heads=KV, head_dim=d)}
+    assert ops["qkv"].shape == {"batch": 1, "m": L, "n": 9216, "k": M}
+    assert ops["qkv"].params == M * 9216 + 9216 and ops["proj"].params == 8192 * M + M
+    assert ops["attn"].flops == 4.0 * B * H * L * L * d
+    assert ops["attn"].bytes == 2 * L * (H + KV) * 2 * d
+    # no GQA is the standard attention, op for op
+    std = attention_ops(2, 64, 128, 4, 2, True)
+    assert attention_ops(2, 64, 128, 4, 2, True, kv_heads=4, head_dim=32) == std
+    cfg = RunConfig.from_dict({"topology": "dgx-h100", "nodes": 16,
+                               "model": {"preset": "qwen3-235b-a22b"}})  # fmt: skip
+    b = cfg.workload(cfg.load_topology()).blocks
+    assert (b.n, b.heads, b.kv_heads, b.head_dim, len(b.moe_blocks)) == (94, 64, 4, 128, 94)
+
+
+@pytest.mark.parametrize(
+    "blocks,field",
+    [
+        ({"kv_heads": 5}, "kv_heads: expected a divisor of heads 12"),
+        ({"heads": 7}, "heads: 7 heads must divide"),
+        ({"kv_heads": 4, "mla": {"kv_lora_rank": 16, "qk_nope_head_dim": 8,
+                                 "qk_rope_head_dim": 4, "v_head_dim": 8}}, "MLA sets its own"),
+    ],
+)  # fmt: skip
+def test_bad_attention_shapes_are_one_line_errors(blocks, field):
+    with pytest.raises(ConfigError, match=field) as e:
+        cfg = RunConfig.from_dict({"topology": "p4de-a100", "model": {
+            "preset": "gpt2-s-moe", "blocks": blocks}})  # fmt: skip
+        cfg.workload(cfg.load_topology())
+    assert "\n" not in str(e.value)
+    params = {k: v for k, v in blocks.items()} | {"micro": 1}
+    with pytest.raises(ConfigError, match=field.split(":")[0]):
+        build("megatron_ep", LAYER, {**params, "heads": blocks.get("heads", 4)}, ("fwd", "bwd"))

@@ -116,28 +116,40 @@ MLA_SPEC = replace(SPEC, heads=2, mla=MLA(q_lora_rank=8, kv_lora_rank=6, qk_nope
                                            qk_rope_head_dim=2, v_head_dim=3))  # fmt: skip
 
 
-def test_mla_blocks_in_the_merged_schedule_equal_plain():
-    """DeepSeek's latent attention in the real block (exec.layers.block): the merged schedule
-    still gives plain autograd's outputs and gradients, every MLA weight reached."""
+GQA_SPEC = replace(SPEC, heads=4, kv_heads=2, head_dim=6)  # 4 query heads share 2 of K, V
+
+
+@pytest.mark.parametrize("spec", [MLA_SPEC, GQA_SPEC], ids=["mla", "gqa"])
+def test_attention_variants_in_the_merged_schedule_equal_plain(spec):
+    """DeepSeek's latent attention and grouped-query attention in the real block
+    (exec.layers.block): the merged schedule still gives plain autograd's outputs and
+    gradients, every attention weight reached."""
     variants = [{"dispatcher": "alltoall"}]
-    ranks = run_ep_overlap(MLA_SPEC, LAYERS, MICRO, variants, timeout_s=60)
+    ranks = run_ep_overlap(spec, LAYERS, MICRO, variants, timeout_s=60)
     _equal_to_plain(ranks, variants)
     grads = ranks[0]["variants"]["plain"]["grads"]
-    for name in ("wq_a", "q_norm_w", "wq_b", "wkv_a", "kv_norm_w", "wkv_b", "wo"):
+    names = ("wq_a", "q_norm_w", "wq_b", "wkv_a", "kv_norm_w", "wkv_b", "wo") if spec.mla else (
+        "wqkv", "bqkv", "wo", "bo")  # fmt: skip
+    for name in names:
         assert f"0.attn.{name}" in grads, name
-    assert not any(k.endswith((".wqkv", ".bo")) for k in grads)
+    if spec.mla:
+        assert not any(k.endswith((".wqkv", ".bo")) for k in grads)
 
 
-@pytest.mark.parametrize("q_lora", [8, None])
-def test_the_real_mla_has_the_simulators_weights(q_lora):
+@pytest.mark.parametrize(
+    "spec",
+    [MLA_SPEC, replace(MLA_SPEC, mla=replace(MLA_SPEC.mla, q_lora_rank=None)), GQA_SPEC, SPEC],
+    ids=["mla", "mla-no-q-lora", "gqa", "mha"],
+)
+def test_the_real_attention_has_the_simulators_weights(spec):
     """The twin's weights per projection are the simulator's op params (attention_ops)."""
     from exec.layers.block import make_attention
     from sim.workload.blocks import attention_ops
 
-    spec = replace(MLA_SPEC, mla=replace(MLA_SPEC.mla, q_lora_rank=q_lora))
     w = make_attention(spec)
     M = spec.moe.model_dim
-    ops = attention_ops(spec.batch, spec.seq_len, M, spec.heads, 4, False, spec.mla)
+    ops = attention_ops(spec.batch, spec.seq_len, M, spec.heads, 4, False, spec.mla,
+                        kv_heads=spec.kv_heads, head_dim=spec.head_dim)  # fmt: skip
     sim = sum(op.params for op in ops if op.name != "ln1")
     real = sum(t.numel() for k, t in w.items() if not k.startswith(("ln1", "ln2")))
     assert real == sim

@@ -3,7 +3,8 @@
 
     h = x + proj(attention(qkv(LN1(x))));   z = LN2(h);   y = h + MoE(z) [+ shared(z)]
 
-The attention is standard multi-head, or DeepSeek's latent attention (`BlockSpec.mla`, the
+The attention is multi-head (grouped-query with `BlockSpec.kv_heads` key / value heads, each
+shared by heads / kv_heads query heads), or DeepSeek's latent attention (`BlockSpec.mla`, the
 simulator's `sim.workload.blocks.MLA`): queries through a low-rank bottleneck and RMSNorm,
 keys and values up-projected from one normalised latent, one RoPE key part shared by the
 heads (the rotation itself left out, as in the simulator), no biases.
@@ -52,6 +53,13 @@ class BlockSpec:
     heads: int
     shared: int = 0  # shared experts of the experts' size: one FFN of shared * hidden_dim units
     mla: MLA | None = None  # DeepSeek's latent attention instead of standard multi-head
+    kv_heads: int | None = None  # key / value heads (grouped-query attention); None: heads
+    head_dim: int | None = None  # dims per head; None: model_dim / heads
+
+    @property
+    def head_dims(self) -> tuple[int, int]:
+        """(dims per head, key / value heads) of the standard attention."""
+        return self.head_dim or self.moe.model_dim // self.heads, self.kv_heads or self.heads
 
     @property
     def seq_len(self) -> int:
@@ -63,12 +71,14 @@ def make_attention(spec: BlockSpec) -> dict[str, torch.Tensor]:
     M = spec.moe.model_dim
     if spec.mla is not None:
         return _make_mla(spec, g)
+    d, kv = spec.head_dims
+    width, out = (spec.heads + 2 * kv) * d, spec.heads * d
     return {
         "ln1_w": 1 + 0.1 * torch.randn(M, generator=g),
         "ln1_b": 0.1 * torch.randn(M, generator=g),
-        "wqkv": torch.randn(M, 3 * M, generator=g) / math.sqrt(M),
-        "bqkv": 0.1 * torch.randn(3 * M, generator=g),
-        "wo": torch.randn(M, M, generator=g) / math.sqrt(M),
+        "wqkv": torch.randn(M, width, generator=g) / math.sqrt(M),
+        "bqkv": 0.1 * torch.randn(width, generator=g),
+        "wo": torch.randn(out, M, generator=g) / math.sqrt(out),
         "bo": 0.1 * torch.randn(M, generator=g),
         "ln2_w": 1 + 0.1 * torch.randn(M, generator=g),
         "ln2_b": 0.1 * torch.randn(M, generator=g),
@@ -129,9 +139,11 @@ def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tens
     z = F.layer_norm(x, (M,), w["ln1_w"], w["ln1_b"])
     if spec.mla is not None:
         return _mla(z, w, spec, spec.mla)
-    d = M // H
-    q, k, v = (z @ w["wqkv"] + w["bqkv"]).view(B, L, 3, H, d).permute(2, 0, 3, 1, 4)
-    return _attend(q, k, v) @ w["wo"] + w["bo"]
+    d, kv = spec.head_dims
+    q, k, v = (z @ w["wqkv"] + w["bqkv"]).view(B, L, H + 2 * kv, d).split([H, kv, kv], dim=2)
+    # grouped-query attention: each key / value head serves H / kv query heads
+    k, v = (t.repeat_interleave(H // kv, dim=2) for t in (k, v))
+    return _attend(*(t.transpose(1, 2) for t in (q, k, v))) @ w["wo"] + w["bo"]
 
 
 def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

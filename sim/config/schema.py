@@ -94,6 +94,8 @@ class BlocksSpec(Strict):
     shared: Annotated[int, Field(ge=0, le=1024)] = 0
     flash: bool = False
     mla: MLASpec | None = None
+    kv_heads: Annotated[int, Field(gt=0, le=MAX_DIM)] | None = None
+    head_dim: Dim | None = None
 
 
 def _preset(v: Any) -> Any:

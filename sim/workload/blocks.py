@@ -84,6 +84,30 @@ PRESETS: dict[str, dict[str, Any]] = {
             },
         },
     },
+    # Qwen3 technical report (arXiv 2505.09388) Table 2: Qwen3-235B-A22B, 94 blocks, 64 query
+    # and 4 key / value heads (grouped-query attention), 128 experts with 8 activated, no
+    # shared expert; released config.json: hidden_size 4096, head_dim 128,
+    # moe_intermediate_size 1536, every block MoE. Sequence 4096, batch 1, capacity factor
+    # 1.0 and bf16: assumed, as for deepseek-v3. Both presets' experts are two-matrix FFNs of
+    # the expert width; their SwiGLU's third matrix (1/3 of the expert FLOPs) is not modelled.
+    "qwen3-235b-a22b": {
+        "batch": 1,
+        "seq_len": 4096,
+        "model_dim": 4096,
+        "hidden_dim": 1536,
+        "experts": 128,
+        "top_k": 8,
+        "capacity_factor": 1.0,
+        "dtype": "bf16",
+        "blocks": {
+            "n": 94,
+            "moe_every": 1,
+            "heads": 64,
+            "kv_heads": 4,
+            "head_dim": 128,
+            "flash": True,
+        },
+    },
 }
 
 _EXPERT_FIELDS = ("experts", "experts_per_gpu")
@@ -171,6 +195,8 @@ class BlockModel:
     shared: int = 0  # shared experts of the expert size on every token (DeepSeek-MoE)
     flash: bool = False  # one fused attention kernel instead of scores/softmax/context
     mla: MLA | None = None  # DeepSeek's latent attention; None: standard multi-head
+    kv_heads: int | None = None  # key / value heads (grouped-query attention); None: heads
+    head_dim: int | None = None  # dims per head; None: model_dim / heads
     dp: int = 1
 
     def __post_init__(self) -> None:
@@ -187,13 +213,24 @@ class BlockModel:
     @classmethod
     def from_spec(cls, spec: dict[str, Any], model_dim: int, dp: int = 1) -> BlockModel:
         b = cls(dp=dp, **spec)
-        if b.mla is None and model_dim % b.heads:
-            raise ConfigError(
-                f"model.blocks.heads: {b.heads} heads must divide model_dim {model_dim}"
-            )
+        check_heads(model_dim, b.heads, b.kv_heads, b.head_dim, b.mla, "model.blocks")
         if b.first_dense > b.n:
             raise ConfigError(f"model.blocks.first_dense: {b.first_dense} exceeds the {b.n} blocks")
         return b
+
+
+def check_heads(
+    M: int, heads: int, kv_heads: int | None, head_dim: int | None, mla: MLA | None, where: str
+) -> None:
+    """One-line errors for attention shapes the ops cannot take."""
+    if mla is None and head_dim is None and M % heads:
+        raise ConfigError(f"{where}.heads: {heads} heads must divide model_dim {M} (or give "
+                          "head_dim)")  # fmt: skip
+    for key, v in (("kv_heads", kv_heads), ("head_dim", head_dim)):
+        if mla is not None and v is not None:
+            raise ConfigError(f"{where}.{key}: MLA sets its own head dims; give one or the other")
+    if kv_heads is not None and heads % kv_heads:
+        raise ConfigError(f"{where}.kv_heads: expected a divisor of heads {heads}, got {kv_heads}")
 
 
 @dataclass(frozen=True)
@@ -238,15 +275,28 @@ def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> 
 
 
 def attention_ops(
-    B: int, L: int, M: int, heads: int, e: int, flash: bool, mla: MLA | None = None
+    B: int,
+    L: int,
+    M: int,
+    heads: int,
+    e: int,
+    flash: bool,
+    mla: MLA | None = None,
+    *,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
 ) -> list[Op]:
     """LN1 .. output projection of one block's attention sublayer (without the residual):
-    standard multi-head attention of `heads` heads of M / heads dims, or DeepSeek's MLA."""
+    multi-head attention of `heads` query heads of `head_dim` dims (None: M / heads) and
+    `kv_heads` key / value heads (None: as many; fewer: grouped-query attention, each shared
+    by heads / kv_heads query heads), or DeepSeek's MLA (its own dims)."""
     T = B * L
     ln1 = Op("ln1", "layernorm", 8.0 * T * M, float(2 * e * T * M), params=2 * M)
+    kv = heads
     if mla is None:
-        d = M // heads
-        proj: list[Op] = [gemm("qkv", 1, T, 3 * M, M, e, params=3 * M * M + 3 * M)]
+        d, kv = head_dim or M // heads, kv_heads or heads
+        width = (heads + 2 * kv) * d  # Q, K, V side by side
+        proj: list[Op] = [gemm("qkv", 1, T, width, M, e, params=M * width + width)]
         dq = dv = d
     else:
         proj = _mla_projections(T, M, heads, e, mla)
@@ -256,7 +306,7 @@ def attention_ops(
         # two GEMMs per head (QK^T, PV) in one kernel that never writes the L x L scores:
         # reads Q, K, V and writes O (causal masking is not skipped: an upper bound)
         # its backward keeps Q, K, V and O (and recomputes the scores)
-        qkvo = float(e * T * heads * (2 * dq + 2 * dv))
+        qkvo = float(e * T * (heads + kv) * (dq + dv))
         ops.append(Op("attn", "attention", 2.0 * B * heads * L * L * (dq + dv), qkvo,
                       saved=qkvo))  # fmt: skip
     else:
@@ -266,7 +316,7 @@ def attention_ops(
             gemm("context", B * heads, L, dv, L, e),
         ]
     if mla is None:
-        ops.append(gemm("proj", 1, T, M, M, e, params=M * M + M))
+        ops.append(gemm("proj", 1, T, M, heads * dv, e, params=heads * dv * M + M))
     else:  # DeepSeek's projections carry no biases
         ops.append(gemm("proj", 1, T, M, heads * dv, e, params=heads * dv * M))
     return ops

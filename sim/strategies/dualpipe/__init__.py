@@ -10,7 +10,8 @@ Parameters:
 - `pp`: pipeline stages (even); a config's `parallel.pp` (the pipeline devices of a
   replica) sets it: pp devices for dualpipe, 2 pp stages for dualpipev;
 - `micro`: micro-batches in all (dualpipe: even and >= 2 PP; dualpipev: >= PP; None: 2 PP);
-- `layers`: MoE layers per chunk (stage), `heads`, `shared`, `flash`, `mla`, `dispatcher`,
+- `layers`: MoE layers per chunk (stage), `heads`, `kv_heads`, `head_dim`, `shared`,
+  `flash`, `mla`, `dispatcher`,
   `shared_overlap`, `sms`, `dispatch_dtype`, `gpus_per_node`: a chunk's layers as
   `megatron_ep` builds them; the layer's world is one stage's EP group, so the graph has
   devices x world ranks.
@@ -46,6 +47,8 @@ DEFAULTS: dict[str, Any] = {
     "shared": None,
     "flash": None,
     "mla": None,
+    "kv_heads": None,
+    "head_dim": None,
     "dispatcher": "alltoall",
     "shared_overlap": True,
     "sms": 24,
@@ -108,6 +111,8 @@ def build_step(
         mep._int(params, "sms"),
         params["dispatch_dtype"],
         m["mla"],
+        kv_heads=m["kv_heads"],
+        head_dim=m["head_dim"],
     )
     mep.check_size(spec, m["layers"], pipe.micro, pipe.devices * layer.world, NAME)
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states

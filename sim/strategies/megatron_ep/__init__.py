@@ -18,10 +18,11 @@ Parameters:
   combine (true) or inside the MLP node (false);
 - `micro`: micro-batches (>= 1; recorded as `graph.meta["micro"]`: per-token metrics divide
   by micro x tokens);
-- `layers`, `heads`, `shared`, `flash`, `mla`: the model around the MoE layer; None takes
-  `model.blocks` (its MoE blocks, heads, shared experts, flash, MLA) when given, else 2
-  layers, heads = model_dim / 128, no shared expert, flash attention, standard multi-head
-  attention (`mla`: DeepSeek's latent attention, `sim.workload.blocks.MLA`'s fields);
+- `layers`, `heads`, `kv_heads`, `head_dim`, `shared`, `flash`, `mla`: the model around the
+  MoE layer; None takes `model.blocks` (its MoE blocks, attention, shared experts) when
+  given, else 2 layers, heads = model_dim / 128 of model_dim / heads dims, as many key /
+  value heads, no shared expert, flash attention, no MLA (`kv_heads` < heads: grouped-query
+  attention; `mla`: DeepSeek's latent attention, `sim.workload.blocks.MLA`'s fields);
 - `sms`: SMs a `flex` kernel holds (DeepEP V1: 24 of 132; fewer send slower,
   `costs.resources.comm_sm_bw`; benchmarks/comm_sms.py); `gpus_per_node`: None = the
   cluster's.
@@ -44,7 +45,7 @@ from sim.core.graph import TaskGraph
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
 from sim.strategies.steps import require_whole_experts
-from sim.workload.blocks import MLA, BlockModel
+from sim.workload.blocks import MLA, BlockModel, check_heads
 from sim.workload.moe import MoELayer
 
 NAME = "megatron_ep"
@@ -58,10 +59,13 @@ DEFAULTS: dict[str, Any] = {
     "shared": None,
     "flash": None,
     "mla": None,
+    "kv_heads": None,
+    "head_dim": None,
     "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
     "dispatch_dtype": "bf16",  # Megatron-Core's fused_dispatch sends the BF16 hidden states
     "gpus_per_node": None,
 }
+GQA = ("kv_heads", "head_dim")  # graph metadata only when given: older results keep theirs
 BUILDS_MODEL = True  # sim.strategies.build: with blocks, `build_model` is the whole graph
 
 
@@ -82,13 +86,16 @@ def _bool(params: dict[str, Any], key: str) -> bool:
 def model_fields(
     layer: MoELayer, params: dict[str, Any], blocks: BlockModel | None = None
 ) -> dict[str, Any]:
-    """layers, heads, shared, flash, mla: the parameters, else `blocks`, else defaults."""
-    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "shared": 0, "flash": True,
-            "mla": None}  # fmt: skip
+    """layers, heads, kv_heads, head_dim, shared, flash, mla: the parameters, else `blocks`,
+    else defaults."""
+    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "kv_heads": None,
+            "head_dim": None, "shared": 0, "flash": True, "mla": None}  # fmt: skip
     if blocks is not None:
         base = {
             "layers": max(1, len(blocks.moe_blocks)),
             "heads": blocks.heads,
+            "kv_heads": blocks.kv_heads,
+            "head_dim": blocks.head_dim,
             "shared": blocks.shared,
             "flash": blocks.flash,
             "mla": blocks.mla,
@@ -96,15 +103,20 @@ def model_fields(
     out = {k: base[k] if params.get(k) is None else params[k] for k in base}
     for k in ("layers", "heads"):
         _int(out, k)
+    for k in ("kv_heads", "head_dim"):
+        if out[k] is not None:
+            _int(out, k)
     _int(out, "shared", 0)
     _bool(out, "flash")
     out["mla"] = MLA.parse(out["mla"], "strategy.mla")
+    check_heads(layer.model_dim, out["heads"], out["kv_heads"], out["head_dim"], out["mla"],
+                "strategy")  # fmt: skip
     return out
 
 
 def meta_fields(m: dict[str, Any]) -> dict[str, Any]:
     """`model_fields` as graph metadata (JSON): the MLA's fields, and no key without one."""
-    out = {k: v for k, v in m.items() if k != "mla"}
+    out = {k: v for k, v in m.items() if k != "mla" and not (k in GQA and v is None)}
     return out | ({"mla": asdict(m["mla"])} if m["mla"] is not None else {})
 
 
@@ -175,6 +187,8 @@ def build_stage(
         sms,
         params["dispatch_dtype"],
         m["mla"],
+        kv_heads=m["kv_heads"],
+        head_dim=m["head_dim"],
     )
     check_size(spec, m["layers"], micro, layer.world, NAME)
     g = TaskGraph(

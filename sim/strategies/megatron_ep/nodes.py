@@ -49,6 +49,7 @@ from sim.workload.blocks import (
     MLA,
     Op,
     attention_ops,
+    check_heads,
     dense_ffn_ops,
     gemm,
     kept_bytes,
@@ -90,11 +91,13 @@ def layer_spec(
     sms: int | None = None,
     dispatch_dtype: str = "bf16",
     mla: MLA | None = None,
+    *,
+    kv_heads: int | None = None,
+    head_dim: int | None = None,
 ) -> LayerSpec:
     if dispatcher not in DISPATCHERS:
         raise ConfigError(f"strategy.dispatcher: expected one of {DISPATCHERS}, got {dispatcher!r}")
-    if mla is None and layer.model_dim % heads:
-        raise ConfigError(f"strategy.heads: {heads} heads must divide model_dim {layer.model_dim}")
+    check_heads(layer.model_dim, heads, kv_heads, head_dim, mla, "strategy")
     B, L, M, H, E, P, e = (
         layer.batch,
         layer.seq_len,
@@ -106,7 +109,8 @@ def layer_spec(
     )
     T, k = B * L, layer.top_k
     fwd_row = row_bytes(M, dispatch_dtype)  # checked whatever the dispatcher
-    attn = _order_attention(B, L, M, heads, e, flash, T, E, mla)
+    att = attention_ops(B, L, M, heads, e, flash, mla, kv_heads=kv_heads, head_dim=head_dim)
+    attn = _order_attention(att, T, M, E, e)
     sh = dense_ffn_ops("shared_", T, M, shared * H, e) if shared else []
     q = choice_probs(layer)  # [P, E]
     El = E // P
@@ -146,11 +150,9 @@ def layer_spec(
     return spec
 
 
-def _order_attention(
-    B: int, L: int, M: int, heads: int, e: int, flash: bool, T: int, E: int, mla: MLA | None
-) -> list[Op]:
-    """res2 (the previous layer's residual), LN1 .. output projection, res1, LN2, router."""
-    att = attention_ops(B, L, M, heads, e, flash, mla)
+def _order_attention(att: list[Op], T: int, M: int, E: int, e: int) -> list[Op]:
+    """res2 (the previous layer's residual), LN1 .. output projection (`att`), res1, LN2,
+    router."""
     ln = att[0]
     return [
         residual("res2", T, M, e),
