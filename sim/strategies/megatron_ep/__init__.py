@@ -45,7 +45,7 @@ from sim.core.graph import TaskGraph
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
 from sim.strategies.steps import require_whole_experts
-from sim.workload.blocks import MLA, BlockModel, check_heads
+from sim.workload.blocks import MLA, BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "megatron_ep"
@@ -108,9 +108,7 @@ def model_fields(
             _int(out, k)
     _int(out, "shared", 0)
     _bool(out, "flash")
-    out["mla"] = MLA.parse(out["mla"], "strategy.mla")
-    check_heads(layer.model_dim, out["heads"], out["kv_heads"], out["head_dim"], out["mla"],
-                "strategy")  # fmt: skip
+    out["mla"] = MLA.parse(out["mla"], "strategy.mla")  # the heads are checked by layer_spec
     return out
 
 
