@@ -108,7 +108,11 @@ def node_classes(graph: TaskGraph, gpus_per_node: int) -> str | None:
     for t in graph:
         if t.coll is not None:
             by_coll[t.coll][t.rank] = t.id
-    spans: dict[int, Any] = {}  # id(group) -> "node" or ("all", ...) (builders share lists)
+    # (id(group), kind, algo) -> "node" or the local ranks spanned. Builders share one group
+    # list between collectives of different kinds and algorithms, and whether a group spanning
+    # nodes can be folded depends on both: keyed by the group alone, DeepEP's per-peer-sized
+    # all_to_allv inherited the verdict of the uniform count exchange before it.
+    spans: dict[tuple[int, str, str | None], Any] = {}
     nodes = world // G
     try:
         sigs: list[tuple] = [() for _ in range(world)]
@@ -139,9 +143,10 @@ def _sig(t: Task, G: int, nodes: int, pos: dict, by_coll: dict, spans: dict) -> 
     comm: tuple = ()
     if t.kind in COLLECTIVE_KINDS:
         group = t.group or []
-        span = spans.get(id(group))
+        key = (id(group), t.kind, t.algo)
+        span = spans.get(key)
         if span is None:
-            span = spans[id(group)] = _span(t, G, nodes)
+            span = spans[key] = _span(t, G, nodes)
         if span == "node":
             members = by_coll[t.coll]
             comm = ("node", tuple((x % G,) + pos[members[x]][1:] for x in group))
@@ -181,7 +186,9 @@ def _span(t: Task, G: int, nodes: int) -> Any:
     if len(gn) != nodes or len(g) != nodes * len(locs):
         raise _Refused(f"{t.kind} {t.coll!r} spans some nodes but not all")
     if t.kind == "all_to_allv":
-        raise _Refused(f"all_to_allv {t.coll!r} spans nodes with per-peer sizes (routing skew)")
+        # per-peer sizes (skewed routing, DeepEP's node-deduplicated exchange): its flows
+        # depend on every member's sizes, which the representatives alone do not carry
+        raise _Refused(f"all_to_allv {t.coll!r} spans nodes with per-peer sizes")
     if (t.kind, algo) not in SET_ALGORITHMS:
         raise _Refused(
             f"{t.kind} ({algo}) {t.coll!r} spans nodes and depends on its members' order"
