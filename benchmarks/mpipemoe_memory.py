@@ -209,12 +209,20 @@ def report(d: dict) -> str:
 
 
 READING = """Reading:
-- Memory: the engine's peaks equal Eq. 1-6 exactly (the builder allocates what the model
-  counts, and B divides evenly into micro-batches), so the saving ratio is Eq. 6's phi for
-  every reuse strategy; the paper measured about 95% of it on GPUs, where the allocator and
-  small tensors (routing data) add what the model leaves out. The four strategies save the
-  same memory and differ only in time. At 320k tokens per GPU the pipeline without reuse
-  outgrows the paper's 40 GB A100 and every reuse strategy with n >= 2 fits.
+- Memory: for n >= 4 the engine's peaks equal Eq. 1-6 (the builder allocates what the model
+  counts, B divides evenly into micro-batches; the model states add the experts' biases,
+  0.16 MB, which Eq. 1 leaves out), so the saving ratio is Eq. 6's phi for every reuse
+  strategy; the paper measured about 95% of it on GPUs, where the allocator and small
+  tensors (routing data) add what the model leaves out. The four strategies save the same
+  memory and differ only in time. Every builder frees a gradient after its last reader
+  (`sim/strategies/activations.py`), so small n hold less than Eq. 4's every gradient at
+  once: n = 1 holds Eq. 2 + Eq. 3 (sequential) and dT_I, which arrives while fc1's weight
+  gradient still holds dT_M (MPipeMoE sends the dispatch gradient right after fc1's input
+  gradient), 2BM below Eq. 4; at n = 2 the last combine gradient leaves before the first
+  dispatch gradient (S1 S2 R1 R2), so dT_O is gone before dT_I comes (BM below), and each
+  ring slot has one tenant, freed after its reader, so reuse saves more than Eq. 5. At 320k
+  tokens per GPU the pipeline without reuse (n >= 2) outgrows the paper's 40 GB A100, the
+  sequential layer (n = 1) just fits, and every reuse strategy with n >= 2 fits.
 - Fig. 13: on one node offloading (S1/S2) costs least or ties, on 16-64 GPUs recomputation
   (S3/S4) wins: on a DGX A100 each GPU's inter-node traffic and its host copies share one
   PCIe link, so copies crawl while the all-to-all runs (eta_all ~0.28 under the flow

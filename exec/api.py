@@ -133,22 +133,25 @@ def run_graph(
     from exec.runtime.launch import check_world, launch, run_under_torchrun
     from exec.runtime.summary import summarize
     from sim.analysis.trace import write_chrome_trace, write_table
-    from sim.core.io import atomic_write_text
+    from sim.core.io import OutputSet, check_output_dir
 
     check_world(graph, nprocs)
+    check_output_dir(out)  # an unusable --out fails before the measurement, not after
     if torchrun:
         res = run_under_torchrun(graph, backend, timeout_s, warmup)
         if res is None:  # not rank 0: rank 0 writes and prints
             return None
     else:
         res = launch(graph, nprocs, backend, timeout_s, warmup)
-    out = Path(out)
     summary = summarize(res)
-    summary["files"] = {
-        "trace": str(write_table(res.trace, out / "trace.csv")),
-        "chrome_trace": str(write_chrome_trace(res.trace, out / "trace.chrome.json", None, graph)),
-    }
-    atomic_write_text(out / "summary.json", json.dumps(summary, indent=2))
+    with OutputSet(out, "exec") as oset:
+        write_table(res.trace, oset.path("trace.csv"))
+        write_chrome_trace(res.trace, oset.path("trace.chrome.json"), None, graph)
+        summary["files"] = {
+            "trace": str(oset.final("trace.csv")),
+            "chrome_trace": str(oset.final("trace.chrome.json")),
+        }
+        oset.write_text("summary.json", json.dumps(summary, indent=2))
     return summary
 
 

@@ -28,7 +28,7 @@ def add_calibrate_parser(sub: Any) -> argparse.ArgumentParser:
     c = sub.add_parser("calibrate", help="measure this machine and fit the cost model")
     c.add_argument("--nprocs", type=int, default=2, help="local processes (default 2)")
     c.add_argument("--backend", choices=["gloo", "nccl"], default="gloo")
-    c.add_argument("--out", default="calibration.yaml", help="calibration file to write")
+    c.add_argument("--out", required=True, help="calibration file to write")
     c.add_argument("--quick", action="store_true", help="a small plan (for smoke tests)")
     c.add_argument(
         "--shapes-from",
@@ -66,7 +66,7 @@ def add_validate_parser(sub: Any) -> argparse.ArgumentParser:
         "r=1,2,4,8, e.g. tutel:degree=2 mpipemoe:degree=2,reuse=S1",
     )
     v.add_argument("--quick", action="store_true", help="quick calibration if one is needed")
-    v.add_argument("--out", default="reports/validation", help="report directory")
+    v.add_argument("--out", required=True, help="report directory")
     v.add_argument("--timeout", type=float, default=120.0)
     v.set_defaults(fn=cmd_validate)
     return v
@@ -154,7 +154,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="seconds a communication may take before the run fails (default 60)",
     )
     e.add_argument("--warmup", type=int, default=1, help="untimed runs first (default 1)")
-    e.add_argument("--out", help="output directory (default: output.dir of a config, or out/exec)")
+    e.add_argument(
+        "--out", help="output directory for the measured trace (default: a config's output.dir)"
+    )
     e.add_argument(
         "--moe",
         action="store_true",
@@ -196,7 +198,10 @@ def cmd_exec(a: argparse.Namespace) -> int:
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
     graph, cfg, res = api.load_graph(a.graph, nprocs, a.strategy, a.param)
-    out = Path(a.out or (cfg.output.get("dir") if cfg is not None else None) or "out/exec")
+    where = a.out or (cfg.output.get("dir") if cfg is not None else None)
+    if where is None and not a.moe:  # a measurement is kept, and only where asked for
+        raise ExecError("--out DIR is required: where to keep the measured trace")
+    out = Path(where or ".")
     if a.moe:
         check = api.check_layer(
             graph, cfg, nprocs, a.backend, a.timeout, a.seed, torchrun, resolution=res

@@ -119,11 +119,19 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
 def run(config: Any, record_links: bool = False) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path); with
     `record_links`, the utilisation of each link class over time (for the Chrome trace)."""
+    result = _run(config, record_links)
+    result.trace = result.trace.to_frame()  # the TraceTable as a DataFrame
+    return result
+
+
+def _run(config: Any, record_links: bool = False) -> RunResult:
+    """`run` with the trace as a `sim.analysis.table.TraceTable`: what `run_config` writes
+    its output set from, without importing pandas."""
     from sim.analysis.layout_run import run_config as simulate_config
 
     r = simulate_config(load_config(config), record_links=record_links)
     r.summary["wall_s"] = r.wall_s
-    return RunResult(r.result.graph, r.frame, r.summary, r.result)
+    return RunResult(r.result.graph, r.table, r.summary, r.result)
 
 
 def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
@@ -137,7 +145,7 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
     if out_dir is not None:  # an unusable output path fails before the run, not after it
         check_output_dir(out_dir)
     chrome = out_dir is not None and want_trace and cfg.output.get("chrome_trace", True)
-    result = run(cfg, record_links=bool(chrome))  # link utilisation: for the Chrome trace
+    result = _run(cfg, record_links=bool(chrome))  # link utilisation: for the Chrome trace
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir), want_trace)
     return result.summary
@@ -158,11 +166,12 @@ def write_outputs(
         raise ConfigError(f"output.trace_format: expected 'csv' or 'parquet', got {fmt!r}")
     df, summary = result.trace, result.summary
     with OutputSet(out_dir, "simulate") as out:
-        files = {"trace": str(write_table(df, out.path(f"trace.{fmt}")))}
+        write_table(df, out.path(f"trace.{fmt}"))
+        files = {"trace": str(out.final(f"trace.{fmt}"))}
         if want_trace and cfg.output.get("chrome_trace", True):
-            ranks, name = cfg.output.get("max_trace_ranks"), out.path("trace.chrome.json")
-            path = write_chrome_trace(df, name, ranks, result.graph, result.sim)
-            files["chrome_trace"] = str(path)
+            ranks, name = cfg.output.get("max_trace_ranks"), "trace.chrome.json"
+            write_chrome_trace(df, out.path(name), ranks, result.graph, result.sim)
+            files["chrome_trace"] = str(out.final(name))
         out.write_text("config.yaml", yaml.safe_dump(cfg.to_dict(), sort_keys=False))
         summary["files"] = files
         out.write_text("summary.json", json.dumps(summary, indent=2, default=str))
@@ -217,7 +226,11 @@ def replay(
         df = to_frame(res)
         summary = finite_summary(summarize(res, df))
     if out_dir is not None:
-        summary["files"] = write_trace_files(Path(out_dir), df, graph, res)
+        from sim.core.io import OutputSet
+
+        with OutputSet(out_dir, "replay") as out:
+            summary["files"] = write_trace_files(out, df, graph, res)
+            out.write_text("summary.json", json.dumps(summary, indent=2, default=str))
     return RunResult(graph, df, summary, res)
 
 
@@ -266,6 +279,9 @@ def compare(config: Any, strategies: list[str], out_dir: str | Path | None = Non
 class CollectiveSweep:
     header: dict[str, Any]  # collective, algo, topology, nodes, gpus, fidelity
     rows: list[Row]
+    # what only the table's nccl-tests header shows (min_bytes, max_bytes, factor,
+    # gpus_per_node, gpu_model); kept out of the JSON, whose keys stay as they were
+    setup: dict[str, Any] = field(default_factory=dict)
 
     def report(self, as_json: bool = False) -> str:
         """nccl-tests' table, or JSON with the header's fields and the rows."""
@@ -273,7 +289,7 @@ class CollectiveSweep:
 
         if as_json:
             return json.dumps({**self.header, "rows": [r.as_dict() for r in self.rows]}, indent=2)
-        return format_table(self.rows, self.header)
+        return format_table(self.rows, self.header, self.setup)
 
 
 def collective_sweep(
@@ -321,7 +337,14 @@ def collective_sweep(
         "gpus": topo.world_size,
         "fidelity": fid,
     }
-    return CollectiveSweep(header, rows)
+    setup = {
+        "min_bytes": min_bytes,
+        "max_bytes": max_bytes,
+        "factor": factor,
+        "gpus_per_node": topo.gpus_per_node,
+        "gpu_model": topo.gpu.get("model"),
+    }
+    return CollectiveSweep(header, rows, setup)
 
 
 def write_text(path: str | Path, text: str) -> Path:

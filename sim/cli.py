@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -20,6 +21,10 @@ from sim.cli_options import limits as _limits
 from sim.cli_options import refuse as _refuse
 from sim.core.errors import ConfigError, MoesimError
 from sim.core.io import check_output_dir
+
+# Where `moesim demo` writes by default: a fixed place outside any checkout (the README's
+# first command must not leave files in the clone it is run from).
+_DEMO_OUT = str(Path(tempfile.gettempdir()) / "moesim-demo")
 
 # `sim.api` is imported inside the commands: `moesim --help` then loads argparse and nothing
 # else of note (the API's own imports are lazy too, but its dataclasses cost start-up time).
@@ -85,18 +90,13 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         if not a.topology:
             raise ConfigError("simulating a graph JSON needs --topology")
         res = api.replay(
-            a.config,
-            a.topology,
-            a.nodes,
-            _cost_overrides(a),
-            a.out or "out",
-            limits=_limits(a),
+            a.config, a.topology, a.nodes, _cost_overrides(a), a.out, limits=_limits(a)
         )
         _emit(res.summary, a.json)
         return 0
     cfg = _config(a)
-    out = Path(a.out or cfg.output.get("dir", "out"))
-    _emit(api.run_config(cfg, out), a.json)
+    out = a.out or cfg.output.get("dir")  # files only where asked for
+    _emit(api.run_config(cfg, None if out is None else Path(out)), a.json)
     return 0
 
 
@@ -158,7 +158,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="cmd", required=True)
 
     d = sub.add_parser("demo", help="simulate the embedded demo config and write a Chrome trace")
-    d.add_argument("--out", default="out/demo", help="output directory (default out/demo)")
+    d.add_argument(
+        "--out",
+        default=_DEMO_OUT,
+        help=f"output directory (default {_DEMO_OUT}: never inside the checkout it runs from)",
+    )
     d.add_argument("--json", action="store_true", help="print the summary as JSON")
     d.set_defaults(fn=cmd_demo)
 
@@ -186,7 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
     s.add_argument("config", help="run config YAML, or task graph JSON (needs --topology)")
-    s.add_argument("--out", help="output directory (default: output.dir or ./out)")
+    s.add_argument("--out", help="output directory (default: the config's output.dir; none: "
+                   "nothing is written)")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_opts(s)
     s.set_defaults(fn=cmd_simulate)
@@ -207,7 +212,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = sub.add_parser("graph", help="build a config's task graph and save it as JSON")
     g.add_argument("config")
-    g.add_argument("-o", "--output", default="graph.json")
+    g.add_argument("-o", "--output", required=True, help="task graph JSON file to write")
     run_opts(g)
     g.set_defaults(fn=cmd_graph)
 
@@ -245,6 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     from sim.core import progress  # bars on stderr for a person; none when a program reads --json
 
     progress.set_enabled(False if getattr(args, "json", False) else None)
+    if args.fn.__module__.startswith("sim.") and args.cmd != "schema":  # the simulator's
+        _single_threaded_blas()
     try:
         _finite_options(args)
         return args.fn(args)
@@ -269,6 +276,26 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__module__.startswith("yaml"):
             return _fail(f"not valid YAML ({' '.join(str(e).split())})")
         raise
+
+
+# what OpenBLAS reads for its thread count, in its order
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _single_threaded_blas() -> None:
+    """numpy loaded with one BLAS thread. OpenBLAS starts a thread per core when numpy is
+    imported, and they spin: ~0.1 s of CPU on 2 cores (more on more), a fifth of a small
+    `moesim simulate`, while the simulator does no large linear algebra (its least-squares
+    fits are a few rows). A thread count the user set is kept; the environment is restored
+    at once, so processes started later (executor ranks, sweep workers' own children) see
+    it as it was."""
+    if "numpy" in sys.modules or any(k in os.environ for k in _BLAS_THREADS):
+        return
+    os.environ[_BLAS_THREADS[0]] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ[_BLAS_THREADS[0]]
 
 
 def _finite_options(args: argparse.Namespace) -> None:

@@ -32,8 +32,10 @@ def cmd_sweep(a: argparse.Namespace) -> int:
             {"config": config, "strategy": r["strategy"], "time_per_token_s": r["time_per_token_s"]}
         )
     errors = df.loc[df["status"] != "ok", "error"].value_counts()
+    note = _work_note(ok)
     if a.json:
         doc = stats | {"best": best, "errors": {str(k): int(v) for k, v in errors.items()}}
+        doc |= {"notes": [note]} if note else {}
         print(json.dumps(doc, indent=2, default=str))
         return 0
     print(
@@ -47,6 +49,8 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         )
     if len(best) > SHOWN:
         print(f"  ... and {len(best) - SHOWN} more configs (results.csv has every row)")
+    if note:
+        print(f"  {note}")
     for message, n in list(errors.items())[:SHOWN]:
         print(f"  {n} x error: {message}")
     for name, path in stats["files"].items():
@@ -87,3 +91,19 @@ def add_parsers(sub: Any) -> None:
     )
     sp.add_argument("--json", action="store_true", help="print counts and files as JSON")
     sp.set_defaults(fn=cmd_sweep)
+
+
+def _work_note(ok: Any) -> str | None:
+    """A note when the runs keep different numbers of (token, expert) choices per MoE layer
+    (a swept routing or capacity factor): their times are not for the same work."""
+    if "tokens_kept" not in ok.columns:
+        return None
+    kept = ok["tokens_kept"].dropna()
+    if kept.nunique() <= 1:
+        return None
+    drop = ok["dropped_fraction"].dropna()
+    return (
+        f"note: rows differ in tokens kept per MoE layer ({int(kept.min()):,} to "
+        f"{int(kept.max()):,}; up to {drop.max():.1%} dropped), so their times are not for "
+        "the same work (tokens_kept, dropped_fraction in the results)"
+    )

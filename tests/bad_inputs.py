@@ -638,21 +638,25 @@ def extreme_cases() -> list[Case]:
     ]  # fmt: skip
 
 
+EX = ("exec", "--out", "o")  # exec keeps a measurement only where asked (refuses without)
+
+
 def exec_cases() -> list[Case]:
     """The executor's options (needs torch; each starts no process, or fails before it does)."""
     cfg = {"cfg.yaml": yaml_bytes({**CONFIGS["pipelined"], "topology": "localhost-cpu"}),
            "g.json": json_bytes(seed_graph())}  # fmt: skip
     return [
-        Case("exec_nprocs_zero", ["exec", "g.json", "--nprocs", "0"], cfg),
-        Case("exec_timeout_negative", ["exec", "g.json", "--nprocs", "2", "--timeout", "-1"], cfg),
-        Case("exec_timeout_nan", ["exec", "g.json", "--nprocs", "2", "--timeout", "nan"], cfg),
-        Case("exec_warmup_negative", ["exec", "g.json", "--nprocs", "2", "--warmup", "-1"], cfg),
-        Case("exec_nccl_without_gpus", ["exec", "g.json", "--nprocs", "2", "--backend", "nccl"],
+        Case("exec_nprocs_zero", [*EX, "g.json", "--nprocs", "0"], cfg),
+        Case("exec_timeout_negative", [*EX, "g.json", "--nprocs", "2", "--timeout", "-1"], cfg),
+        Case("exec_timeout_nan", [*EX, "g.json", "--nprocs", "2", "--timeout", "nan"], cfg),
+        Case("exec_warmup_negative", [*EX, "g.json", "--nprocs", "2", "--warmup", "-1"], cfg),
+        Case("exec_nccl_without_gpus", [*EX, "g.json", "--nprocs", "2", "--backend", "nccl"],
              cfg),
-        Case("exec_world_mismatch", ["exec", "g.json", "--nprocs", "3"], cfg),
-        Case("exec_graph_strategy", ["exec", "g.json", "--nprocs", "2", "--strategy", "x"], cfg),
-        Case("exec_fifo", ["exec", "f.json", "--nprocs", "2"], {**cfg, "f.json": "fifo"}),
-    ]
+        Case("exec_world_mismatch", [*EX, "g.json", "--nprocs", "3"], cfg),
+        Case("exec_graph_strategy", [*EX, "g.json", "--nprocs", "2", "--strategy", "x"], cfg),
+        Case("exec_fifo", [*EX, "f.json", "--nprocs", "2"], {**cfg, "f.json": "fifo"}),
+        Case("exec_no_out", ["exec", "g.json", "--nprocs", "2"], cfg),
+    ]  # fmt: skip
 
 
 # -- running one case -------------------------------------------------------------------------

@@ -149,6 +149,27 @@ def test_every_number_is_checked_before_writing_and_on_reading(tmp_path):
         Calibration.load(tmp_path / "new.yaml")
 
 
+def test_a_busy_hosts_wild_numbers_are_clipped_and_named_never_discarded(tmp_path):
+    """Issue 21, item 8: 92 s of measurement on a busy host were thrown away for one jitter
+    factor of 1,425 (the model's bound is 1,000). Out-of-range numbers are clipped to the
+    bound and named in the file's warnings; what cannot be clipped is kept beside it."""
+    cal = Calibration.fit(_rows())
+    cal.jitter["attention"] = [0.9, 1.0, 1425.0]
+    cal.interference["compute"]["copy"] = 0.01  # below SPEED_FLOOR
+    path = cal.save(tmp_path / "cal.yaml")
+    raw = yaml.safe_load(path.read_text())
+    assert raw["jitter"]["attention"] == [0.9, 1.0, 1000.0]
+    assert raw["interference"]["compute"]["copy"] == pytest.approx(0.05)
+    said = " ".join(raw["meta"]["warnings"])
+    assert "jitter.attention.2: measured 1425" in said and "interference.compute.copy" in said
+    assert any("clipped" in w for w in cal.warnings)
+    Calibration.load(path)  # a file it writes is one it reads
+    cal.compute["gemm"]["bf16"]["alpha"] = math.nan  # no bound to clip to
+    with pytest.raises(ConfigError, match=r"kept in .*nan\.unchecked\.yaml"):
+        cal.save(tmp_path / "nan.yaml")
+    assert (tmp_path / "nan.unchecked.yaml").is_file() and not (tmp_path / "nan.yaml").exists()
+
+
 def test_implausible_speeds_and_poor_fits_are_warnings_naming_them():
     rows = _rows()
     slow = rows[(rows["op"] == "d2h") & (rows["others"] == "")].assign(

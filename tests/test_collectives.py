@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -270,8 +271,8 @@ def test_collectives_cli_table_and_json(capsys, tmp_path):
     out = capsys.readouterr().out
     rows = [line.split() for line in out.splitlines() if not line.startswith("#")]
     assert [int(r[0]) for r in rows] == [1024, 4096, 16384, 65536, 262144, 1048576]
-    big = [r for r in rows if float(r[4]) >= 10]  # the table prints two decimals
-    assert big and all(float(r[5]) == pytest.approx(float(r[4]) * 7 / 8, rel=1e-2) for r in big)
+    big = [r for r in rows if float(r[6]) >= 10]  # the table prints two decimals
+    assert big and all(float(r[7]) == pytest.approx(float(r[6]) * 7 / 8, rel=1e-2) for r in big)
     assert (tmp_path / "t.txt").read_text().strip() == out.strip()
     assert (
         main(
@@ -298,6 +299,117 @@ def test_collectives_cli_table_and_json(capsys, tmp_path):
     assert data["gpus"] == 16 and len(data["rows"]) == 3
     r = data["rows"][0]
     assert r["busbw"] == pytest.approx(r["algbw"] * 2 * 15 / 16)
+
+
+def parse_nccl_tests(text: str) -> dict:
+    """A reader of nccl-tests' text log (as a script comparing two logs would read one): the
+    run line's fields, the column header, each row's out-of-place and in-place results, and
+    the footer's average bus bandwidth."""
+    lines = text.splitlines()
+    run_line = next(line for line in lines if line.startswith("# nThread "))
+    run = dict(re.findall(r"(minBytes|maxBytes) (\d+)", run_line))
+    run["step"] = re.search(r"step: (\d+)\(factor\)", run_line).group(1)
+    names = next(line for line in lines if line.startswith("#") and "#wrong" in line)
+    units = lines[lines.index(names) + 1]
+    rows = []
+    for line in lines:
+        if line.startswith("#") or not line.strip():
+            continue
+        f = line.split()
+        assert len(f) == 13, line
+        rows.append(
+            {
+                "size": int(f[0]),
+                "count": int(f[1]),
+                "type": f[2],
+                "redop": f[3],
+                "root": int(f[4]),
+                "out": (float(f[5]), float(f[6]), float(f[7]), f[8]),
+                "in": (float(f[9]), float(f[10]), float(f[11]), f[12]),
+            }
+        )
+    avg = re.search(r"^# Avg bus bandwidth    : (\S+)$", text, re.M)
+    oob = re.search(r"^# Out of bounds values : (\d+) OK$", text, re.M)
+    return {
+        "run": run,
+        "names": names.split()[1:],
+        "units": units.split()[1:],
+        "devices": [line for line in lines if line.startswith("#  Rank ")],
+        "rows": rows,
+        "avg_busbw": float(avg.group(1)),
+        "out_of_bounds": int(oob.group(1)),
+    }
+
+
+@pytest.mark.parametrize(
+    "kind, algo, redop, root",
+    [
+        ("all_to_all", "2dh", "none", -1),
+        ("all_reduce", None, "sum", -1),
+        ("reduce_scatter", None, "sum", -1),
+        ("broadcast", None, "none", 0),
+    ],
+)
+def test_collectives_text_reads_back_as_nccl_tests(capsys, kind, algo, redop, root):
+    """The table is nccl-tests' log: its header, columns and footer are where a script reading
+    a real log looks, and size, time, algbw and busbw read back as the JSON rows give them."""
+    args = ["collectives", "--topology", "dgx-h100", "--nodes", "2", "-c", kind]
+    args += (["--algo", algo] if algo else []) + ["-b", "1K", "-e", "256M", "-f", "8"]
+    assert main(args) == 0
+    text = capsys.readouterr().out
+    assert main([*args, "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    got = parse_nccl_tests(text)
+
+    assert got["run"] == {"minBytes": "1024", "maxBytes": str(256 * 2**20), "step": "8"}
+    assert "# Using devices" in text.splitlines() and len(got["devices"]) == 16
+    assert got["devices"][9].startswith("#  Rank  9 Group  0 Pid      0 on      node1 device  1 ")
+    names = ["size", "count", "type", "redop", "root", *["time", "algbw", "busbw", "#wrong"] * 2]
+    assert got["names"] == names
+    assert got["units"] == ["(B)", "(elements)", *["(us)", "(GB/s)", "(GB/s)"] * 2]
+    assert "out-of-place" in text and "in-place" in text
+    # nccl-tests' exact column header (its printf widths)
+    assert (
+        "#       size         count      type   redop    root     time   algbw   busbw #wrong"
+        "     time   algbw   busbw #wrong" in text.splitlines()
+    )
+
+    assert len(got["rows"]) == len(data["rows"]) == 7  # 1K, 8K, ..., 256M
+    for row, want in zip(got["rows"], data["rows"]):
+        assert row["size"] == want["size"]
+        share = 16 if kind in ("all_to_all", "reduce_scatter") else 1
+        assert row["count"] == want["size"] // 4 // share  # nccl-tests' count: NCCL's argument
+        assert (row["type"], row["redop"], row["root"]) == ("float", redop, root)
+        time_us, algbw, busbw, wrong = row["out"]
+        assert row["in"] == row["out"] and wrong == "N/A"  # in-place simulated as out-of-place
+        # printed to 2 decimals, fewer from 100 us (1 decimal) and 10 ms (none) on
+        assert time_us == pytest.approx(want["time_us"], abs=0.5, rel=1e-3)
+        assert algbw == pytest.approx(want["algbw"], abs=0.005)
+        assert busbw == pytest.approx(want["busbw"], abs=0.005)
+    mean = sum(r["busbw"] for r in data["rows"]) / len(data["rows"])
+    assert got["avg_busbw"] == pytest.approx(mean, rel=1e-5)  # %g: 6 significant digits
+    assert got["avg_busbw"] == pytest.approx(
+        collbench.avg_busbw([collbench.Row(**r) for r in data["rows"]]), rel=1e-5
+    )
+    assert got["out_of_bounds"] == 0
+
+
+def test_collectives_text_lists_at_most_64_devices():
+    rows = [collbench.Row(1024, 256, 10.0, 0.1, 0.1), collbench.Row(2048, 512, 10.0, 0.2, 0.3)]
+    header = {
+        "collective": "sendrecv",
+        "algo": "default",
+        "topology": "t",
+        "nodes": 16,
+        "gpus": 128,
+        "fidelity": {},
+    }
+    text = collbench.format_table(rows, header)  # no setup: derived from the rows
+    got = parse_nccl_tests(text)
+    assert len(got["devices"]) == 64 and "#  ... ranks 64 to 127 likewise" in text
+    assert got["run"] == {"minBytes": "1024", "maxBytes": "2048", "step": "2"}
+    assert got["avg_busbw"] == pytest.approx(0.2)
+    assert [r["count"] for r in got["rows"]] == [256, 512]
 
 
 def test_collectives_cli_errors(capsys):

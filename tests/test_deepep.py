@@ -164,3 +164,26 @@ def test_bad_params():
         build("deepep", _layer(8), {"dispatch_dtype": "int4"}, ("fwd",))
     with pytest.raises(ConfigError, match="whole nodes"):
         build("deepep", _layer(12), {"gpus_per_node": 8}, ("fwd",))
+
+
+def test_a_deepep_graph_reads_back_from_json(tmp_path):
+    """`moesim graph` then `simulate g.json`: the per-node bytes DeepEP's exchanges carry are
+    a tag the graph file keeps (a list of byte counts), and a wrong one is a clear error."""
+    import json
+
+    from sim.core.errors import GraphError
+    from sim.core.graph import TaskGraph
+
+    topo = Topology.load("dgx-h100", nodes=2)
+    costs = CostModel.build(topo, {})
+    g = build("deepep", _layer(16), {}, ("fwd",), Cluster(topo, costs))
+    g.to_json(tmp_path / "g.json")
+    back = TaskGraph.from_json(tmp_path / "g.json")
+    assert simulate(back, topo, costs).makespan == simulate(g, topo, costs).makespan
+    raw = json.loads((tmp_path / "g.json").read_text())
+    for t in raw["tasks"]:
+        if t.get("tags", {}).get("deepep"):
+            t["tags"]["node_bytes"] = [1.0]  # one node short
+    (tmp_path / "bad.json").write_text(json.dumps(raw))
+    with pytest.raises(GraphError, match=r"node_bytes: expected a list of 2 byte counts"):
+        simulate(TaskGraph.from_json(tmp_path / "bad.json"), topo, costs)

@@ -335,7 +335,7 @@ def test_cli_world_mismatch_exits_2_with_one_line(tmp_path, capsys):
 
     path = tmp_path / "g.json"
     _tiny_graph().to_json(path)
-    rc = main(["exec", str(path), "--nprocs", "4"])
+    rc = main(["exec", str(path), "--nprocs", "4", "--out", str(tmp_path / "o")])
     _, stderr = capsys.readouterr()
     assert rc == 2
     assert stderr.count("\n") == 1 and "graph is for 2 ranks but 4 processes" in stderr

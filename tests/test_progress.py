@@ -65,6 +65,24 @@ def test_bar_draws_on_stderr_only_when_on(monkeypatch, capsys):
     assert "2/2" in capsys.readouterr().err
 
 
+def test_a_long_solve_redraws_the_bar_by_wall_time(monkeypatch, capsys):
+    """Issue 21, item 11: a few slow rate solves (no task finishing) still move the simulated
+    time shown: the bar redraws once REFRESH_S of wall time has passed, not every N solves."""
+    monkeypatch.setenv(progress.ENV, "1")
+    monkeypatch.setattr(progress, "REFRESH_S", 0.5)
+    t = [100.0]
+    monkeypatch.setattr(watch, "clock", lambda: t[0])
+    w = watch.Watch(10, 1e-3)
+    capsys.readouterr()
+    for k, now in enumerate((1e-3, 2e-3, 3e-3)):  # three solves, 0.6 s of wall time apart
+        t[0] += 0.6
+        w.solved(0.6, 0, now)
+        assert f"{now * 1e3:.3f} ms simulated" in capsys.readouterr().err, k
+    w.solved(0.0, 0, 4e-3)  # at once: no redraw
+    assert "4.000 ms" not in capsys.readouterr().err
+    w.close()
+
+
 def test_hint_once_per_key(capsys):
     progress.hint("k", "do this")
     progress.hint("k", "do this")

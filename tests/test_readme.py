@@ -134,6 +134,20 @@ def test_simulator_examples_run_as_written(scratch):
     assert (scratch / "out" / "sweep" / "results.parquet").is_file()
 
 
+def config_block(text: str) -> str:
+    """The ```yaml run-config block that every field of a config is shown in."""
+    return re.findall(r"^```yaml\n(.*?)^```", text, flags=re.S | re.M)[0]
+
+
+def test_config_block_runs_as_written(scratch):
+    """The README's run config, as shown (its `cal.yaml` is the scratch directory's): it
+    simulates, and writes its output set where its `output.dir` says."""
+    (scratch / "run.yaml").write_text(config_block(README.read_text()))
+    rc, out = _run("moesim simulate run.yaml --json")
+    assert rc == 0, out.strip().splitlines()[-3:]
+    assert (scratch / "out" / "summary.json").is_file()
+
+
 @pytest.mark.slow
 def test_executor_examples_run_as_written(scratch):
     pytest.importorskip("torch")

@@ -1,20 +1,27 @@
 """Start-up stays cheap: `import sim` and building the `moesim` parser (the executor's
 subcommands included) import none of the heavy libraries; the commands that need them import
-them when they run. What that costs in CPU time is recorded by benchmarks/startup.py (tests
-do not time anything)."""
+them when they run, and a plain `moesim simulate` needs none of pandas, networkx, plotly,
+pyarrow, tqdm or torch. What that costs in CPU time is recorded by benchmarks/startup.py
+(tests do not time anything)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
 import pytest
 
+import sim.cli as sim_cli
+from benchmarks.startup import TINY
+
 HEAVY = ("pandas", "plotly", "networkx", "torch", "simpy", "yaml", "numpy")
+NOT_FOR_A_RUN = ("pandas", "plotly", "networkx", "torch", "pyarrow", "tqdm", "matplotlib")
 
 
-def _imported_after(code: str) -> list[str]:
-    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {HEAVY!r} if m in sys.modules))\n"
+def _imported_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
+    probe = f"{code}\nimport sys\nprint(' '.join(m for m in {heavy!r} if m in sys.modules))\n"
     p = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     return p.stdout.split()
@@ -39,3 +46,47 @@ def test_help_imports_no_heavy_library():
         "    sim.cli.main(['--help'])"
     )
     assert _imported_after(code) == []
+
+
+@pytest.mark.parametrize("as_json", [True, False])
+def test_simulate_imports_no_dataframe_graph_or_plot_library(tmp_path, as_json):
+    """The run, its summary, trace.csv and the Chrome trace come from the trace's columns
+    (sim.analysis.table), routes inside a node from sim.hardware.node_routes."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps(TINY))
+    argv = ["simulate", str(cfg), "--out", str(tmp_path / "out")] + ["--json"] * as_json
+    code = (
+        "import contextlib, io, sim.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert sim.cli.main({argv!r}) == 0"
+    )
+    assert _imported_after(code, NOT_FOR_A_RUN) == []
+    assert (tmp_path / "out" / "trace.csv").is_file()
+    assert (tmp_path / "out" / "trace.chrome.json").is_file()
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.parametrize("user", [None, "2"])
+def test_simulate_loads_numpy_with_one_blas_thread_and_leaves_the_environment(tmp_path, user):
+    """OpenBLAS's threads spin at import (CPU time for nothing: the simulator does no large
+    linear algebra); the environment is put back, and a thread count the user set is kept."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps(TINY))
+    argv = ["simulate", str(cfg), "--json", "--out", str(tmp_path / "out")]
+    code = (
+        "import contextlib, io, os, sim.cli\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert sim.cli.main({argv!r}) == 0\n"
+        "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))"
+    )
+    env = {k: v for k, v in os.environ.items() if k not in sim_cli._BLAS_THREADS}
+    if user is not None:
+        env["OPENBLAS_NUM_THREADS"] = user
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    threads, value = p.stdout.split()
+    assert value == (user or "None")
+    if user is None:
+        assert threads == "1"

@@ -236,16 +236,18 @@ def test_a_backward_alone_finds_the_forwards_activations(name):
 
 
 def test_deepep_activations_in_closed_form():
-    # forward + backward: the received rows (one per (token, GPU)), the experts' hidden rows
-    # and their output rows (one per (token, expert)) are live together when fc2 runs
+    # forward + backward (sim.strategies.activations): the forward's stash, the layer's T
+    # tokens (T_I in the FP8 dispatch dtype, T_O), the received rows (one per (token, GPU), in
+    # FP8), the experts' hidden and output rows (one per (token, expert)), is live through
+    # the backward, which peaks with the gradients of the experts' outputs and hidden rows
     from sim.strategies.deepep.volumes import row_bytes, volumes
 
     L = layer(experts=8, world=8, top_k=2)
     v = volumes(L, 8)
     res = simulate(build("deepep", L, {}, ("fwd", "bwd")), TOPO, CostModel.build(TOPO, {}))
-    rows = v.expert_rows[0]
-    want = v.gpu_tokens[:, 0].sum() * row_bytes(1024, "fp8") + 2 * rows * (4096 + 1024)
-    assert res.mem_peak[0] == pytest.approx(want)
+    rows, T, M, H, e, fp8 = v.expert_rows[0], L.tokens, 1024, 4096, 2, row_bytes(1024, "fp8")
+    stash = (T + v.gpu_tokens[:, 0].sum()) * fp8 + rows * e * (H + M) + T * M * e
+    assert res.mem_peak[0] == pytest.approx(stash + rows * e * (M + H))
 
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))

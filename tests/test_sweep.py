@@ -265,3 +265,32 @@ def test_a_dead_worker_process_stops_the_sweep_keeping_rows(tmp_path, monkeypatc
     assert not list((tmp_path / "rows").glob("*.parquet"))
     monkeypatch.undo()
     assert (run_sweep(spec, out=tmp_path, workers=1)["status"] == "ok").all()
+
+
+def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
+    """Issue 21, item 11: while no run has finished (a Dask cluster's first result can take a
+    minute) the result stream yields heartbeats, so the bar redraws and says what it waits
+    for; every row still arrives once."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from sim.analysis import sweep as sweep_mod
+
+    monkeypatch.setattr(sweep_mod, "HEARTBEAT_S", 0.01)
+    go = threading.Event()
+
+    def slow(x):
+        go.wait(5)
+        return {"run_id": x}
+
+    pool = ThreadPoolExecutor(2)
+    futures = {pool.submit(slow, i): i for i in range(2)}
+    stream = sweep_mod._drain(pool, futures)
+    assert next(stream) is None  # nothing finished yet: a heartbeat, not a wait
+    go.set()
+    rows = [r for r in stream if r is not None]
+    assert sorted(r["run_id"] for r in rows) == [0, 1]
+    bar = sweep_mod._bar(2, 0, False, "waiting for tcp://x")
+    assert bar._postfix() == "waiting for tcp://x"
+    bar(False)
+    assert bar._postfix() == "failed 0"

@@ -200,19 +200,29 @@ def call_ranks(
 
 
 def _supervise(procs: list, out: Path) -> float | None:
-    """Wait for every child; on the first failure give the others a moment, then stop."""
+    """Wait for every child; on the first failure give the others a moment, then stop.
+    Where someone watches (sim.core.progress), a bar of finished ranks whose elapsed time
+    keeps moving, so a run of minutes is never silent."""
+    from sim.core import progress
+
     failed_at: float | None = None
-    while True:
-        codes = [p.poll() for p in procs]
-        if failed_at is None and (
-            any(c not in (None, 0) for c in codes) or any(out.glob("rank*.err"))
-        ):
-            failed_at = time.monotonic()
-        if all(c is not None for c in codes):
-            return failed_at
-        if failed_at is not None and time.monotonic() - failed_at > _GRACE_S:
-            return failed_at
-        time.sleep(0.02)
+    with progress.Bar(len(procs), "exec", "rank") as bar:
+        drawn = time.monotonic()
+        while True:
+            codes = [p.poll() for p in procs]
+            if failed_at is None and (
+                any(c not in (None, 0) for c in codes) or any(out.glob("rank*.err"))
+            ):
+                failed_at = time.monotonic()
+            bar.set(sum(c is not None for c in codes))
+            if time.monotonic() - drawn >= progress.REFRESH_S:
+                drawn = time.monotonic()
+                bar.refresh()
+            if all(c is not None for c in codes):
+                return failed_at
+            if failed_at is not None and time.monotonic() - failed_at > _GRACE_S:
+                return failed_at
+            time.sleep(0.02)
 
 
 def _first_error(procs: list, out: Path) -> ExecError:

@@ -28,17 +28,22 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
 from sim.analysis.chrome_tracks import Tracks, counter_events, flow_events
+from sim.analysis.table import col_array, col_list, col_strings, take_rows
 from sim.analysis.trace_ns import to_ns, us
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_text
 from sim.core.kinds import STREAM_KINDS
 from sim.engine.result import SimResult
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.analysis.table import TraceTable
 
 __all__ = ["Tracks", "chrome_trace", "to_ns", "us", "write_chrome_trace"]
 
@@ -68,11 +73,11 @@ def _lanes(rank: np.ndarray, stream: np.ndarray, start: np.ndarray, end: np.ndar
     lane = np.zeros(len(rank), dtype=np.int64)
     if not len(rank):
         return lane
-    code, names = pd.factorize(stream)
-    key = rank * len(names) + code
+    names, code = np.unique(stream, return_inverse=True)
+    key = rank * len(names) + code.reshape(-1)
     order = np.lexsort((end, start, key))
     k, s, e = key[order], start[order], end[order]
-    reach = pd.Series(e).groupby(k).cummax().to_numpy()  # latest end so far on the stream
+    reach = _cummax_per_key(k, e)  # latest end so far on the stream
     overlap = (k[1:] == k[:-1]) & (s[1:] < reach[:-1])
     for g in np.unique(k[1:][overlap]):
         ends: list[int] = []  # last end on each lane
@@ -85,12 +90,28 @@ def _lanes(rank: np.ndarray, stream: np.ndarray, start: np.ndarray, end: np.ndar
     return lane
 
 
-def layout(df: pd.DataFrame) -> Layout:
+def _cummax_per_key(key: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """The running maximum of integers `x` within each run of equal `key` (sorted): one
+    cumulative maximum over the runs lifted apart, where that fits in int64."""
+    if not len(x):
+        return x
+    run = np.concatenate([[0], np.cumsum(key[1:] != key[:-1])])
+    lo, span = int(x.min()), int(x.max()) - int(x.min()) + 1
+    if int(run[-1]) * span < 2**62:
+        lift = run * span - lo
+        return np.maximum.accumulate(x + lift) - lift
+    out = x.copy()
+    for idx in np.split(np.arange(len(x)), np.flatnonzero(np.diff(run)) + 1):
+        out[idx] = np.maximum.accumulate(x[idx])
+    return out
+
+
+def layout(df: pd.DataFrame | TraceTable) -> Layout:
     """Processes, threads and integer times for the rows of `df`."""
-    rank = df["rank"].to_numpy(dtype=np.int64)
-    stream = df["stream"].astype(str).to_numpy()
-    start = to_ns(df["start"].to_numpy())
-    end = np.maximum(to_ns(df["end"].to_numpy()), start)
+    rank = col_array(df, "rank", np.int64)
+    stream = col_strings(df, "stream")
+    start = to_ns(col_array(df, "start"))
+    end = np.maximum(to_ns(col_array(df, "end")), start)
     lane = _lanes(rank, stream, start, end)
     threads = sorted(
         set(zip(stream.tolist(), lane.tolist())), key=lambda t: (_stream_key(t[0]), t[1])
@@ -134,11 +155,11 @@ def _metadata(lay: Layout, gpus_per_node: int | None) -> list[dict[str, Any]]:
     return events
 
 
-def _slices(df: pd.DataFrame, lay: Layout) -> list[dict[str, Any]]:
+def _slices(df: pd.DataFrame | TraceTable, lay: Layout) -> list[dict[str, Any]]:
     ts, dur = us(lay.start), us(lay.end - lay.start)
     pid, tid = lay.pid.tolist(), lay.tid.tolist()
-    col = {k: df[k].tolist() for k in ("id", "kind", "bytes", "flops", "sync_wait", "step")}
-    tags = {k: df[k].tolist() for k in ("layer", "phase", "chunk")}
+    col = {k: col_list(df, k) for k in ("id", "kind", "bytes", "flops", "sync_wait", "step")}
+    tags = {k: col_list(df, k) for k in ("layer", "phase", "chunk")}
     events = []
     for j in range(len(df)):
         kind, step = col["kind"][j], col["step"][j]  # step: NaN where a CSV left it empty
@@ -166,7 +187,7 @@ def _slices(df: pd.DataFrame, lay: Layout) -> list[dict[str, Any]]:
 
 
 def chrome_trace(
-    df: pd.DataFrame,
+    df: pd.DataFrame | TraceTable,
     max_ranks: int | None = None,
     graph: TaskGraph | None = None,
     res: SimResult | None = None,
@@ -176,8 +197,7 @@ def chrome_trace(
     result `res`: node names, and link utilisation per link class where it was recorded
     (`simulate(..., record_links=True)`)."""
     if max_ranks is not None:
-        df = df[df["rank"] < max_ranks]
-    df = df.reset_index(drop=True)
+        df = take_rows(df, col_array(df, "rank") < max_ranks)
     tracks = Tracks() if res is None else Tracks.of(res)
     lay = layout(df)
     events = _metadata(lay, tracks.gpus_per_node) + _slices(df, lay)
@@ -194,7 +214,7 @@ def chrome_trace(
 
 
 def write_chrome_trace(
-    df: pd.DataFrame,
+    df: pd.DataFrame | TraceTable,
     path: str | Path,
     max_ranks: int | None = None,
     graph: TaskGraph | None = None,

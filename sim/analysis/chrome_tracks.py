@@ -26,15 +26,18 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import pandas as pd
 
+from sim.analysis.table import col_list, col_strings
 from sim.analysis.trace_ns import to_ns, us
 from sim.core.graph import TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS
 from sim.engine.result import SimResult
 
 if TYPE_CHECKING:
+    import pandas as pd
+
     from sim.analysis.chrome import Layout
+    from sim.analysis.table import TraceTable
 
 MAX_FLOWS = 20_000
 MIB = float(2**20)
@@ -61,10 +64,10 @@ class Flows:
     too_short: int = 0  # an end on a slice under 2 ns long
 
 
-def _candidates(df: pd.DataFrame, lay: Layout, graph: TaskGraph) -> list[tuple]:
+def _candidates(df: pd.DataFrame | TraceTable, lay: Layout, graph: TaskGraph) -> list[tuple]:
     """(cross-rank?, source ts, dest ts, source row, dest row, category) per arrow."""
-    row = {tid: j for j, tid in enumerate(df["id"].tolist())}
-    rank, stream = lay.pid, df["stream"].astype(str).tolist()
+    row = {tid: j for j, tid in enumerate(col_list(df, "id"))}
+    rank, stream = lay.pid, col_strings(df, "stream").tolist()
     start, end = lay.start, lay.end
     out = []
     coll: dict[str, list[int]] = defaultdict(list)
@@ -95,7 +98,7 @@ def _candidates(df: pd.DataFrame, lay: Layout, graph: TaskGraph) -> list[tuple]:
 
 
 def flow_events(
-    df: pd.DataFrame, lay: Layout, graph: TaskGraph | None, limit: int = MAX_FLOWS
+    df: pd.DataFrame | TraceTable, lay: Layout, graph: TaskGraph | None, limit: int = MAX_FLOWS
 ) -> Flows:
     """Arrows for the dependencies of `graph` between the rows of `df` (module docstring)."""
     if graph is None or not len(df):
@@ -122,10 +125,10 @@ def flow_events(
 
 
 def memory_series(
-    df: pd.DataFrame, lay: Layout, graph: TaskGraph
+    df: pd.DataFrame | TraceTable, lay: Layout, graph: TaskGraph
 ) -> dict[int, list[tuple[int, float]]]:
     """Per rank, (ns, bytes in use) from its first task on, at every change."""
-    row = {tid: j for j, tid in enumerate(df["id"].tolist())}
+    row = {tid: j for j, tid in enumerate(col_list(df, "id"))}
     start, end, rank = lay.start.tolist(), lay.end.tolist(), lay.pid.tolist()
     changes = []  # (ns, order at that instant, row, buffer, bytes or None for a free)
     for t in graph:
@@ -140,7 +143,10 @@ def memory_series(
     if not changes:
         return {}
     changes.sort(key=lambda c: c[:3])
-    first = pd.Series(lay.start).groupby(lay.pid).min().to_dict()
+    ranks, where = np.unique(lay.pid, return_inverse=True)
+    lowest = np.full(len(ranks), np.iinfo(np.int64).max)
+    np.minimum.at(lowest, where.reshape(-1), lay.start)
+    first = dict(zip(ranks.tolist(), lowest.tolist()))  # each rank's first start
     live: dict[tuple[int, str], float] = {}
     used: dict[int, float] = defaultdict(float)
     series: dict[int, list[tuple[int, float]]] = {}
@@ -162,7 +168,7 @@ def memory_series(
 
 
 def counter_events(
-    df: pd.DataFrame, lay: Layout, graph: TaskGraph | None, tracks: Tracks
+    df: pd.DataFrame | TraceTable, lay: Layout, graph: TaskGraph | None, tracks: Tracks
 ) -> list[dict[str, Any]]:
     """Memory per rank (with the graph) and link utilisation per class (with `tracks`)."""
     events: list[dict[str, Any]] = []

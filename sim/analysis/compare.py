@@ -4,8 +4,11 @@ Each entry is `name` or `name:key=value,key=value` (values parsed as YAML, e.g.
 `pipelined:degree=8,order=alternating`). Every strategy is built with the cluster, so its own
 selector runs (PipeMoE's Theorem 1), simulated, and reduced to one row: the parameters it ran
 with, distinct tokens processed per step (fewer under tensor parallelism, whose replicas
-share tokens), makespan, exposed communication, peak memory, and time per token, the ranking
-metric (a layout that processes fewer tokens is not faster for finishing sooner). With an
+share tokens), makespan, exposed communication, memory (peak activations, model states and
+their sum, counted alike for every strategy), the (token, expert) choices one MoE layer
+routes, keeps within capacity and drops, and time per token, the ranking metric (a layout
+that processes fewer tokens is not faster for finishing sooner; rows that keep different
+numbers of tokens are not the same work, and the table says so). With an
 output directory the set is: `results.csv` (the shared results row schema of
 `sim.analysis.results`, which `moesim report` reads), `compare.md`, a self-contained
 `compare.html` (time per token, and makespan beside it) and the resolved `config.yaml`.
@@ -22,7 +25,7 @@ import pandas as pd
 import yaml
 
 from sim.analysis.layout_run import simulate_layout
-from sim.analysis.summary import summarize
+from sim.analysis.summary import summarize, work_note
 from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
@@ -118,7 +121,10 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
                 "time_per_token_ns": s["makespan_s"] / tokens * 1e9,
                 "exposed_comm_ms": s["exposed_comm_s"] * 1e3,
                 "peak_activation_gib": s["peak_activation_bytes"] / 2**30,
+                "model_state_gib": _gib(s["model_state_bytes"]),
+                "peak_memory_gib": _gib(s["peak_memory_bytes"]),
                 "oom": s["oom"],
+                **token_columns(s),
                 "config": label,
                 "gpus": topo.world_size,
                 "run_id": run_id(cfg, entry),
@@ -128,6 +134,7 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
     df = pd.DataFrame(rows)
     params = [c for c in df.columns if c.startswith("param.")]
     df[params] = df[params].fillna("")  # a parameter the strategy does not have
+    typed_token_columns(df)
     per_token = df["time_per_token_ns"]
     df["vs_best"] = per_token / per_token.min()  # time per token: fair across layouts
     df.attrs["config"] = cfg.to_dict()  # written beside the table: `report` re-simulates it
@@ -148,6 +155,10 @@ def results_rows(df: pd.DataFrame) -> pd.DataFrame:
             "tokens": df["tokens"].astype(int),
             "gpus": df["gpus"].astype(int),
             "exposed_comm_s": df["exposed_comm_ms"] / 1e3,
+            "peak_activation_bytes": df["peak_activation_gib"] * 2**30,
+            "model_state_bytes": df["model_state_gib"] * 2**30,
+            "peak_memory_bytes": df["peak_memory_gib"] * 2**30,
+            **{c: df[c] for c in TOKEN_COLUMNS},
         }
     )
     params = [c for c in df.columns if c.startswith("param.")]
@@ -223,20 +234,59 @@ def write(df: pd.DataFrame, out_dir: str | Path, title: str) -> dict[str, Path]:
 
 def to_markdown(df: pd.DataFrame) -> str:
     head = (
-        "| strategy | params | scope | tokens/step | makespan (ms) | exposed comm (ms) | "
-        "peak act. (GiB) | time/token (ns) | vs best |"
+        "| strategy | params | scope | tokens/step | kept / dropped per layer | makespan (ms) | "
+        "exposed comm (ms) | peak act. (GiB) | model states (GiB) | peak mem. (GiB) | "
+        "time/token (ns) | vs best |"
     )
-    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    lines = [head, "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in df.itertuples(index=False):
         oom = " OOM" if r.oom else ""
         lines.append(
-            f"| {r.strategy} | {r.params} | {r.scope} | {r.tokens} | {r.makespan_ms:.3f} | "
-            f"{r.exposed_comm_ms:.3f} | {r.peak_activation_gib:.3f}{oom} | "
+            f"| {r.strategy} | {r.params} | {r.scope} | {r.tokens} | {_kept(r)} | "
+            f"{r.makespan_ms:.3f} | {r.exposed_comm_ms:.3f} | {r.peak_activation_gib:.3f} | "
+            f"{_num(r.model_state_gib)} | {_num(r.peak_memory_gib)}{oom} | "
             f"{r.time_per_token_ns:.4g} | {r.vs_best:.3f}x |"
         )
     if df["scope"].nunique() > 1:
         lines += ["", SCOPES_DIFFER]
+    note = work_note(df.to_dict(orient="records"), list(df["strategy"]))
+    if note:
+        lines += ["", note]
     return "\n".join(lines)
+
+
+# -- what each row did: memory and tokens ------------------------------------------------------
+
+TOKEN_COLUMNS = ("tokens_routed", "tokens_kept", "tokens_dropped", "dropped_fraction")
+
+
+def _gib(nbytes: float | None) -> float | None:
+    return None if nbytes is None else nbytes / 2**30
+
+
+def _num(x: Any) -> str:
+    return "unknown" if x is None or pd.isna(x) else f"{x:.3f}"
+
+
+def _kept(r: Any) -> str:
+    if pd.isna(r.tokens_kept):
+        return "unknown"
+    return f"{int(r.tokens_kept):,} / {int(r.tokens_dropped):,} ({r.dropped_fraction:.1%})"
+
+
+def token_columns(summary: dict[str, Any]) -> dict[str, Any]:
+    """A summary's (token, expert) choices of one MoE layer as flat row columns (None where
+    the graph does not say): routed, kept within capacity, dropped, and the dropped share."""
+    t = summary.get("tokens_per_layer") or {}
+    return {f"tokens_{k}" if k != "dropped_fraction" else k: t.get(k) for k in
+            ("routed", "kept", "dropped", "dropped_fraction")}  # fmt: skip
+
+
+def typed_token_columns(df: pd.DataFrame) -> None:
+    """Counts as nullable integers, the fraction as a nullable float: an unknown stays
+    unknown (NA), not 0 and not a NaN that a finiteness check would refuse."""
+    for c in TOKEN_COLUMNS:
+        df[c] = df[c].astype("Float64" if c == "dropped_fraction" else "Int64")
 
 
 SCOPES_DIFFER = (

@@ -49,10 +49,10 @@ def simulate_layout(
 
 @dataclass
 class ConfigRun:
-    """A run config built and simulated: its result, trace frame, summary and workload."""
+    """A run config built and simulated: its result, trace table, summary and workload."""
 
     result: SimResult
-    frame: Any  # pandas.DataFrame, one row per executed task
+    table: Any  # sim.analysis.table.TraceTable, one row per executed task
     summary: dict[str, Any]
     workload: Any  # sim.config.Workload
     wall_s: dict[str, float]
@@ -71,7 +71,7 @@ def run_config(
     link class's utilisation over time (for the Chrome trace's counters)."""
     from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.summary import summarize
-    from sim.analysis.trace import to_frame
+    from sim.analysis.trace import table
     from sim.core.limits import applied
     from sim.hardware.costs import CostModel
     from sim.strategies import Cluster, build
@@ -105,7 +105,7 @@ def run_config(
             record_links=record_links,
         )
         t2 = time.perf_counter()
-        df = to_frame(res)
+        df = table(res)  # no pandas: `sim.api.run` makes the DataFrame
         summary = summarize(res, df)
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()

@@ -29,10 +29,10 @@ from typing import Any
 import pandas as pd
 
 from sim.analysis.summary import summarize
-from sim.analysis.trace import to_frame, write_chrome_trace, write_table
+from sim.analysis.trace import to_frame, write_trace_files
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.core.io import atomic_write_text
+from sim.core.io import OutputSet
 from sim.core.kinds import COMM_KINDS
 from sim.engine.engine import SimResult, simulate
 from sim.hardware.costs import CostModel
@@ -181,20 +181,16 @@ def run_graph(graph: TaskGraph, topo_costs: tuple[Topology, CostModel]) -> SimRe
     return simulate(graph, topo, costs)
 
 
-def write_outputs(r: Replay, out: str | Path, name: str = "") -> dict[str, str]:
+def write_outputs(r: Replay, out: str | Path) -> dict[str, str]:
     """trace.csv, trace.chrome.json, graph.json (the replay graph: `moesim simulate` or
-    `moesim whatif` take it) and summary.json, each written atomically, under `out`."""
-    out = Path(out)
-    chrome = write_chrome_trace(r.trace, out / f"{name}trace.chrome.json", None, r.graph, r.result)
-    files = {
-        "trace": str(write_table(r.trace, out / f"{name}trace.csv")),
-        "chrome_trace": str(chrome),
-    }
-    r.graph.to_json(out / f"{name}graph.json")
-    files["graph"] = str(out / f"{name}graph.json")
-    files["summary"] = str(out / f"{name}summary.json")
-    r.summary["files"] = files
-    atomic_write_text(out / f"{name}summary.json", json.dumps(r.summary, indent=2, default=str))
+    `moesim whatif` take it) and summary.json, as one output set under `out`."""
+    with OutputSet(out, "replay") as oset:
+        files = write_trace_files(oset, r.trace, r.graph, r.result)
+        r.graph.to_json(oset.path("graph.json"))
+        files["graph"] = str(oset.final("graph.json"))
+        files["summary"] = str(oset.final("summary.json"))
+        r.summary["files"] = files
+        oset.write_text("summary.json", json.dumps(r.summary, indent=2, default=str))
     return files
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,10 @@ from sim.analysis.sweep_store import Store, frame
 from sim.core.errors import ConfigError, MoesimError
 
 Row = dict[str, Any]
+# While no run finishes, the result streams yield None this often, so the bar redraws its
+# elapsed time and says what it waits for (a Dask cluster's first result can take a minute:
+# the sweep looked hung).
+HEARTBEAT_S = 0.5
 
 
 def run_sweep(
@@ -61,8 +65,12 @@ def run_sweep(
         # the workers start before the bar (and its thread); forked ones drop the lock's fd
         keep_out = [store.lock_fd] if store is not None and store.lock_fd is not None else []
         results = _execute(pending, scheduler, workers, keep_out)
-        with _bar(len(sweep.points), len(done), progress) as tick:
+        waiting = f"waiting for {scheduler}" if scheduler is not None else "running"
+        with _bar(len(sweep.points), len(done), progress, waiting) as tick:
             for row in results:
+                if row is None:  # a heartbeat: nothing finished yet
+                    tick.beat()
+                    continue
                 if store is not None:
                     store.write(row)  # before it counts as done: a kill after it loses nothing
                 else:
@@ -91,9 +99,10 @@ def run_sweep(
 
 def _execute(
     points: list[Point], scheduler: Any, workers: int | None, close_fds: list[int]
-) -> Iterator[Row]:
-    """Rows of `points` in the order they finish. `close_fds`: descriptors a forked worker
-    closes (the output directory's lock: a worker outliving a killed sweep must not hold it)."""
+) -> Iterator[Row | None]:
+    """Rows of `points` in the order they finish, and None every HEARTBEAT_S while none
+    does. `close_fds`: descriptors a forked worker closes (the output directory's lock: a
+    worker outliving a killed sweep must not hold it)."""
     if not points:
         return iter(())
     if scheduler is not None:
@@ -132,21 +141,27 @@ def _close(fds: list[int]) -> None:
             os.close(fd)
 
 
-def _drain(pool: Any, futures: dict[Any, Point]) -> Iterator[Row]:
-    from concurrent.futures import as_completed
+def _drain(pool: Any, futures: dict[Any, Point]) -> Iterator[Row | None]:
+    from concurrent.futures import FIRST_COMPLETED, wait
 
     try:
-        for fut in as_completed(futures):
-            yield _result(fut, futures[fut])
+        left = set(futures)
+        while left:
+            finished, left = wait(left, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
+            if not finished:
+                yield None
+            for fut in finished:
+                yield _result(fut, futures[fut])
     except BaseException:  # interrupted: the queued points are dropped, running ones end
         pool.shutdown(wait=False, cancel_futures=True)
         raise
     pool.shutdown()
 
 
-def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:
+def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row | None]:
+    yield None  # the bar is up before the connection, which may take seconds
     try:
-        from distributed import Client, as_completed
+        from distributed import Client, wait
     except ImportError:
         raise ConfigError(
             "--scheduler: needs the dask extra (pip install 'moesim[dask]')"
@@ -165,8 +180,15 @@ def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row]:
         names = [f"moesim-{p.run_id}-{token}" for p in points]
         futures = client.map(run_point, points, pure=False, key=names)
         by_key = {f.key: p for f, p in zip(futures, points)}
-        for fut in as_completed(futures):
-            yield _result(fut, by_key[fut.key])
+        left = set(futures)
+        while left:
+            try:
+                finished, left = wait(left, timeout=HEARTBEAT_S, return_when="FIRST_COMPLETED")
+            except TimeoutError:  # distributed's wait raises where concurrent's returns
+                yield None
+                continue
+            for fut in finished:
+                yield _result(fut, by_key[fut.key])
     finally:
         if own:
             client.close()
@@ -193,12 +215,14 @@ def _result(fut: Any, point: Point) -> Row:
 class _bar:
     """tqdm on stderr: runs done of all, failed in this run, done by an earlier one."""
 
-    def __init__(self, total: int, done: int, on: bool):
+    def __init__(self, total: int, done: int, on: bool, waiting: str = "running"):
         self.total, self.done, self.on = total, done, on
         self.failed = 0
         self.bar: Any = None
+        self.waiting = waiting  # what the bar says until the first run finishes
+        self.first = True
 
-    def __enter__(self) -> Callable[[bool], None]:
+    def __enter__(self) -> _bar:
         if self.on:
             from tqdm import tqdm
 
@@ -206,13 +230,23 @@ class _bar:
                 total=self.total, initial=self.done, desc="sweep", unit="run", file=sys.stderr
             )
             self.bar.set_postfix_str(self._postfix(), refresh=False)
-        return self.tick
+        return self
 
     def _postfix(self) -> str:
+        if self.first:
+            return self.waiting
         resumed = f", {self.done} done before" if self.done else ""
         return f"failed {self.failed}{resumed}"
 
-    def tick(self, failed: bool) -> None:
+    def beat(self) -> None:
+        """Nothing finished: redraw (elapsed time moves) with what the sweep waits for."""
+        if self.bar is not None:
+            self.bar.set_postfix_str(self._postfix(), refresh=False)
+            self.bar.refresh()
+
+    def __call__(self, failed: bool) -> None:
+        """One run finished (`failed`: with an error row)."""
+        self.first = False
         self.failed += failed
         if self.bar is not None:
             self.bar.update(1)

@@ -25,9 +25,16 @@ FLOAT_COLUMNS = (
     "comm_busy_s",
     "compute_busy_s",
     "peak_activation_bytes",
+    # model states (weights, gradients, Adam states) beside the activations, and their sum,
+    # counted alike for every strategy (sim.workload.accounting); NaN where unknown
+    "model_state_bytes",
+    "peak_memory_bytes",
+    # of one MoE layer's (token, expert) choices, the share capacity dropped: rows that drop
+    # more compute less, so their times are not for the same work
+    "dropped_fraction",
     "wall_s",
 )
-INT_COLUMNS = ("tokens", "gpus")
+INT_COLUMNS = ("tokens", "gpus", "tokens_routed", "tokens_kept", "tokens_dropped")
 BOOL_COLUMNS = ("oom",)
 COLUMNS = (
     STR_COLUMNS[:5]
@@ -68,6 +75,9 @@ def run_point(point: Point) -> dict[str, Any]:
         "comm_busy_s": _busy(busy, "comm"),
         "compute_busy_s": _busy(busy, "compute"),
         "peak_activation_bytes": float(summary["peak_activation_bytes"]),
+        "model_state_bytes": _float(summary.get("model_state_bytes")),
+        "peak_memory_bytes": _float(summary.get("peak_memory_bytes")),
+        **_tokens(summary.get("tokens_per_layer") or {}),
         "wall_s": time.perf_counter() - t0,
         "oom": bool(summary["oom"]),
         "chosen_params": ",".join(f"{k}={v}" for k, v in chosen.items()),
@@ -85,6 +95,17 @@ def error_fields(message: str, wall_s: float = float("nan")) -> dict[str, Any]:
         "wall_s": wall_s,
         "chosen_params": "",
     }
+
+
+def _float(x: Any) -> float:
+    """A number, or NaN for an unknown (null) one: the column stays float, the row says so."""
+    return float("nan") if x is None else float(x)
+
+
+def _tokens(t: dict[str, Any]) -> dict[str, Any]:
+    """The summary's tokens of one MoE layer as row columns (None / NaN where unknown)."""
+    out: dict[str, Any] = {f"tokens_{k}": t.get(k) for k in ("routed", "kept", "dropped")}
+    return out | {"dropped_fraction": _float(t.get("dropped_fraction"))}
 
 
 def _busy(busy: dict[str, float], kind: str) -> float:

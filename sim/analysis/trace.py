@@ -10,37 +10,26 @@ from the start of the run. Written as CSV or Parquet, and exported to Chrome tra
 from __future__ import annotations
 
 from pathlib import Path
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING
 
 from sim.analysis.chrome import chrome_trace, write_chrome_trace
+from sim.analysis.table import COLUMNS, TAGS, TraceTable
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_bytes, atomic_write_text
 from sim.engine.engine import SimResult
 
-COLUMNS = [
-    "id",
-    "rank",
-    "stream",
-    "kind",
-    "start",
-    "end",
-    "duration",
-    "sync_wait",
-    "bytes",
-    "flops",
-    "layer",
-    "phase",
-    "step",
-    "chunk",
-]
-TAGS = ("layer", "phase", "step", "chunk")
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from sim.core.io import OutputSet
+
 __all__ = [
     "COLUMNS",
     "TAGS",
+    "TraceTable",
     "chrome_trace",
+    "table",
     "to_frame",
     "write_chrome_trace",
     "write_table",
@@ -48,49 +37,47 @@ __all__ = [
 ]
 
 
+def table(res: SimResult) -> TraceTable:
+    """The trace of a run without pandas (what a run summarises and writes)."""
+    return TraceTable.of(res)
+
+
 def to_frame(res: SimResult) -> pd.DataFrame:
-    tasks = list(res.graph)
-    df = pd.DataFrame(
-        {
-            "id": [t.id for t in tasks],
-            "rank": np.fromiter((t.rank for t in tasks), dtype=np.int64, count=len(tasks)),
-            "stream": [t.stream for t in tasks],
-            "kind": [t.kind for t in tasks],
-            "start": res.start,
-            "end": res.end,
-            "duration": res.end - res.start,
-            "sync_wait": res.sync_wait,
-            "bytes": [float(t.bytes) for t in tasks],
-            "flops": [float(t.flops) for t in tasks],
-        }
-    )
-    for tag in TAGS:
-        df[tag] = [t.tags.get(tag) for t in tasks]
-    return df[COLUMNS]
+    return TraceTable.of(res).to_frame()
 
 
-def write_table(df: pd.DataFrame, path: str | Path) -> Path:
+def write_table(df: pd.DataFrame | TraceTable, path: str | Path) -> Path:
     path = Path(path)
     if path.suffix == ".parquet":
+        frame = df.to_frame() if isinstance(df, TraceTable) else df
         try:
             import io
 
             buf = io.BytesIO()
-            df.to_parquet(buf, index=False)
+            frame.to_parquet(buf, index=False)
         except ImportError as e:
             raise ConfigError(f"{path}: Parquet output needs pyarrow ({e}); use .csv") from None
         atomic_write_bytes(path, buf.getvalue())
+    elif isinstance(df, TraceTable):
+        atomic_write_text(path, df.to_csv())
     else:
         atomic_write_text(path, df.to_csv(index=False))
     return path
 
 
 def write_trace_files(
-    out: Path, df: pd.DataFrame, graph: TaskGraph | None = None, res: SimResult | None = None
+    out: OutputSet,
+    df: pd.DataFrame,
+    graph: TaskGraph | None = None,
+    res: SimResult | None = None,
+    prefix: str = "",
 ) -> dict[str, str]:
-    """trace.csv and trace.chrome.json in `out` (the Chrome trace with the graph's arrows and
-    memory, and what `res` recorded: see `chrome_trace`); their paths by kind."""
+    """trace.csv and trace.chrome.json as files `prefix`trace.* of the output set `out`
+    (the Chrome trace with the graph's arrows and memory, and what `res` recorded: see
+    `chrome_trace`); their final paths by kind."""
+    write_table(df, out.path(f"{prefix}trace.csv"))
+    write_chrome_trace(df, out.path(f"{prefix}trace.chrome.json"), None, graph, res)
     return {
-        "trace": str(write_table(df, out / "trace.csv")),
-        "chrome_trace": str(write_chrome_trace(df, out / "trace.chrome.json", None, graph, res)),
+        "trace": str(out.final(f"{prefix}trace.csv")),
+        "chrome_trace": str(out.final(f"{prefix}trace.chrome.json")),
     }

@@ -39,12 +39,12 @@ from sim.analysis.replay import (
     replay_costs,
     replay_costs_topology,
 )
-from sim.analysis.summary import summarize
+from sim.analysis.summary import summarize, work_note
 from sim.analysis.trace import to_frame, write_trace_files
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.core.io import atomic_write_text
+from sim.core.io import OutputSet
 from sim.core.kinds import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS
 from sim.engine.engine import SimResult, simulate
 from sim.hardware.costs import CostModel
@@ -86,6 +86,9 @@ def whatif(
         (b, bt, bs), (a, at, as_) = _replayed(obj, changes, topology, costs, notes)
     else:
         (b, bt, bs), (a, at, as_) = _graph(obj, changes, topology, nodes, costs, notes)
+    work = work_note([b, a], ["before", "after"])  # e.g. a skew that drops tokens
+    if work:
+        notes.append(work.removeprefix("note: "))
     a["whatif"] = {"changes": [f"{c.key}={c.text}" for c in changes], "notes": notes}
     return WhatIf(b, a, bt, at, bs, as_)
 
@@ -323,19 +326,19 @@ def whatif_command(
         "after": r.after,
     }
     if out is not None:
-        d = Path(out)
-        for side, s, df, res in (
-            ("before", r.before, r.before_trace, r.before_sim),
-            ("after", r.after, r.after_trace, r.after_sim),
-        ):
-            s["files"] = write_trace_files(d / side, df, res.graph, res)
-            atomic_write_text(d / side / "summary.json", json.dumps(s, indent=2, default=str))
-        atomic_write_text(d / "whatif.json", json.dumps(result, indent=2, default=str))
-        result["files"] = {
-            "whatif": str(d / "whatif.json"),
-            "before": str(d / "before"),
-            "after": str(d / "after"),
-        }
+        with OutputSet(out, "whatif") as oset:
+            for side, s, df, res in (
+                ("before", r.before, r.before_trace, r.before_sim),
+                ("after", r.after, r.after_trace, r.after_sim),
+            ):
+                s["files"] = write_trace_files(oset, df, res.graph, res, f"{side}/")
+                oset.write_text(f"{side}/summary.json", json.dumps(s, indent=2, default=str))
+            result["files"] = {
+                "whatif": str(oset.final("whatif.json")),
+                "before": str(oset.final("before")),
+                "after": str(oset.final("after")),
+            }
+            oset.write_text("whatif.json", json.dumps(result, indent=2, default=str))
     return result
 
 
@@ -358,6 +361,12 @@ def format_whatif(result: dict[str, Any]) -> str:
             "GiB",
         )
     )
+    for key, name in (("model_state_bytes", "model states"), ("peak_memory_bytes", "peak memory")):
+        if b.get(key) is not None and a.get(key) is not None:  # unknown on old graphs
+            rows.append((name, b[key] / gib, a[key] / gib, "GiB"))
+    kept = [(s.get("tokens_per_layer") or {}).get("kept") for s in (b, a)]
+    if None not in kept:  # (token, expert) choices one MoE layer keeps: the work done
+        rows.append(("tokens kept/layer", float(kept[0]), float(kept[1]), ""))
     lines = [
         f"what-if on {result['base']}: {' '.join(result['changes']) or '(no change)'}",
         f"  {'':18s} {'before':>15s} {'after':>15s} {'change':>9s}",
@@ -365,6 +374,9 @@ def format_whatif(result: dict[str, Any]) -> str:
     ]
     for name, x, y, unit in rows:
         ch = f"{(y - x) / x:+.1%}" if x else "-"
+        if not unit:  # a count
+            lines.append(f"  {name:18s} {x:12,.0f}    {y:12,.0f}    {ch:>9s}")
+            continue
         lines.append(f"  {name:18s} {x:12.3f} {unit:3s}{y:12.3f} {unit:3s}{ch:>9s}")
     lines += [f"  note: {n}" for n in result.get("notes", [])]
     for name, path in result.get("files", {}).items():

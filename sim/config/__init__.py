@@ -118,7 +118,7 @@ class RunConfig:
         if nodes is not None:
             raw["nodes"] = nodes
         if costs:
-            raw["costs"] = {**raw.get("costs", {}), **costs}
+            raw["costs"] = _merged(raw.get("costs", {}), costs)
         if limits:
             raw["limits"] = {**raw.get("limits", {}), **limits}
         return RunConfig.from_dict(raw, source=self.source)
@@ -312,3 +312,18 @@ class Workload:
     layout: ParallelLayout | None  # None only where the strategy's own check will refuse
     params: dict[str, Any]
     blocks: BlockModel | None = None  # `model.blocks`: the transformer around the layers
+
+
+def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """`base` with `overrides` applied; a dotted key (`resources.max_connections`, as `--cost`
+    and `whatif --set` write it) sets one field of a nested mapping and keeps its others."""
+    out = dict(base)
+    for key, value in overrides.items():
+        head, _, rest = str(key).partition(".")
+        if rest:
+            inner = out.get(head)
+            out[head] = _merged(inner if isinstance(inner, dict) else {}, {rest: value})
+        else:
+            out[key] = value
+    return out
+

@@ -4,6 +4,7 @@
 number goes, a NaN or an out-of-range value is refused with its path before anything runs;
 what depends on more than one field (experts over GPUs, a layout's product, a strategy's
 parameters) is checked where it is resolved. `moesim schema config` prints the JSON Schema.
+The `model:` section's models are in `sim.config.model_schema`.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from pydantic import (
     TypeAdapter,
     ValidationError,
     field_validator,
-    model_validator,
 )
 
+from sim.config.model_schema import Dtype, ModelSpec, model_preset
 from sim.core.errors import ConfigError
-from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
+from sim.core.graph_schema import GEMM_DIMS, GEMM_LAYOUTS
+from sim.core.limits import DEFAULT as LIMIT_DEFAULTS
 from sim.core.limits import NAMES as LIMIT_NAMES
 from sim.core.schema import PosInt, Strict, short
 from sim.hardware.costs_schema import (
@@ -34,120 +36,69 @@ from sim.hardware.costs_schema import (
     RooflineParams,
     check_quantiles,
 )
-
-Dtype = Literal[DTYPES]  # type: ignore[valid-type]
-MAX_CAPACITY_FACTOR = 1e4  # beyond this C is the whole batch anyway
-MAX_TOKENS_ENTRY = 2.0**53  # a routing matrix entry (tokens); exact as a float, safe as int64
-# Layer sizes: far past any model, small enough that products of them stay exact integers
-MAX_DIM = 2**24  # model_dim, hidden_dim, seq_len
-MAX_BATCH = 2**20
-MAX_EXPERTS = 2**20
-Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
-
-
-class RoutingSpec(Strict):
-    """`{kind: uniform}`, `{kind: zipf, s, seed}` or `{kind: matrix, tokens | file}`; a bare
-    string is its kind."""
-
-    kind: Literal["uniform", "zipf", "matrix"]
-    s: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
-    seed: Annotated[int, Field(ge=0, lt=2**63)] | None = None
-    tokens: list[list[Annotated[float, Field(ge=0, le=MAX_TOKENS_ENTRY)]]] | None = None
-    file: Annotated[str, Field(min_length=1)] | None = None
-
-    @model_validator(mode="after")
-    def _fields_of_kind(self) -> RoutingSpec:
-        allowed = {"uniform": set(), "zipf": {"s", "seed"}, "matrix": {"tokens", "file"}}
-        given = {k for k in ("s", "seed", "tokens", "file") if getattr(self, k) is not None}
-        extra = sorted(given - allowed[self.kind])
-        if extra:
-            raise ValueError(f"{extra} do not apply to routing kind {self.kind!r}")
-        if self.kind == "matrix" and len(given) != 1:
-            raise ValueError("a matrix needs exactly one of 'tokens' or 'file'")
-        return self
-
-
-def _kind_only(v: Any) -> Any:
-    return {"kind": v} if isinstance(v, str) else v
-
-
-class MLASpec(Strict):
-    """`model.blocks.mla`: DeepSeek's multi-head latent attention (`sim.workload.blocks.MLA`;
-    the Hugging Face config's field names)."""
-
-    kv_lora_rank: Dim
-    qk_nope_head_dim: Dim
-    qk_rope_head_dim: Annotated[int, Field(ge=0, le=MAX_DIM)]
-    v_head_dim: Dim
-    q_lora_rank: Dim | None = None
-
-
-class BlocksSpec(Strict):
-    """`model.blocks`: a transformer of `n` blocks around the MoE layers
-    (`sim.workload.blocks`)."""
-
-    n: Annotated[int, Field(gt=0, le=4096)]
-    heads: Annotated[int, Field(gt=0, le=MAX_DIM)]
-    moe_every: Annotated[int, Field(gt=0, le=4096)] = 2
-    first_dense: Annotated[int, Field(ge=0, le=4096)] = 0
-    ffn_hidden: Dim | None = None
-    shared: Annotated[int, Field(ge=0, le=1024)] = 0
-    flash: bool = False
-    mla: MLASpec | None = None
-    kv_heads: Annotated[int, Field(gt=0, le=MAX_DIM)] | None = None
-    head_dim: Dim | None = None
-
-
-def _preset(v: Any) -> Any:
-    from sim.workload.blocks import PRESETS, expand_preset
-
-    if isinstance(v, dict) and "preset" in v and v["preset"] not in PRESETS:
-        raise ValueError(f"preset: unknown preset {v['preset']!r} (known: {sorted(PRESETS)})")
-    return expand_preset(v)
-
-
-class ModelSpec(Strict):
-    batch: Annotated[int, Field(gt=0, le=MAX_BATCH)]
-    seq_len: Dim
-    model_dim: Dim
-    hidden_dim: Dim
-    experts: Annotated[int, Field(gt=0, le=MAX_EXPERTS)] | None = None
-    experts_per_gpu: Annotated[int, Field(gt=0, le=MAX_EXPERTS)] | None = None
-    top_k: Annotated[int, Field(gt=0, le=1024)] = 1
-    capacity_factor: Annotated[float, Field(gt=0, le=MAX_CAPACITY_FACTOR)] = 1.0
-    dtype: Dtype = "bf16"
-    routing: Annotated[RoutingSpec, BeforeValidator(_kind_only)] | None = None
-    blocks: BlocksSpec | None = None
-
-    @model_validator(mode="after")
-    def _experts_once(self) -> ModelSpec:
-        if (self.experts is None) == (self.experts_per_gpu is None):
-            raise ValueError("give 'experts' (in total) or 'experts_per_gpu', exactly one")
-        return self
+from sim.hardware.topology_schema import FABRIC_FIELDS
 
 
 class FabricSpec(Strict):
-    type: Literal["switch", "fat_tree", "rail"] | None = None
-    class_: str | None = Field(default=None, alias="class")
-    attach: list[str] | None = None
-    nodes_per_leaf: PosInt | None = None
-    nodes_per_unit: PosInt | None = None
-    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = None
-    planes: Literal["single", "multi"] | None = None
+    """Fields replacing the topology's own `fabric:` ones (the topology schema checks the
+    result: `sim.hardware.topology_schema.FabricSpec`)."""
+
+    type: Literal["switch", "fat_tree", "rail"] | None = Field(
+        None, description=FABRIC_FIELDS["type"]
+    )
+    class_: str | None = Field(default=None, alias="class", description=FABRIC_FIELDS["class"])
+    attach: list[str] | None = Field(None, description=FABRIC_FIELDS["attach"])
+    nodes_per_leaf: PosInt | None = Field(None, description=FABRIC_FIELDS["nodes_per_leaf"])
+    nodes_per_unit: PosInt | None = Field(None, description=FABRIC_FIELDS["nodes_per_unit"])
+    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = Field(
+        None, description=FABRIC_FIELDS["oversubscription"]
+    )
+    planes: Literal["single", "multi"] | None = Field(None, description=FABRIC_FIELDS["planes"])
 
 
 class ParallelSpec(Strict):
-    ep: PosInt | None = None
-    dp: PosInt | None = None
-    tp: PosInt | None = None
-    esp: PosInt | None = None
-    pp: PosInt | None = None
+    """Sizes that multiply to the GPU count (sim.workload.parallel); missing ones derived."""
+
+    ep: PosInt | None = Field(
+        None,
+        description="expert-parallel group size: the GPUs exchanging tokens in the MoE "
+        "all-to-all; default: what the other sizes leave of the GPUs",
+    )
+    dp: PosInt | None = Field(
+        None,
+        description="data-parallel replicas; default: what ep and the other sizes leave of "
+        "the GPUs, or 1 when ep is not given either",
+    )
+    tp: PosInt | None = Field(
+        None,
+        description="tensor-parallel group size: consecutive ranks inside a node (ted; parm "
+        "lays its model-parallel groups over the MoE ranks); default 1 (ted: its strategy.tp)",
+    )
+    esp: PosInt | None = Field(
+        None,
+        description="GPUs each expert is sliced over (Tutel P1/P2, Parm's ESP); default 1",
+    )
+    pp: PosInt | None = Field(
+        None,
+        description="pipeline devices of a replica, each an EP group (dualpipe only); default 1",
+    )
 
 
 class JitterSpec(Strict):
-    quantiles: Quantiles
-    seed: Annotated[int, Field(ge=0, lt=2**63)] = 0
-    replicas: PosInt = 11  # bounded by limits.max_replicas when the run starts
+    quantiles: Quantiles = Field(
+        description="per task kind (gemm, all_to_all, ...) or stream kind (compute, comm, "
+        "copy: the fallback of its kinds), non-decreasing quantiles of time / median time "
+        "evenly spaced in probability from 0 to 1; each task's duration is multiplied by a "
+        "factor drawn from them"
+    )
+    seed: Annotated[int, Field(ge=0, lt=2**63)] = Field(
+        0, description="seed of the first replica's draws (the next ones use seed + 1, ...)"
+    )
+    replicas: PosInt = Field(  # bounded by limits.max_replicas when the run starts
+        11,
+        description="seeded runs per simulation, the one with the median makespan reported "
+        "(at most limits.max_replicas)",
+    )
 
     @field_validator("quantiles")
     @classmethod
@@ -155,61 +106,183 @@ class JitterSpec(Strict):
         return check_quantiles(v)
 
 
+# what each size limit bounds (sim.core.limits.Limits, whose defaults are quoted from it)
+_LIMITS = {
+    "max_world": "GPUs of the topology (nodes x gpus_per_node), whose link arrays grow with "
+    "them whether or not every rank is simulated",
+    "max_ranks": "ranks whose tasks are built and simulated (a replicated layout builds every "
+    "replica)",
+    "max_tasks": "tasks of one graph, built or loaded; tasks x jitter replicas for a run",
+    "max_replicas": "jitter replicas, each a whole simulation",
+    "max_matrix": "entries of an array sized by the input (the routing matrix: GPUs x "
+    "experts, per chunk)",
+    "max_flows": "flows of a `moesim collectives` sweep: sizes x ranks x phases",
+    "max_skewed_flows": "flows simulated one by one, summed over a run's all-to-alls (a "
+    "skewed exchange, or fidelity: flow, has P(P-1))",
+}
+
+
+def _limit(name: str) -> str:
+    return f"{_LIMITS[name]}; default {getattr(LIMIT_DEFAULTS, name):,}"
+
+
 class LimitsSpec(Strict):
     """Size limits of the run (`sim.core.limits`: what each bounds and its default)."""
 
     model_config = Strict.model_config | {"extra": "forbid"}
-    max_world: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_ranks: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_tasks: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_replicas: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_matrix: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_flows: Annotated[int, Field(gt=0, le=10**12)] | None = None
-    max_skewed_flows: Annotated[int, Field(gt=0, le=10**12)] | None = None
+    max_world: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_world")
+    )
+    max_ranks: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_ranks")
+    )
+    max_tasks: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_tasks")
+    )
+    max_replicas: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_replicas")
+    )
+    max_matrix: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_matrix")
+    )
+    max_flows: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_flows")
+    )
+    max_skewed_flows: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_skewed_flows")
+    )
 
 
 assert set(LimitsSpec.model_fields) == set(LIMIT_NAMES)
 
 
 class CostsSpec(Strict):
-    compute: Literal["roofline", "alpha_beta"] | None = None
-    network: Literal["flow", "collective"] | None = None
-    fidelity: Literal["auto", "flow", "bundled"] | None = None
-    finish_rtol: Annotated[float, Field(ge=0, le=0.05, allow_inf_nan=False)] | None = None
-    bundle_min_ranks: PosInt | None = None
-    alpha: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = None
-    roofline: RooflineParams | None = None
-    alpha_beta: ComputeFits | None = None
-    collectives: Collectives | None = None
-    interference: Interference | None = None
-    resources: ResourceParams | None = None
-    dispatch: DispatchParams | None = None
-    jitter: JitterSpec | None = None
-    calibration: Annotated[str, Field(min_length=1)] | None = None
-    gemm_shapes: list[GemmShapeTime] | None = None
-    symmetry: Literal["auto", "on", "off"] | bool | None = None  # bare on/off: YAML bools
+    """The cost model (`sim.hardware.costs.CostModel.build`): over the topology's parameters,
+    with a calibration's below the ones given here."""
+
+    compute: Literal["roofline", "alpha_beta"] | None = Field(
+        None,
+        description="roofline (the GPU's peak FLOP/s and memory bandwidth, and its GEMM model "
+        "where it has one) or alpha_beta (t = alpha + beta * work per op kind, PipeMoE Eq. "
+        "13; kinds without a fit use the roofline); default roofline, alpha_beta with a "
+        "calibration that has compute fits",
+    )
+    network: Literal["flow", "collective"] | None = Field(
+        None,
+        description="flow (collectives as point-to-point flows sharing links max-min fairly) "
+        "or collective (t = alpha + beta * bytes per collective, PipeMoE Eq. 16; kinds "
+        "without a fit derived from the flow model); default flow, collective with a "
+        "calibration that has collective fits",
+    )
+    fidelity: Literal["auto", "flow", "bundled"] | None = Field(
+        None,
+        description="flow mode: flow (each flow its own max-min share, the reference), "
+        "bundled (a uniform exchange's flows grouped over whole nodes) or auto (bundled from "
+        "bundle_min_ranks ranks); default auto",
+    )
+    finish_rtol: Annotated[float, Field(ge=0, le=0.05, allow_inf_nan=False)] | None = Field(
+        None,
+        description="flows ending within this fraction of the current time end together: "
+        "faster skewed all-to-allv, each flow ending up to finish_rtol x now early; default "
+        "1e-9 (exact)",
+    )
+    bundle_min_ranks: PosInt | None = Field(
+        None,
+        description="fidelity auto: collectives of this many ranks or more are bundled; default 64",
+    )
+    alpha: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="start-up seconds per message in flow mode; default: the topology's "
+        "network.alpha",
+    )
+    roofline: RooflineParams | None = Field(
+        None, description="replaces fields of the topology's gpu.roofline"
+    )
+    alpha_beta: ComputeFits | None = Field(
+        None,
+        description="compute fits per op kind (gemm, elementwise, d2h, ...), one for every "
+        "dtype or one per dtype, over the topology's gpu.alpha_beta; used with compute: "
+        "alpha_beta",
+    )
+    collectives: Collectives | None = Field(
+        None,
+        description="fits per collective kind, one for every group size or a list by group "
+        "size, over the topology's; used with network: collective",
+    )
+    interference: Interference | None = Field(
+        None,
+        description="relative speeds of stream kinds while others run (MPipeMoE Fig. 3), "
+        "replacing the topology's rows; default 1 (no slowdown)",
+    )
+    resources: ResourceParams | None = Field(
+        None,
+        description="replaces fields of the topology's gpu.resources: SM and HBM sharing, "
+        "hardware queues, host launch cost",
+    )
+    dispatch: DispatchParams | None = Field(
+        None,
+        description="seconds from a task being ready to its start, replacing fields of the "
+        "topology's gpu.dispatch; default 0",
+    )
+    jitter: JitterSpec | None = Field(
+        None,
+        description="run-to-run noise: factors per op kind over seeded replicas; omitted: a "
+        "calibration's, if it has one; null: the ideal, noise-free model, run once",
+    )
+    calibration: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="path of a calibration file (`moesim calibrate`); its fitted parameters "
+        "apply below the ones given here",
+    )
+    gemm_shapes: list[GemmShapeTime] | None = Field(
+        None,
+        description="GEMMs profiled at their exact shapes: their measured seconds replace the "
+        "alpha-beta fit (compute: alpha_beta)",
+    )
+    symmetry: Literal["auto", "on", "off"] | bool | None = Field(  # bare on/off: YAML bools
+        None,
+        description="simulate one representative per class of equivalent ranks: auto (from "
+        "64 represented ranks, where exact), on (any size) or off (the full simulation); a "
+        "bare YAML on / off reads as true / false; default auto",
+    )
 
 
 class GemmShapeTime(Strict):
     """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
 
-    m: Annotated[int, Field(gt=0, le=2**31)]
-    n: Annotated[int, Field(gt=0, le=2**31)]
-    k: Annotated[int, Field(gt=0, le=2**31)]
-    batch: Annotated[int, Field(gt=0, le=2**31)] = 1
-    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)]
-    dtype: Dtype | None = None
-    layout: Literal[GEMM_LAYOUTS] | None = None  # type: ignore[valid-type]
+    m: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["m"])
+    n: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["n"])
+    k: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["k"])
+    batch: Annotated[int, Field(gt=0, le=2**31)] = Field(1, description=GEMM_DIMS["batch"])
+    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        description="its measured time (the median of its repetitions), seconds"
+    )
+    dtype: Dtype | None = Field(
+        None, description="the dtype it was measured in; omitted: it stands for every dtype"
+    )
+    layout: Literal[GEMM_LAYOUTS] | None = Field(  # type: ignore[valid-type]
+        None, description=GEMM_DIMS["layout"]
+    )
 
 
 CostsSpec.model_rebuild()
 
 
 class OutputSpec(Strict):
-    dir: Annotated[str, Field(min_length=1)] | None = None
-    trace_format: Literal["csv", "parquet"] | None = None
-    chrome_trace: bool | None = None
-    max_trace_ranks: PosInt | None = None
+    dir: Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description="where `moesim simulate` writes its output set when --out is not given; "
+        "omitted: nothing is written",
+    )
+    trace_format: Literal["csv", "parquet"] | None = Field(
+        None, description="format of the trace table: csv or parquet (needs pyarrow); default csv"
+    )
+    chrome_trace: bool | None = Field(
+        None, description="also write trace.chrome.json (for ui.perfetto.dev); default true"
+    )
+    max_trace_ranks: PosInt | None = Field(
+        None, description="the Chrome trace shows the ranks below this number; default: all"
+    )
 
 
 def _named(v: Any) -> Any:
@@ -244,7 +317,11 @@ class StrategySpec(Strict):
     """`name` plus the strategy's own parameters (typed by PARAM_TYPES: `check_params`)."""
 
     model_config = Strict.model_config | {"extra": "allow"}
-    name: Name
+    name: Name = Field(
+        description="the graph builder: sequential, pipelined, pipemoe, tutel, ted, "
+        "fastermoe, mpipemoe, lancet, parm, deepep, megatron_ep or dualpipe; its parameters "
+        "(degree, order, algo, ...) sit beside the name"
+    )
 
 
 def check_params(params: dict[str, Any], source: str) -> None:
@@ -284,15 +361,46 @@ def _listed(v: Any) -> Any:
 
 
 class RunSpec(Strict):
-    topology: Annotated[str, Field(min_length=1)]
-    nodes: PosInt | None = None
-    fabric: FabricSpec | None = None
-    parallel: ParallelSpec | None = None
-    model: Annotated[ModelSpec, BeforeValidator(_preset)]
-    strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = None
+    topology: Annotated[str, Field(min_length=1)] = Field(
+        description="a preset in topologies/ (`moesim topology list`) or a path to a "
+        "topology YAML file"
+    )
+    nodes: PosInt | None = Field(
+        None,
+        description="node count: GPUs = nodes x the topology's gpus_per_node; default: the "
+        "topology's nodes",
+    )
+    fabric: FabricSpec | None = Field(
+        None,
+        description="fields replacing the topology's inter-node fabric ones, e.g. {type: "
+        "fat_tree, nodes_per_leaf: 4, oversubscription: 2}",
+    )
+    parallel: ParallelSpec | None = Field(
+        None,
+        description="the parallel layout {ep, dp, tp, esp, pp}; omitted: one expert-parallel "
+        "group of every GPU",
+    )
+    model: Annotated[ModelSpec, BeforeValidator(model_preset)] = Field(
+        description="the MoE layer (and the transformer around it); {preset: NAME} fills "
+        "the fields from a preset (gpt2-s-moe, gpt2-l-moe, deepseek-v3, qwen3-235b-a22b), "
+        "fields given beside it win"
+    )
+    strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = Field(
+        None,
+        description="the strategy: {name, its parameters} or a bare name; default sequential",
+    )
     passes: (
         Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)] | None
-    ) = None
-    costs: CostsSpec | None = None
-    output: OutputSpec | None = None
-    limits: LimitsSpec | None = None
+    ) = Field(
+        None,
+        description="the passes built: fwd, bwd or both (a bare string is one); default [fwd]",
+    )
+    costs: CostsSpec | None = Field(
+        None, description="the cost model and its parameters, over the topology's"
+    )
+    output: OutputSpec | None = Field(None, description="what `moesim simulate` writes, where")
+    limits: LimitsSpec | None = Field(
+        None,
+        description="size limits for this run (sim.core.limits); --limit NAME=N on the "
+        "command line",
+    )

@@ -6,9 +6,11 @@ cross-rank-free data dependencies. The order in which a rank's tasks were added,
 streams, is that rank's host issue order: the order a single host thread launches them in.
 It matters where streams share a hardware queue (`costs.resources.max_connections`,
 `sim.engine.queues`): there a kernel cannot start before every kernel issued earlier on its
-queue has started, so a builder adds each rank's tasks in an order its host could issue them
-(a task after the tasks it depends on). Communication tasks name a communicator `group` and a
-collective id `coll` that is the same on every member, so both engines can pair them up.
+queue has started, so each rank's tasks must be in an order its host could issue them (a task
+after the tasks it depends on, collectives in one order on every rank; `sim.core.issue`, which
+`sim.strategies.build` applies to every strategy's graph). Communication tasks name a
+communicator `group` and a collective id `coll` that is the same on every member, so both
+engines can pair them up.
 
 A graph file is read safely (`sim.core.safeload`) and checked field by field against its
 schema (`sim.core.graph_schema`, `moesim schema graph`); `TaskGraph.validate()` runs on load and

@@ -50,23 +50,44 @@ Stream = Annotated[
 ]
 
 
+# what a GEMM shape's fields mean, shared by the calibration's and the config's shape rows
+GEMM_DIMS = {
+    "m": "m: rows of A and of the output (out[m, n] = A[m, k] @ B[k, n])",
+    "n": "n: columns of B and of the output",
+    "k": "k: the dimension reduced over",
+    "batch": "independent GEMMs of this shape in one kernel (grouped experts); work = batch x "
+    "m x n x k; default 1",
+    "layout": "how A then B are stored: n as written (A [m, k], B [k, n]), t a transposed "
+    "view (A [k, m], B [n, k]); default nn",
+}
+
+
+def _about(text: str) -> Any:
+    """A field's description, for TypedDict fields (which take no `= Field(...)`)."""
+    return Field(description=text)
+
+
 class GemmShape(TypedDict):
     """work = batch * m * n * k (PipeMoE Eq. 13); `layout` how the operands are stored."""
 
     __pydantic_config__ = _CONFIG  # type: ignore[misc]
-    m: Dim
-    n: Dim
-    k: Dim
-    batch: NotRequired[Dim]
-    layout: NotRequired[Literal[GEMM_LAYOUTS]]  # type: ignore[valid-type]
+    m: Annotated[Dim, _about(GEMM_DIMS["m"])]
+    n: Annotated[Dim, _about(GEMM_DIMS["n"])]
+    k: Annotated[Dim, _about(GEMM_DIMS["k"])]
+    batch: NotRequired[Annotated[Dim, _about(GEMM_DIMS["batch"])]]
+    layout: NotRequired[
+        Annotated[Literal[GEMM_LAYOUTS], _about(GEMM_DIMS["layout"])]  # type: ignore[valid-type]
+    ]
 
 
 def _engine_tags(tags: dict[str, Any]) -> dict[str, Any]:
-    """Tags are free scalars (layer, phase, step, chunk, ...) except the two the engine reads:
-    `dtype` (which peak rate a compute task runs at) and `count_bytes` (the count exchange of
-    a sized all-to-allv)."""
+    """Tags are free scalars (layer, phase, step, chunk, ...) except those the engine reads:
+    `dtype` (which peak rate a compute task runs at), `count_bytes` (the count exchange of
+    a sized all-to-allv) and DeepEP's `deepep` (which direction) and `node_bytes`."""
     if "dtype" in tags and tags["dtype"] not in DTYPES:
         raise ValueError(f"tags.dtype: expected one of {list(DTYPES)}, got {tags['dtype']!r}")
+    if tags.get("deepep") not in (None, "dispatch", "combine"):
+        raise ValueError(f"tags.deepep: expected 'dispatch' or 'combine', got {tags['deepep']!r}")
     if "count_bytes" in tags:
         v = tags["count_bytes"]
         if isinstance(v, bool) or not isinstance(v, (int, float)) or not 0 <= v <= MAX_BYTES:
@@ -74,30 +95,117 @@ def _engine_tags(tags: dict[str, Any]) -> dict[str, Any]:
     return tags
 
 
-Tags = Annotated[dict[str, Scalar], AfterValidator(_engine_tags)]
+# A tag is a scalar, or a list of byte counts: DeepEP's `node_bytes` (what a token owner
+# sends each node once, sim.hardware.collectives.deepep_flows) is one per node.
+Tags = Annotated[dict[str, Scalar | list[Bytes]], AfterValidator(_engine_tags)]
 
 
 class TaskFields(TypedDict):
     __pydantic_config__ = _CONFIG  # type: ignore[misc]
-    id: Name
-    rank: Rank
-    stream: Stream
-    kind: Kind
-    deps: NotRequired[list[Name]]
-    flops: NotRequired[Flops]
-    bytes: NotRequired[Bytes]
-    shape: NotRequired[GemmShape | None]
-    group: NotRequired[Annotated[list[Rank], Field(min_length=1)] | None]
-    coll: NotRequired[Name | None]
-    split: NotRequired[list[Bytes] | None]
-    recv_split: NotRequired[list[Bytes] | None]
-    peer: NotRequired[Rank | None]
-    algo: NotRequired[Name | None]
-    allocs: NotRequired[dict[str, Bytes]]
-    frees: NotRequired[list[str]]
-    tags: NotRequired[Tags]
-    sms: NotRequired[Annotated[int, Field(ge=0, le=100_000)]]  # SMs reserved (0: none)
-    host_sync: NotRequired[bool]  # the host waits for it before launching more (0: no)
+    id: Annotated[Name, _about("the task's id, unique in the graph")]
+    rank: Annotated[Rank, _about("the rank (GPU) that runs it, below world_size")]
+    stream: Annotated[
+        Stream,
+        _about(
+            "the stream it runs on in the order tasks were added: compute, comm or copy, "
+            "optionally numbered (comm.1)"
+        ),
+    ]
+    kind: Annotated[
+        Kind,
+        _about(
+            "what it does: a compute kind (gemm, elementwise, attention, ...), a copy (d2h, "
+            "h2d, d2d), a collective (all_to_all, all_reduce, ...), send or recv"
+        ),
+    ]
+    deps: NotRequired[
+        Annotated[list[Name], _about("ids of tasks, on any stream or rank, it waits for")]
+    ]
+    flops: NotRequired[Annotated[Flops, _about("floating-point operations (compute); default 0")]]
+    bytes: NotRequired[
+        Annotated[
+            Bytes,
+            _about(
+                "bytes of memory traffic (compute); the payload this rank sends (collectives, "
+                "copies, send/recv); default 0"
+            ),
+        ]
+    ]
+    shape: NotRequired[
+        Annotated[
+            GemmShape | None,
+            _about("a gemm's shape: its cost by shape (GEMM model, alpha-beta work m*n*k)"),
+        ]
+    ]
+    group: NotRequired[
+        Annotated[
+            Annotated[list[Rank], Field(min_length=1)] | None,
+            _about("collectives: the ranks of the communicator"),
+        ]
+    ]
+    coll: NotRequired[
+        Annotated[
+            Name | None,
+            _about(
+                "collectives and send/recv: an id the same on every member (a send and its "
+                "recv), which pairs them up"
+            ),
+        ]
+    ]
+    split: NotRequired[
+        Annotated[
+            list[Bytes] | None,
+            _about("all_to_allv: bytes this rank sends to each group member, in group order"),
+        ]
+    ]
+    recv_split: NotRequired[
+        Annotated[
+            list[Bytes] | None,
+            _about("all_to_allv: bytes it expects from each group member, in group order"),
+        ]
+    ]
+    peer: NotRequired[Annotated[Rank | None, _about("send / recv: the rank on the other end")]]
+    algo: NotRequired[
+        Annotated[
+            Name | None,
+            _about(
+                "collectives: the algorithm (linear, pairwise, 2dh, rail_relay, sized, ring, "
+                "hierarchical); default: the kind's own (sim.hardware.collectives)"
+            ),
+        ]
+    ]
+    allocs: NotRequired[
+        Annotated[
+            dict[str, Bytes],
+            _about("buffers it allocates, name -> bytes, live until a task frees them"),
+        ]
+    ]
+    frees: NotRequired[Annotated[list[str], _about("names of live buffers it frees")]]
+    tags: NotRequired[
+        Annotated[
+            Tags,
+            _about(
+                "free scalars (layer, phase, chunk, ...); the engine reads dtype (the peak "
+                "rate a compute task runs at) and count_bytes (a sized all-to-allv's count "
+                "exchange)"
+            ),
+        ]
+    ]
+    sms: NotRequired[
+        Annotated[
+            Annotated[int, Field(ge=0, le=100_000)],
+            _about("SMs the kernel holds from launch to end; default 0: none"),
+        ]
+    ]
+    host_sync: NotRequired[
+        Annotated[
+            bool,
+            _about(
+                "the host waits for it to finish before launching anything after it on the "
+                "rank; default false"
+            ),
+        ]
+    ]
 
 
 def _per_kind(t: dict[str, Any]) -> dict[str, Any]:
@@ -150,22 +258,33 @@ class GraphMeta(TypedDict, total=False):
     """Free-form, except what a replay's summary or the executor reads back."""
 
     __pydantic_config__ = ConfigDict(extra="allow", strict=True, allow_inf_nan=False)  # type: ignore[misc]
-    strategy: Name
-    passes: list[Literal["fwd", "bwd"]]
-    degree: Dim
-    tp: Dim
-    order: str
-    layer: dict[str, Any]  # what the graph was built for (the executor's --moe reads it)
+    strategy: Annotated[Name, _about("the strategy that built the graph")]
+    passes: Annotated[list[Literal["fwd", "bwd"]], _about("the passes it holds")]
+    degree: Annotated[Dim, _about("the strategy's pipelining degree (capacity chunks)")]
+    tp: Annotated[Dim, _about("tensor-parallel ranks that share one replica's tokens")]
+    order: Annotated[str, _about("the order chunks are issued in (pipelined: tutel, ...)")]
+    layer: Annotated[  # what the graph was built for (the executor's --moe reads it)
+        dict[str, Any], _about("the MoE layer it was built for (its sizes and routing)")
+    ]
 
 
 class GraphDoc(TypedDict):
     """A task graph file: `moesim schema graph` prints this as JSON Schema."""
 
     __pydantic_config__ = _CONFIG  # type: ignore[misc]
-    schema_version: Literal[SCHEMA_VERSION]  # type: ignore[valid-type]
-    world_size: Annotated[int, Field(ge=1)]
-    meta: NotRequired[GraphMeta | None]
-    tasks: Annotated[list[Task], Field(min_length=1)]  # an empty graph simulates nothing
+    schema_version: Annotated[
+        Literal[SCHEMA_VERSION], _about("the graph format's version")  # type: ignore[valid-type]
+    ]
+    world_size: Annotated[int, Field(ge=1), _about("ranks (GPUs) the graph runs on")]
+    meta: NotRequired[
+        Annotated[
+            GraphMeta | None,
+            _about("free-form, except the keys a replay's summary or the executor reads"),
+        ]
+    ]
+    tasks: Annotated[  # an empty graph simulates nothing
+        list[Task], Field(min_length=1), _about("the tasks, at least one")
+    ]
 
 
 TASK_KEYS = list(TaskFields.__annotations__)

@@ -1,5 +1,6 @@
 """File output: atomic writes (a reader never sees a half-written file) and output sets
-(a run's files written as one set with a manifest, so a partial or mixed set is detectable)."""
+(a run's files staged, then swapped in whole with a manifest, so a reader never sees a mixed
+set and a failed run never costs the previous one)."""
 
 from __future__ import annotations
 
@@ -69,65 +70,86 @@ def check_output_dir(path: str | Path, what: str = "--out") -> Path:
     return p
 
 
-class OutputSet:
-    """The files of one run, written as a set.
+STAGE_PREFIX = ".moesim-new-"  # + pid + "-": a set being written (sim.core.io.OutputSet)
+_OPEN: set[Path] = set()  # this process's sets still being written
 
-    Opening the set removes the previous run's manifest and the files it listed (and hidden
-    temporary files a killed run left), so files of two runs never sit side by side
-    unmarked. Each file is written atomically; closing without error writes `manifest.json`
-    last, naming every file with its size and SHA-256. A directory without a manifest, or
-    whose files disagree with it, holds a partial or mixed set (`verify_set` says which)."""
+
+class OutputSet:
+    """The files of one run, written as a set that appears whole or not at all.
+
+    The new files are written into a hidden staging folder inside the output directory (same
+    file system, so moving them in is a rename). Only when the set is complete (`close`)
+    does it replace the previous one: the old manifest goes first (a crash from there on
+    leaves no manifest, so the folder reads as partial, never as a mixed set), the old
+    files the new set does not rewrite are removed, the new files are renamed in, and
+    `manifest.json` comes last, naming every file with its size and SHA-256. A run that
+    fails, is interrupted or fills the disk before then leaves the previous set as it was;
+    a killed one leaves a staging folder that the next set opened there removes. Files in
+    the directory that no manifest lists are never touched."""
 
     def __init__(self, out_dir: str | Path, kind: str, what: str = "--out"):
         self.dir = check_output_dir(out_dir, what)
         self.kind = kind
         self.files: list[str] = []
-        old = self.dir / MANIFEST
-        if old.is_file():
-            import json
-
-            try:
-                listed = json.loads(old.read_text()).get("files", {})
-            except (ValueError, OSError, AttributeError):
-                listed = {}
-            old.unlink()
-            for name in listed if isinstance(listed, dict) else ():
-                f = self.dir / str(name)
-                if f.parent == self.dir and f.is_file():
-                    f.unlink()
-        for tmp in self.dir.glob(".*.tmp"):  # leftovers of a run killed mid-write
-            tmp.unlink(missing_ok=True)
+        _remove_stale(self.dir)
+        self.stage = Path(tempfile.mkdtemp(prefix=f"{STAGE_PREFIX}{os.getpid()}-", dir=self.dir))
+        _OPEN.add(self.stage)
 
     def path(self, name: str) -> Path:
-        """Where file `name` goes; the caller writes it atomically, then it is in the set."""
+        """Where file `name` is written now (in the staging folder); the caller writes it
+        atomically, and it is in the set. `final(name)` is where it will be."""
+        if Path(name).is_absolute() or ".." in Path(name).parts or name in ("", MANIFEST):
+            raise ValueError(f"output set: {name!r} is not a file name inside the set")
         if name not in self.files:
             self.files.append(name)
+        (self.stage / name).parent.mkdir(parents=True, exist_ok=True)
+        return self.stage / name
+
+    def final(self, name: str) -> Path:
         return self.dir / name
 
     def write_text(self, name: str, text: str) -> Path:
         atomic_write_text(self.path(name), text)
-        return self.dir / name
+        return self.final(name)
 
     def write_bytes(self, name: str, data: bytes) -> Path:
         atomic_write_bytes(self.path(name), data)
-        return self.dir / name
+        return self.final(name)
 
     def close(self) -> Path:
         import hashlib
         import json
+        import shutil
         import time
 
         entries = {}
         for name in self.files:
-            data = (self.dir / name).read_bytes()
+            data = (self.stage / name).read_bytes()
             entries[name] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
         manifest = {
             "kind": self.kind,
             "written": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
             "files": entries,
         }
-        atomic_write_text(self.dir / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        atomic_write_text(self.stage / MANIFEST, json.dumps(manifest, indent=2) + "\n")
+        # the new set is complete on disk: only now does the old one go
+        old = _listed(self.dir)
+        (self.dir / MANIFEST).unlink(missing_ok=True)
+        for name in old - set(self.files):
+            (self.dir / name).unlink(missing_ok=True)
+        for name in self.files:
+            (self.dir / name).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(self.stage / name, self.dir / name)
+        os.replace(self.stage / MANIFEST, self.dir / MANIFEST)
+        shutil.rmtree(self.stage, ignore_errors=True)
+        _OPEN.discard(self.stage)
         return self.dir / MANIFEST
+
+    def abort(self) -> None:
+        """Drop what was written; the previous set stays as it was."""
+        import shutil
+
+        shutil.rmtree(self.stage, ignore_errors=True)
 
     def __enter__(self) -> OutputSet:
         return self
@@ -135,6 +157,51 @@ class OutputSet:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.close()
+        else:
+            self.abort()
+
+
+def _listed(d: Path) -> set[str]:
+    """The files the manifest in `d` names (inside `d` only), or none."""
+    import json
+
+    try:
+        listed = json.loads((d / MANIFEST).read_text()).get("files", {})
+    except (ValueError, OSError, AttributeError):
+        return set()
+    names = set()
+    for name in listed if isinstance(listed, dict) else ():
+        f = (d / str(name)).resolve()
+        if f.is_relative_to(d.resolve()) and f != d.resolve():
+            names.add(str(name))
+    return names
+
+
+def _remove_stale(d: Path) -> None:
+    """Staging folders of killed runs (their process is gone) and hidden temporary files a
+    killed atomic write left."""
+    import shutil
+
+    for tmp in d.glob(".*.tmp"):
+        tmp.unlink(missing_ok=True)
+    for stage in d.glob(f"{STAGE_PREFIX}*"):
+        pid = stage.name[len(STAGE_PREFIX) :].split("-", 1)[0]
+        if stage in _OPEN or not stage.is_dir():
+            continue
+        if not (pid.isdigit() and _alive(int(pid))):
+            shutil.rmtree(stage, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return False  # ours, but not open (a set dropped without close or abort)
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:  # exists, owned by another user
+        return True
+    return True
 
 
 def verify_set(out_dir: str | Path) -> list[str]:

@@ -12,7 +12,7 @@ and HBM bandwidth that kernels reserving SMs (`Task.sms`) hold beside it
 hardware queues launches in host issue order per queue (`sim.engine.queues`), and a task
 starts no earlier than its rank's host launch thread issues it (`sim.engine.launch`: a
 launch cost per task, and host syncs that stop the thread until they finish). Tasks left
-when no event remains are a deadlock, reported with what each blocked stream waits for.
+when no event remains are a deadlock, reported as its cycle of waits (`sim.engine.deadlock`).
 
 The engine is callback-driven on SimPy's event queue (no generator per task), which keeps a
 2,048-GPU layer in seconds. Given a `Symmetry`, the graph holds only representative ranks'
@@ -329,43 +329,9 @@ class Engine(Comm):
 
     # -- diagnostics -------------------------------------------------------------------------
     def _deadlock_report(self) -> str:
-        lines = []
-        for s, seq in enumerate(self.stream_tasks):
-            h = self.head[s]
-            if h >= len(seq):
-                continue
-            t = self.tasks[seq[h]]
-            if self.running[s] and (t.kind in COLLECTIVE_KINDS or t.kind in P2P_KINDS):
-                members = self.coll_members[t.coll]  # type: ignore[index]
-                absent = sorted(self.tasks[m].rank for m in members if math.isnan(self.start[m]))
-                lines.append(
-                    f"{t.id} (rank {t.rank}, {t.stream}): waits for rank(s) {absent} "
-                    f"to launch {t.kind} {t.coll!r}"
-                )
-            elif not self.running[s]:
-                sync = None if self.launch is None else self.launch.waits_on(seq[h], t.rank)
-                if sync is not None:
-                    lines.append(
-                        f"{t.id} (rank {t.rank}, {t.stream}): not launched: the host waits "
-                        f"on host sync {self.tasks[sync].id}, which can never finish"
-                    )
-                    continue
-                waiting = [d for d in t.deps if math.isnan(self.end[self.index[d]])]
-                ahead = None if self.queues is None else self.queues.blocker(seq[h])
-                if not waiting and ahead is not None:
-                    lines.append(
-                        f"{t.id} (rank {t.rank}, {t.stream}): waits behind "
-                        f"{self.tasks[ahead].id} on its hardware queue (max_connections)"
-                    )
-                    continue
-                lines.append(f"{t.id} (rank {t.rank}, {t.stream}): waits for {waiting}")
-        left = len(self.tasks) - self.done
-        shown = "\n  ".join(lines[:20])
-        more = f"\n  ... and {len(lines) - 20} more streams" if len(lines) > 20 else ""
-        return (
-            f"simulated deadlock: {left} task(s) can never finish; blocked streams:\n"
-            f"  {shown}{more}"
-        )
+        from sim.engine.deadlock import report  # only when a run has failed
+
+        return report(self)
 
 
 def simulate(

@@ -2,9 +2,12 @@
 time beside it, and, once, a hint when the flow-rate solve is slow and exact.
 
 The engine calls `tick` every `step` finished tasks (one comparison per task otherwise) and
-`solved` after each rate solve of the network, so a run whose tasks wait minutes on one
-skewed all-to-allv still moves its bar. Both cost nothing measurable next to the work they
-follow; with progress off (`sim.core.progress`) the bar is a no-op.
+`solved` after each rate solve of the network, which redraws the bar once REFRESH_S of wall
+time has passed since the last redraw (not every so many solves: one solve of a large skewed
+all-to-allv can take seconds, and the bar froze for 10-20 s between polls), so a run whose
+tasks wait minutes on one skewed all-to-allv still moves its bar and its simulated time.
+Both cost nothing measurable next to the work they follow; with progress off
+(`sim.core.progress`) the bar is a no-op.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import math
 import os
 import time
 
+from sim.core import progress
 from sim.core.progress import Bar, hint
 from sim.hardware.network.flows import FINISH_RTOL
 
@@ -20,7 +24,6 @@ from sim.hardware.network.flows import FINISH_RTOL
 # lets tests ask for it at once without a slow run.
 SLOW_SOLVE_S = 10.0
 SLOW_SOLVE_ENV = "MOESIM_SLOW_SOLVE_HINT_S"
-SOLVE_POLL = 64  # rate solves between redraws of the bar
 
 HINT = (
     "the flow-rate solve has taken {s:.0f} s of wall time with exact flow finishes; "
@@ -31,7 +34,7 @@ HINT = (
 
 
 class Watch:
-    __slots__ = ("bar", "step", "next", "solve_s", "hint_at", "solves", "total")
+    __slots__ = ("bar", "step", "next", "solve_s", "hint_at", "drawn", "total")
 
     def __init__(self, total: int, finish_rtol: float):
         self.total = total
@@ -39,7 +42,7 @@ class Watch:
         self.step = max(1, total // 500)
         self.next = self.step  # the finished-task count of the next tick
         self.solve_s = 0.0
-        self.solves = 0
+        self.drawn = clock()  # wall time of the last redraw from `solved`
         exact = finish_rtol <= FINISH_RTOL  # unset (the exact default) or 0
         self.hint_at = _threshold() if exact else math.inf
 
@@ -54,10 +57,12 @@ class Watch:
         if self.solve_s > self.hint_at:
             self.hint_at = math.inf
             hint("finish_rtol", HINT.format(s=self.solve_s))
-        self.solves += 1
-        if self.solves % SOLVE_POLL == 0:
+        t = clock()
+        if t - self.drawn >= progress.REFRESH_S:
+            self.drawn = t
             self.bar.note(f"{now * 1e3:.3f} ms simulated")
             self.bar.set(done)
+            self.bar.refresh()
 
     def close(self) -> None:
         self.bar.close()

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from sim.core.graph_schema import GEMM_DIMS
 from sim.core.schema import Fraction, NonNegFloat, NonNegInt, PosInt, Strict
 from sim.hardware.costs_schema import (
     AlphaBeta,
@@ -39,9 +40,17 @@ SpeedRow = dict[str, Speed]
 class Fit(AlphaBeta):
     """One op's fitted t = alpha + beta * work, with how well it fitted its sizes."""
 
-    r2: Annotated[float, Field(allow_inf_nan=False)] | None = None  # may be < 0: a poor fit
-    mean_error: NonNegFloat | None = None
-    sizes: NonNegInt | None = None
+    r2: Annotated[float, Field(allow_inf_nan=False)] | None = Field(
+        None,
+        description="coefficient of determination over the sizes fitted (below 0: worse than "
+        "their mean, a poor fit)",
+    )
+    mean_error: NonNegFloat | None = Field(
+        None, description="mean relative error |fit / measured - 1| over the sizes fitted"
+    )
+    sizes: NonNegInt | None = Field(
+        None, description="sizes fitted, each the median of its repetitions"
+    )
 
     @model_validator(mode="after")
     def _some_cost(self) -> Fit:
@@ -53,7 +62,9 @@ class Fit(AlphaBeta):
 class GroupFit(Fit):
     """A collective's fit at one group size, measured over `n` message sizes."""
 
-    ranks: PosInt
+    ranks: PosInt = Field(
+        description="the group size measured, 2 or more (one rank's collective is a local copy)"
+    )
 
     @field_validator("ranks")
     @classmethod
@@ -65,35 +76,57 @@ class GroupFit(Fit):
             )
         return v
 
-    n: NonNegInt | None = None
+    n: NonNegInt | None = Field(
+        None, description="message sizes fitted, each the median of its repetitions"
+    )
+
+
+_MEASURED = (
+    "measured relative speed of {kind}, in [0.05, 1], while the other stream kinds a key "
+    "names ran on the same device: keys {others}"
+)
 
 
 class Interference(CostsInterference):
     """The cost file's table, its speeds floored at SPEED_FLOOR (the keys checked as there)."""
 
-    compute: SpeedRow | None = None
-    comm: SpeedRow | None = None
-    copy_: SpeedRow | None = Field(default=None, alias="copy")  # `copy` is BaseModel's
+    compute: SpeedRow | None = Field(
+        None, description=_MEASURED.format(kind="compute kernels", others="comm, copy, comm+copy")
+    )
+    comm: SpeedRow | None = Field(
+        None,
+        description=_MEASURED.format(kind="communication", others="compute, copy, compute+copy"),
+    )
+    copy_: SpeedRow | None = Field(  # `copy` is BaseModel's
+        default=None,
+        alias="copy",
+        description=_MEASURED.format(kind="copies", others="compute, comm, compute+comm"),
+    )
 
 
 class Gap(Strict):
     """Seconds from a task being ready to its start (exec.measure.timings.dispatch_gaps)."""
 
-    mean: Seconds
-    median: Seconds
-    n: NonNegInt | None = None
+    mean: Seconds = Field(
+        description="mean seconds: what a run uses (costs.dispatch), since a makespan adds up "
+        "every gap, the slow ones too"
+    )
+    median: Seconds = Field(description="median seconds")
+    n: NonNegInt | None = Field(None, description="gaps measured")
 
 
 class GemmShape(Strict):
     """One GEMM profiled at its exact shape: the median of its repetitions."""
 
-    batch: PosInt = 1
-    m: PosInt
-    n: PosInt
-    k: PosInt
-    dtype: Dtype = "fp32"
-    layout: Layout = "nn"
-    seconds: Annotated[float, Field(gt=0, lt=3600, allow_inf_nan=False)]
+    batch: PosInt = Field(1, description=GEMM_DIMS["batch"])
+    m: PosInt = Field(description=GEMM_DIMS["m"])
+    n: PosInt = Field(description=GEMM_DIMS["n"])
+    k: PosInt = Field(description=GEMM_DIMS["k"])
+    dtype: Dtype = Field("fp32", description="the dtype it ran in")
+    layout: Layout = Field("nn", description=GEMM_DIMS["layout"])
+    seconds: Annotated[float, Field(gt=0, lt=3600, allow_inf_nan=False)] = Field(
+        description="the median time of its repetitions, seconds"
+    )
 
 
 class GroupFitV1(Fit):
@@ -109,43 +142,82 @@ Version = Annotated[str, Field(max_length=200)]
 class Meta(Strict):
     """Where and how it was measured (exec.measure.environment and the calibrate command)."""
 
-    backend: Literal["gloo", "nccl"] | None = None
-    nprocs: PosInt | None = None
-    device: Version | None = None
-    device_type: Version | None = None
-    device_name: Version | None = None
-    capability: Version | None = None
-    sms: PosInt | None = None
-    memory_bytes: PosInt | None = None
-    host: Version | None = None
-    machine: Version | None = None
-    cpu: Version | None = None
-    cpus: PosInt | None = None
-    python: Version | None = None
-    torch: Version | None = None
-    cuda: Version | None = None
-    nccl: Version | None = None
-    measured_at: Version | None = None
-    dtypes: list[Dtype] | None = None
+    backend: Literal["gloo", "nccl"] | None = Field(
+        None, description="the torch.distributed backend measured: gloo (CPU) or nccl (GPU)"
+    )
+    nprocs: PosInt | None = Field(None, description="processes (ranks) measured")
+    device: Version | None = Field(None, description="the torch device measured (cpu, cuda:0)")
+    device_type: Version | None = Field(None, description="the torch device type: cpu or cuda")
+    device_name: Version | None = Field(
+        None,
+        description="the device's name as CUDA reports it, or 'cpu (CPU model)'; a topology "
+        "whose gpu.model is of another family gets a warning",
+    )
+    capability: Version | None = Field(None, description="CUDA compute capability, major.minor")
+    sms: PosInt | None = Field(None, description="the GPU's streaming multiprocessors")
+    memory_bytes: PosInt | None = Field(None, description="the GPU's memory, bytes")
+    host: Version | None = Field(None, description="host name")
+    machine: Version | None = Field(None, description="machine architecture (e.g. x86_64)")
+    cpu: Version | None = Field(None, description="CPU model name")
+    cpus: PosInt | None = Field(None, description="logical CPUs of the host")
+    python: Version | None = Field(None, description="Python version")
+    torch: Version | None = Field(None, description="torch version")
+    cuda: Version | None = Field(None, description="the CUDA version torch was built with")
+    nccl: Version | None = Field(None, description="NCCL version")
+    measured_at: Version | None = Field(
+        None, description="when it was measured: UTC, ISO 8601, to the second"
+    )
+    dtypes: list[Dtype] | None = Field(None, description="the dtypes measured")
     # graph dtype -> the dtype the device really ran it in (a CPU runs bf16 as fp32)
-    stand_ins: dict[Dtype, Dtype] | None = None
-    rows: NonNegInt | None = None
-    warnings: list[Annotated[str, Field(max_length=2000)]] | None = None
-    local_collectives_not_fitted: list[CollectiveKind] | None = None
+    stand_ins: dict[Dtype, Dtype] | None = Field(
+        None,
+        description="graph dtype -> the dtype the device really ran it in (a CPU runs bf16 "
+        "as fp32), whose fits stand for it",
+    )
+    rows: NonNegInt | None = Field(None, description="measurements the fits were made from")
+    warnings: list[Annotated[str, Field(max_length=2000)]] | None = Field(
+        None,
+        description="problems the fit found (poor fits, implausible speeds, measurements left out)",
+    )
+    local_collectives_not_fitted: list[CollectiveKind] | None = Field(
+        None,
+        description="collective kinds measured on one rank only (a local copy), so not "
+        "fitted as network costs",
+    )
 
 
 ComputeFits = dict[ComputeKind, Fit | Annotated[dict[Dtype, Fit], Field(min_length=1)]]
 
 
 class CalibrationFile(Strict):
-    format: Literal[2] = FORMAT
-    meta: Meta = Meta()
-    compute: ComputeFits = {}
-    collectives: dict[CollectiveKind, Annotated[list[GroupFit], Field(min_length=1)]] = {}
-    interference: Interference = Interference()
-    dispatch: dict[Literal["stream", "cross"], Gap] = {}
-    gemm_shapes: list[GemmShape] = []
-    jitter: Quantiles = {}
+    format: Literal[2] = Field(FORMAT, description="the file format's version")
+    meta: Meta = Field(Meta(), description="where and how it was measured")
+    compute: ComputeFits = Field(
+        {},
+        description="fits t = alpha + beta * work per compute or copy kind (work: m*n*k for "
+        "a GEMM with a shape, bytes otherwise); GEMMs per dtype",
+    )
+    collectives: dict[CollectiveKind, Annotated[list[GroupFit], Field(min_length=1)]] = Field(
+        {},
+        description="fits t = alpha + beta * bytes per collective kind, one per group size "
+        "measured",
+    )
+    interference: Interference = Field(
+        Interference(), description="measured relative speeds of stream kinds beside others"
+    )
+    dispatch: dict[Literal["stream", "cross"], Gap] = Field(
+        {},
+        description="seconds from ready to start: stream (after the stream's previous task) "
+        "and cross (after a task of another stream)",
+    )
+    gemm_shapes: list[GemmShape] = Field(
+        [], description="GEMMs profiled at their exact shapes (calibrate --shapes-from)"
+    )
+    jitter: Quantiles = Field(
+        {},
+        description="run-to-run noise per op kind: quantiles of time / median time, evenly "
+        "spaced in probability from 0 to 1",
+    )
 
     @field_validator("jitter")
     @classmethod

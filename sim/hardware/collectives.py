@@ -165,7 +165,13 @@ def deepep_flows(tasks: list[Task], gpus_per_node: int) -> ExplicitPhase:
             D[:, pos[r]] = row
         else:
             D[pos[r]] = row
-        Nb[pos[r]] = np.asarray(t.tags.get("node_bytes", [0.0] * nodes), dtype=float)
+        nb_r = t.tags.get("node_bytes", [0.0] * nodes)
+        if not isinstance(nb_r, list) or len(nb_r) != nodes:
+            raise GraphError(
+                f"task {t.id!r}: tags.node_bytes: expected a list of {nodes} byte counts "
+                f"(one per node of its group), got {nb_r!r}"
+            )
+        Nb[pos[r]] = np.asarray(nb_r, dtype=float)
     node = np.arange(W) // m  # sorted member order is node-major, local-minor
     loc = np.arange(W) % m
     same = node[:, None] == node[None, :]

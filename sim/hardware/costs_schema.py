@@ -33,9 +33,17 @@ Layout = Literal[GEMM_LAYOUTS]  # type: ignore[valid-type]
 class RooflineParams(Strict):
     """t = launch + max(flops / (peak * flops_efficiency), bytes / (mem_bw * mem_efficiency))."""
 
-    launch_s: Seconds | None = None
-    flops_efficiency: Fraction | None = None
-    mem_efficiency: Fraction | None = None
+    launch_s: Seconds | None = Field(
+        None, description="seconds added to every compute task (kernel launch and tail); default 0"
+    )
+    flops_efficiency: Fraction | None = Field(
+        None, description="share of the dtype's peak FLOP/s a kernel reaches, in (0, 1]; default 1"
+    )
+    mem_efficiency: Fraction | None = Field(
+        None,
+        description="share of the GPU's memory bandwidth (gpu.mem_bw) a kernel reaches, in "
+        "(0, 1]; default 1",
+    )
 
 
 class AlphaBeta(Strict):
@@ -43,13 +51,25 @@ class AlphaBeta(Strict):
     a start-up below a second, beta seconds per unit of work (a flop, a byte) below 1e-3
     (slower than 1 KB/s is a broken fit, not a machine)."""
 
-    alpha: Seconds
-    beta: Annotated[float, Field(ge=0, le=1e-3, allow_inf_nan=False)]
-    source: str | None = None
+    alpha: Seconds = Field(description="start-up seconds per operation, below one second")
+    beta: Annotated[float, Field(ge=0, le=1e-3, allow_inf_nan=False)] = Field(
+        description="seconds per unit of work: per m*n*k (times batch) for a GEMM with a "
+        "shape, per byte otherwise; for a collective, per byte each rank sends"
+    )
+    source: str | None = Field(
+        None,
+        description="where the fit comes from (a paper's figure, a measurement): "
+        "documentation, the simulator ignores it",
+    )
 
 
 class CollectiveFit(AlphaBeta):
-    ranks: PosInt | None = None
+    ranks: PosInt | None = Field(
+        None,
+        description="group size the fit was measured at (needed in a list of fits); between "
+        "listed sizes alpha and beta are interpolated in log2(ranks), outside them the nearest "
+        "size's fit applies",
+    )
 
 
 # per compute or copy kind (`gemm`, `elementwise`, `d2h`, ...): one fit, or one per dtype
@@ -75,12 +95,26 @@ def check_interference(table: dict[str, SpeedRow]) -> dict[str, SpeedRow]:
     return table
 
 
+SPEEDS = (
+    "relative speed of {kind}, in (0, 1], while the other stream kinds a key names run on the "
+    "same GPU: keys {others}; a missing key is speed 1"
+)
+
+
 class Interference(Strict):
     """Relative speed (<= 1) of a stream kind while others run (MPipeMoE Fig. 3)."""
 
-    compute: SpeedRow | None = None
-    comm: SpeedRow | None = None
-    copy_: SpeedRow | None = Field(default=None, alias="copy")  # `copy` is BaseModel's
+    compute: SpeedRow | None = Field(
+        None, description=SPEEDS.format(kind="compute kernels", others="comm, copy, comm+copy")
+    )
+    comm: SpeedRow | None = Field(
+        None, description=SPEEDS.format(kind="communication", others="compute, copy, compute+copy")
+    )
+    copy_: SpeedRow | None = Field(  # `copy` is BaseModel's
+        default=None,
+        alias="copy",
+        description=SPEEDS.format(kind="copies", others="compute, comm, compute+comm"),
+    )
 
     @field_validator("compute", "comm", "copy_")
     @classmethod
@@ -93,8 +127,16 @@ class Interference(Strict):
 class DispatchParams(Strict):
     """Seconds from ready to start: after the stream's previous task / another stream's."""
 
-    stream: Seconds | None = None
-    cross: Seconds | None = None
+    stream: Seconds | None = Field(
+        None,
+        description="seconds from ready to start when the stream's previous task just "
+        "finished (a kernel launch gap); default 0",
+    )
+    cross: Seconds | None = Field(
+        None,
+        description="seconds from ready to start when the task waited on a task of another "
+        "stream (an event wait, a woken thread); default 0",
+    )
 
 
 JitterFactor = Annotated[float, Field(gt=0, le=MAX_JITTER_FACTOR, allow_inf_nan=False)]
@@ -118,21 +160,54 @@ class GemmModelParams(Strict):
     """A topology's `gpu.gemm`: output tiles in waves over the SMs against the bytes moved
     (`sim.hardware.costs.gemm`)."""
 
-    sms: Annotated[int, Field(gt=0, le=100_000)]
-    efficiency: Annotated[dict[Dtype, Fraction], Field(min_length=1)]
-    tiles: Tiles | Annotated[dict[str, Tiles], Field(min_length=1)]  # per dtype, or "default"
-    k_step: Annotated[int, Field(gt=0, le=2**20)] | None = None
-    tile_overhead_k: Annotated[float, Field(ge=0, le=2**31, allow_inf_nan=False)] | None = None
-    launch_s: Seconds | None = None
-    read_efficiency: Fraction
-    write_efficiency: Fraction
-    split_k: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=1)] | None = (
-        None
+    sms: Annotated[int, Field(gt=0, le=100_000)] = Field(
+        description="streaming multiprocessors the output tiles are spread over, in waves"
     )
-    split_k_s: Seconds | None = None
-    split_k_min_depth: Annotated[int, Field(gt=0, le=2**31)] | None = None
-    unaligned_efficiency: Fraction | None = None
-    alignment_bytes: Annotated[int, Field(gt=0, le=4096)] | None = None
+    efficiency: Annotated[dict[Dtype, Fraction], Field(min_length=1)] = Field(
+        description="per dtype: share of its peak FLOP/s a tile's main loop reaches, in (0, 1]"
+    )
+    tiles: Tiles | Annotated[dict[str, Tiles], Field(min_length=1)] = Field(
+        description="CTA tile shapes [[Tm, Tn], ...] the library picks from, or a mapping of "
+        "dtypes and 'default' (required) to such lists"
+    )
+    k_step: Annotated[int, Field(gt=0, le=2**20)] | None = Field(
+        None, description="a tile reduces over k in steps of this many elements; default 64"
+    )
+    tile_overhead_k: Annotated[float, Field(ge=0, le=2**31, allow_inf_nan=False)] | None = Field(
+        None,
+        description="a tile's fixed cost (pipeline fill, epilogue) as this much more k; default 0",
+    )
+    launch_s: Seconds | None = Field(None, description="seconds added once per GEMM; default 0")
+    read_efficiency: Fraction = Field(
+        description="share of gpu.mem_bw reached reading the operands A and B, in (0, 1]"
+    )
+    write_efficiency: Fraction = Field(
+        description="share of gpu.mem_bw reached writing the output, in (0, 1]"
+    )
+    split_k: Annotated[list[Annotated[int, Field(gt=0, le=4096)]], Field(min_length=1)] | None = (
+        Field(
+            None,
+            description="splits of k tried when the tiles leave SMs idle, 1 among them; "
+            "default [1] (no split)",
+        )
+    )
+    split_k_s: Seconds | None = Field(
+        None,
+        description="seconds of the split-K reduction kernel, added to a split GEMM; default 0",
+    )
+    split_k_min_depth: Annotated[int, Field(gt=0, le=2**31)] | None = Field(
+        None, description="no split leaves a CTA less of k than this; default 512"
+    )
+    unaligned_efficiency: Fraction | None = Field(
+        None,
+        description="compute rate, relative to aligned, of a GEMM with a leading dimension "
+        "that is not a multiple of alignment_bytes, in (0, 1]; default 1",
+    )
+    alignment_bytes: Annotated[int, Field(gt=0, le=4096)] | None = Field(
+        None,
+        description="bytes a leading dimension must be a multiple of for the fast (TMA, "
+        "tensor-core) kernels; default 16",
+    )
 
     @field_validator("tiles")
     @classmethod
@@ -146,13 +221,53 @@ class ResourceParams(Strict):
     """A topology's `gpu.resources` or a run's `costs.resources`: the GPU-internal resource
     model (`sim.hardware.costs.resources`, whose docstring gives each parameter's role)."""
 
-    max_connections: Annotated[int, Field(ge=1, le=32)] | None = None  # CUDA: 1 to 32
-    comm_sms: Annotated[int, Field(ge=0, le=1024)] | None = None  # NCCL: a block per channel
-    sm_penalty: Fraction | None = None
-    sm_share: Fraction | None = None
-    sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = None
-    mem_knee: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None
-    mem_slope: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = None
-    launch_s: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = None  # host s
-    comm_sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = None
-    comm_sm_efficiency: Fraction | None = None
+    max_connections: Annotated[int, Field(ge=1, le=32)] | None = Field(
+        None,
+        description="hardware queues a rank's streams share, each starting kernels in host "
+        "issue order (CUDA_DEVICE_MAX_CONNECTIONS: 1 to 32); default 8",
+    )
+    comm_sms: Annotated[int, Field(ge=0, le=1024)] | None = Field(
+        None,
+        description="SMs each communication kernel holds unless its task names its own (NCCL: "
+        "a block per channel); compute beside it runs on the others; default 0",
+    )
+    sm_penalty: Fraction | None = Field(
+        None,
+        description="speed a kernel keeps as soon as any SM is reserved beside it (its tile "
+        "grid no longer fills the waves evenly), in (0, 1]; default 1",
+    )
+    sm_share: Fraction | None = Field(
+        None,
+        description="share of a kernel's time that scales with the SMs left to it (an Amdahl "
+        "split), in (0, 1]; default 1",
+    )
+    sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = Field(
+        None,
+        description="bytes/s per SM a streaming kernel that reserves SMs moves at most; "
+        "default: no bound",
+    )
+    mem_knee: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="share of HBM bandwidth streaming neighbours take before other kernels "
+        "slow down; default 0",
+    )
+    mem_slope: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = Field(
+        None,
+        description="speed lost per share of HBM bandwidth beyond mem_knee (factor "
+        "max(0.05, 1 - mem_slope * (u - mem_knee))); default 0: no bandwidth term",
+    )
+    launch_s: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="host seconds a rank's launch thread spends per task it launches "
+        "(sim.engine.launch); default 0: launches are free",
+    )
+    comm_sm_bw: Annotated[float, Field(gt=0, le=1e15, allow_inf_nan=False)] | None = Field(
+        None,
+        description="bytes/s per SM a communication kernel holding SMs of its own sends at "
+        "most; default: no bound",
+    )
+    comm_sm_efficiency: Fraction | None = Field(
+        None,
+        description="share of its links' rate a communication kernel holding SMs of its own "
+        "reaches, in (0, 1]; default 1",
+    )

@@ -22,12 +22,12 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-import networkx as nx
 import numpy as np
 
 from sim.core import limits
 from sim.core.errors import TopologyError
 from sim.hardware.fabric import Fabric
+from sim.hardware.node_routes import NoPath, add_edge, cheapest_path
 from sim.hardware.topology_spec import (
     LinkClass,
     check_spec,
@@ -148,13 +148,16 @@ class Topology:
         self._template_routes()
 
     def _template_routes(self) -> None:
-        tg = nx.DiGraph()
-        tg.add_nodes_from(self.devices)
+        # the node as a directed graph (sim.hardware.node_routes: a search without networkx)
+        succ: dict[str, dict[str, float]] = {d: {} for d in self.devices}
+        pred: dict[str, dict[str, float]] = {d: {} for d in self.devices}
+        lids: dict[tuple[str, str], int] = {}
         for lid, (u, v, lc) in enumerate(self.local_links):
             # Time per byte, plus a tiny per-hop term so equal-bandwidth ties prefer fewer hops.
             w = 1.0 / lc.eff_bw + 1e-15
-            if not tg.has_edge(u, v) or tg[u][v]["weight"] > w:
-                tg.add_edge(u, v, weight=w, lid=lid)
+            if v not in succ[u] or succ[u][v] > w:
+                add_edge(succ, pred, u, v, w)
+                lids[u, v] = lid
         G = self.gpus_per_node
 
         def path(src: str, dst: str) -> list[int]:
@@ -162,15 +165,14 @@ class Topology:
             blocked = {
                 n for n, t in self.devices.items() if t in ("gpu", "nic") and n not in (src, dst)
             }
-            view = nx.subgraph_view(tg, filter_node=lambda n: n not in blocked)
             try:
-                nodes = nx.shortest_path(view, src, dst, weight="weight")
-            except nx.NetworkXNoPath:
+                nodes = cheapest_path(succ, pred, src, dst, blocked)
+            except NoPath:
                 raise TopologyError(
                     f"{self.name}: no path from {src} to {dst} inside a node "
                     f"(GPUs and NICs do not forward traffic)"
                 ) from None
-            return [tg[a][b]["lid"] for a, b in zip(nodes, nodes[1:])]
+            return [lids[a, b] for a, b in zip(nodes, nodes[1:])]
 
         self.intra: list[list[list[int]]] = [
             [path(self.gpu_names[a], self.gpu_names[b]) if a != b else [] for b in range(G)]

@@ -37,37 +37,86 @@ Dtype = Literal[DTYPES]  # type: ignore[valid-type]
 
 
 class LinkClassSpec(Strict):
-    bw: Bandwidth  # line rate per direction
-    latency: Seconds = 0.0
-    efficiency: Fraction = 1.0  # share of the line rate a large transfer achieves
-    msg_cost: Seconds = 0.0  # time a message occupies the link before its payload
-    source: str | None = None
+    bw: Bandwidth = Field(description="line rate per direction, bytes/s")
+    latency: Seconds = Field(
+        0.0,
+        description="seconds before data moves across a link; a route's latency is the sum "
+        "over its links",
+    )
+    efficiency: Fraction = Field(
+        1.0, description="share of the line rate a large transfer achieves, in (0, 1]"
+    )
+    msg_cost: Seconds = Field(
+        0.0,
+        description="seconds a message occupies the link before its payload (the message "
+        "rate of a NIC)",
+    )
+    source: str | None = Field(
+        None, description="where the figures come from: documentation, the simulator ignores it"
+    )
 
 
 class GpuSpec(Strict):
-    model: str | None = None
-    memory_bytes: Annotated[float, Field(gt=0, le=2.0**60, allow_inf_nan=False)]  # per GPU
-    mem_bw: Bandwidth
+    model: str | None = Field(
+        None,
+        description="the GPU's model (e.g. H100-SXM5-80GB); a calibration measured on another "
+        "GPU family is applied with a warning",
+    )
+    memory_bytes: Annotated[float, Field(gt=0, le=2.0**60, allow_inf_nan=False)] = Field(
+        description="memory per GPU, bytes"
+    )
+    mem_bw: Bandwidth = Field(description="memory (HBM) bandwidth, bytes/s")
     peak_flops: Annotated[
         dict[Dtype, Annotated[float, Field(gt=0, le=1e21, allow_inf_nan=False)]],
         Field(min_length=1),
-    ]
-    roofline: RooflineParams | None = None
-    alpha_beta: ComputeFits | None = None
-    interference: Interference | None = None
-    dispatch: DispatchParams | None = None
-    gemm: GemmModelParams | None = None
-    sms: Annotated[int, Field(gt=0, le=100_000)] | None = None  # streaming multiprocessors
-    resources: ResourceParams | None = None  # SM / HBM sharing and hardware queues
+    ] = Field(description="dense peak FLOP/s per dtype (fp32, tf32, fp16, bf16, fp8)")
+    roofline: RooflineParams | None = Field(
+        None, description="roofline parameters of compute kernels (costs.roofline overrides them)"
+    )
+    alpha_beta: ComputeFits | None = Field(
+        None,
+        description="fits t = alpha + beta * work per compute or copy kind (PipeMoE Eq. 13), "
+        "one for every dtype or one per dtype; used with costs.compute: alpha_beta",
+    )
+    interference: Interference | None = Field(
+        None,
+        description="relative speeds of stream kinds while others run (MPipeMoE Fig. 3); "
+        "default 1 (no slowdown)",
+    )
+    dispatch: DispatchParams | None = Field(
+        None, description="seconds from a task being ready to its start; default 0"
+    )
+    gemm: GemmModelParams | None = Field(
+        None,
+        description="the GEMM model: output tiles in waves over the SMs against the bytes "
+        "moved (sim.hardware.costs.gemm); omitted: GEMMs on the plain roofline",
+    )
+    sms: Annotated[int, Field(gt=0, le=100_000)] | None = Field(
+        None,
+        description="streaming multiprocessors; tasks may reserve SMs only where the GPU "
+        "has a count; default: gemm.sms",
+    )
+    resources: ResourceParams | None = Field(
+        None,
+        description="SM and HBM sharing, hardware queues and host launch cost "
+        "(sim.hardware.costs.resources); omitted: SMs shared ideally, (S - k)/S, and no "
+        "bandwidth term",
+    )
+
+
+_ENDS = (
+    "a device of the node (gpu0, gpu1, ... or a name in node.devices) or a list of them; "
+    "lists on both sides pair element-wise, a single name fans out to every name of the other"
+)
 
 
 class LinkEntry(Strict):
     """Links of the node template: a list on both sides pairs element-wise; a single name
     on one side fans out to every name of the other."""
 
-    a: Name | Annotated[list[Name], Field(min_length=1)]
-    b: Name | Annotated[list[Name], Field(min_length=1)]
-    class_: Name = Field(alias="class")
+    a: Name | Annotated[list[Name], Field(min_length=1)] = Field(description=_ENDS)
+    b: Name | Annotated[list[Name], Field(min_length=1)] = Field(description=_ENDS)
+    class_: Name = Field(alias="class", description="link class of these links (of link_classes)")
 
     @model_validator(mode="after")
     def _same_length(self) -> LinkEntry:
@@ -77,22 +126,58 @@ class LinkEntry(Strict):
 
 
 class NodeSpec(Strict):
-    devices: dict[Name, Literal[DEVICE_TYPES]] | None = None  # type: ignore[valid-type]
-    links: list[LinkEntry] | None = None
-    nic_of_gpu: Annotated[list[Name], Field(min_length=1)] | None = None
+    devices: dict[Name, Literal[DEVICE_TYPES]] | None = Field(  # type: ignore[valid-type]
+        None,
+        description="node-local devices besides the GPUs (which are gpu0..gpu{n-1}): name -> "
+        "nvswitch, pcie_switch, host or nic",
+    )
+    links: list[LinkEntry] | None = Field(
+        None, description="the links inside a node, each in both directions"
+    )
+    nic_of_gpu: Annotated[list[Name], Field(min_length=1)] | None = Field(
+        None,
+        description="the fabric-attached NIC each GPU sends through, one per GPU in order; "
+        "default: each GPU's nearest NIC",
+    )
+
+
+# what each fabric field means, shared with the run config's `fabric:` overrides
+FABRIC_FIELDS = {
+    "type": "switch (one non-blocking switch), fat_tree (two levels: nodes_per_leaf, "
+    "oversubscription) or rail (rail-optimised: nodes_per_unit, planes)",
+    "class": "link class (of the topology's link_classes) of the links between an attached "
+    "device and its leaf switch",
+    "attach": "node devices wired to the fabric; default: the node's NICs",
+    "nodes_per_leaf": "fat_tree: nodes whose attached devices share one leaf switch; default 1",
+    "nodes_per_unit": "rail: nodes per scalable unit, whose i-th attached devices share leaf "
+    "(unit, i); default 1",
+    "oversubscription": "fat_tree, rail: a leaf's uplinks to the spines carry ports x bw / "
+    "oversubscription; default 1 (non-blocking)",
+    "planes": "rail: single (one network) or multi (each rail its own plane: traffic to "
+    "another rail is relayed over NVLink to the GPU on the destination's rail first, as NCCL "
+    "PXN); default single",
+}
 
 
 class FabricSpec(Strict):
     """The network between nodes (`sim.hardware.fabric`); also the run config's `fabric:`
     overrides, merged over a topology's before this check."""
 
-    type: Literal[FABRIC_TYPES]  # type: ignore[valid-type]
-    class_: Name = Field(alias="class")
-    attach: Annotated[list[Name], Field(min_length=1)] | None = None
-    nodes_per_leaf: Annotated[int, Field(gt=0, le=10**6)] | None = None
-    nodes_per_unit: Annotated[int, Field(gt=0, le=10**6)] | None = None
-    oversubscription: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = None
-    planes: Literal["single", "multi"] | None = None
+    type: Literal[FABRIC_TYPES] = Field(description=FABRIC_FIELDS["type"])  # type: ignore[valid-type]
+    class_: Name = Field(alias="class", description=FABRIC_FIELDS["class"])
+    attach: Annotated[list[Name], Field(min_length=1)] | None = Field(
+        None, description=FABRIC_FIELDS["attach"]
+    )
+    nodes_per_leaf: Annotated[int, Field(gt=0, le=10**6)] | None = Field(
+        None, description=FABRIC_FIELDS["nodes_per_leaf"]
+    )
+    nodes_per_unit: Annotated[int, Field(gt=0, le=10**6)] | None = Field(
+        None, description=FABRIC_FIELDS["nodes_per_unit"]
+    )
+    oversubscription: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = Field(
+        None, description=FABRIC_FIELDS["oversubscription"]
+    )
+    planes: Literal["single", "multi"] | None = Field(None, description=FABRIC_FIELDS["planes"])
 
     @model_validator(mode="after")
     def _fields_of_type(self) -> FabricSpec:
@@ -115,17 +200,33 @@ class FabricSpec(Strict):
 
 
 class NetworkSpec(Strict):
-    alpha: Seconds = 0.0  # start-up per message in flow mode
+    alpha: Seconds = Field(
+        0.0, description="start-up seconds per message in flow mode (costs.alpha overrides it)"
+    )
 
 
 class TopologySpec(Strict):
-    name: Name
-    description: str | None = None
-    nodes: PosInt = 1  # default node count; a run's `nodes` overrides it
-    gpus_per_node: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)]
-    gpu: GpuSpec
-    node: NodeSpec
-    fabric: FabricSpec | None = None
-    link_classes: Annotated[dict[Name, LinkClassSpec], Field(min_length=1)]
-    network: NetworkSpec | None = None
-    collectives: Collectives | None = None
+    name: Name = Field(description="the topology's name (a preset's is its file name)")
+    description: str | None = Field(None, description="what the topology models; free text")
+    nodes: PosInt = Field(
+        1, description="default node count; a run's `nodes` (or --nodes) overrides it"
+    )
+    gpus_per_node: Annotated[int, Field(gt=0, le=MAX_GPUS_PER_NODE)] = Field(
+        description="GPUs per node, named gpu0..gpu{n-1} in node.links"
+    )
+    gpu: GpuSpec = Field(
+        description="the GPU: memory, bandwidth, peak FLOP/s and its cost model parameters"
+    )
+    node: NodeSpec = Field(description="the devices and links inside one node")
+    fabric: FabricSpec | None = Field(
+        None, description="the network between nodes; omitted: the topology is one node only"
+    )
+    link_classes: Annotated[dict[Name, LinkClassSpec], Field(min_length=1)] = Field(
+        description="link classes by name: bandwidth, latency, efficiency, message cost"
+    )
+    network: NetworkSpec | None = Field(None, description="parameters of every message")
+    collectives: Collectives | None = Field(
+        None,
+        description="fits t = alpha + beta * bytes per collective kind (PipeMoE Eq. 16), one "
+        "for every group size or a list by group size; used with costs.network: collective",
+    )

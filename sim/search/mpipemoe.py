@@ -85,10 +85,18 @@ def reuse_times(
     passes: tuple[str, ...] = ("fwd", "bwd"),
     strategies: Iterable[str] = tuple(RESTORE),
 ) -> dict[str, dict[str, float]]:
-    """Per reuse strategy: simulated step time and peak memory (max over ranks)."""
+    """Per reuse strategy: simulated step time and peak memory (max over ranks): activations
+    and buffers (the graph's), plus the model states every strategy counts beside them."""
     out = {}
     for s in strategies:
         g = build("mpipemoe", layer, {"degree": degree, "reuse": s}, passes, cluster)
         res = simulate(g, cluster.topology, cluster.costs)
-        out[s] = {"makespan_s": res.makespan, "peak_bytes": float(res.mem_peak.max())}
+        act = float(res.mem_peak.max())
+        states = float(g.meta["model_states"]["bytes"])
+        out[s] = {
+            "makespan_s": res.makespan,
+            "peak_bytes": act + states,
+            "peak_activation_bytes": act,
+            "model_state_bytes": states,
+        }
     return out

@@ -111,7 +111,8 @@ def build(
     full = resolve_params(name, params)
     mod = STRATEGIES[name]
     if blocks is not None and getattr(mod, "BUILDS_MODEL", False):  # the graph is the model
-        return _spread(mod.build_model(layer, full, blocks, passes, cluster), layout)
+        graph = mod.build_model(layer, full, blocks, passes, cluster)
+        return _spread(_issued(_account(graph, name, layer, passes, blocks)), layout)
     if blocks is not None and hasattr(mod, "plan"):  # model-wide choices (Lancet)
         full = mod.plan(layer, full, blocks, cluster)
     graph = mod.build(layer, full, passes, cluster)
@@ -121,7 +122,58 @@ def build(
         graph = build_model(blocks, layer, graph, passes)
         if hasattr(mod, "model_pass"):  # passes over the whole model (Lancet)
             graph = mod.model_pass(graph, full, cluster)
-    return _spread(graph, layout)
+    return _spread(_issued(_account(graph, name, layer, passes, blocks)), layout)
+
+
+def _issued(graph: TaskGraph) -> TaskGraph:
+    """The graph with each rank's tasks in an order its host could issue them
+    (`sim.core.issue`). The layer builders (and the model around them) add tasks stream by
+    stream, since only stream order matters to their schedule; on shared hardware queues
+    (`costs.resources.max_connections`) the order across streams is the host's, and a
+    compute chunk added before the dispatch it waits for deadlocks the queue. Re-issued, a
+    pipelined layer goes gate, encode, dispatch 0..r-1 (as far as its comm stream allows),
+    then each expert chunk just before its combine: dispatch i before expert i before
+    combine i. (Tutel's own code issues every expert chunk before the first combine, which
+    on one queue holds each combine back to the last chunk's end; the interleaved order is
+    the one a program written for one queue would use.) Where a builder's order is one a
+    host could issue (Megatron's merged 1F1B and DualPipe's schedules, DeepEP's, Parm's),
+    it is kept: their launch threads and host syncs follow it. The re-issued builders have
+    a queue per stream with the default 8 queues, so their times there do not depend on
+    the order (tests/golden)."""
+    from sim.core.issue import in_issue_order
+
+    return in_issue_order(graph)
+
+
+# Strategies whose experts compute every (token, expert) choice: DeepEP's normal kernels and
+# Megatron-Core's dispatchers (their builders count rows as T*k*share, "dropless"), and
+# DualPipe, whose chunks are Megatron's layers. The others drop beyond the capacity C.
+DROPLESS = frozenset({"deepep", "megatron_ep", "dualpipe"})
+
+
+def _account(
+    graph: TaskGraph,
+    name: str,
+    layer: MoELayer,
+    passes: tuple[str, ...],
+    blocks: BlockModel | None,
+) -> TaskGraph:
+    """The graph with what every strategy's summary reports on its meta (one place, so no
+    builder can leave it out): the layer's tokens routed / kept / dropped and the model-state
+    bytes per GPU (sim.workload.accounting)."""
+    from sim.workload.accounting import model_states, token_counts
+
+    meta = graph.meta
+    par = meta.get("parallel")  # Parm's layout (a dict); Tutel's is a name ("p1")
+    tp = meta.get("tp") or (par.get("tp") if isinstance(par, dict) else None) or 1  # TED, Parm
+    if "layers" in meta:  # megatron_ep: its layers on every GPU; DualPipe: two chunks each
+        moe_layers = int(meta["layers"]) * (2 if name == "dualpipe" else 1)
+    else:
+        moe_layers = len(blocks.moe_blocks) if blocks is not None else 1
+    copies = int(tp) if name == "ted" else 1  # each TED EP group holds all E experts
+    meta["tokens_per_layer"] = token_counts(layer, dropless=name in DROPLESS, shared_by=int(tp))
+    meta["model_states"] = model_states(layer, passes, moe_layers, copies)
+    return graph
 
 
 def _spread(graph: TaskGraph, layout: ParallelLayout | None) -> TaskGraph:

@@ -10,7 +10,8 @@ travels against its forward exchange: the combine gradient from the tokens' rank
 experts' (the dispatch's per-peer sizes), the dispatch gradient back (the combine's).
 
 Chunk sizes and issue orders are in `sim.strategies.chunking`; the id/tag scheme and compute
-steps every builder shares in `sim.strategies.steps`.
+steps every builder shares in `sim.strategies.steps`. Activations are MPipeMoE's ten tensors
+under the one rule of `sim.strategies.activations` (every chunk writes a slice of each).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from collections import defaultdict
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.activations import place
 from sim.strategies.chunking import ChunkSizes, chunk_sizes, comm_order
 from sim.strategies.steps import (
     PASSES,
@@ -29,6 +31,7 @@ from sim.strategies.steps import (
     task_id,
     wgrad_shape,
 )
+from sim.workload.memory import layer_tensors
 from sim.workload.moe import MoELayer
 from sim.workload.slicing import layer_meta
 
@@ -76,6 +79,7 @@ def build_layer(
         b = _RankBuilder(layer, sizes, rank, layer_id, streams, degree, passes, group, algo)
         for p in passes:
             b.pass_(p, seq)
+        place([t for ts in streams.values() for t in ts], b.tensors(), passes)
         for tasks in streams.values():
             for t in tasks:
                 g.add(t)
@@ -97,9 +101,6 @@ class _RankBuilder(ComputeSteps):
         algo: str | None,
     ):
         self.l, self.s, self.rank, self.lid = layer, sizes, rank, layer_id
-        # the forward keeps its activations for a backward in the graph; a backward with no
-        # forward before it finds them live (allocated by its first exchange, see _stash)
-        self.keep, self.stash = "bwd" in passes, "fwd" not in passes
         self.streams, self.r = streams, r
         self.group, self.algo = group, algo
 
@@ -124,8 +125,6 @@ class _RankBuilder(ComputeSteps):
         stream: str,
         deps: list[str],
         reverse: bool,
-        allocs: dict | None = None,
-        frees: list[str] | None = None,
     ) -> Task:
         """One all-to-all chunk; `reverse` sends expert outputs back to their token owners."""
         tid = self._id(phase, step, j)
@@ -135,8 +134,6 @@ class _RankBuilder(ComputeSteps):
             group=self.group,
             coll=coll,
             algo=self.algo,
-            allocs=allocs or {},
-            frees=frees or [],
             tags=self._tags(phase, step, j),
         )
         if self.s.uniform:
@@ -205,7 +202,6 @@ class _RankBuilder(ComputeSteps):
                         stream,
                         [head],
                         reverse=False,  # dispatch, and its gradient's way: to experts
-                        allocs={f"di.{j}": self._di_bytes(j)} if fwd else self._stash(j),
                     ),
                 )
         expert_last: dict[int, str] = {}
@@ -214,7 +210,6 @@ class _RankBuilder(ComputeSteps):
             fc1, fc2, _ = self._expert_shapes(j)
             f1 = 2.0 * fc1["batch"] * fc1["m"] * fc1["n"] * fc1["k"]
             f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
-            mid = float(e * fc1["batch"] * fc1["m"] * fc1["n"])
             if fwd:
                 a = self._compute(
                     phase,
@@ -225,9 +220,7 @@ class _RankBuilder(ComputeSteps):
                     [got],
                     j,
                     fc1,
-                    allocs={f"mid.{j}": mid},
                 )
-                frees = [] if self.keep else [f"di.{j}", f"mid.{j}"]
                 expert_last[j] = self._compute(
                     phase,
                     "fc2",
@@ -237,8 +230,6 @@ class _RankBuilder(ComputeSteps):
                     [a],
                     j,
                     fc2,
-                    allocs={f"do.{j}": self._di_bytes(j)},
-                    frees=frees,
                 )
             else:
                 # dgrad and wgrad of fc2 then fc1: twice the forward GEMM work
@@ -261,7 +252,6 @@ class _RankBuilder(ComputeSteps):
                     [d2],
                     j,
                     wgrad_shape(fc2),
-                    frees=[f"mid.{j}"],
                 )
                 d1 = self._compute(
                     phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, dgrad_shape(fc1)
@@ -275,7 +265,6 @@ class _RankBuilder(ComputeSteps):
                     [d1],
                     j,
                     wgrad_shape(fc1),
-                    frees=[f"di.{j}"],
                 )
         for what, j, stream in comm_plan:
             if what == "second":
@@ -288,7 +277,6 @@ class _RankBuilder(ComputeSteps):
                         stream,
                         [expert_last[j]],
                         reverse=True,  # combine, and its gradient's way: to tokens
-                        frees=[f"do.{j}"] if fwd else None,
                     ),
                 )
         for what, j, _stream in comm_plan:
@@ -311,15 +299,9 @@ class _RankBuilder(ComputeSteps):
             )
             self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
 
-    def _stash(self, j: int) -> dict[str, float] | None:
-        """In a backward-only graph, the forward's activations chunk j's backward reads and
-        frees (its dispatched rows and its experts' hidden rows), counted from the chunk's
-        first exchange; None when the graph's forward leaves them."""
-        if not self.stash:
-            return None
-        fc1 = self._expert_shapes(j)[0]
-        mid = float(self.l.elem * fc1["batch"] * fc1["m"] * fc1["n"])
-        return {f"di.{j}": self._di_bytes(j), f"mid.{j}": mid}
-
-    def _di_bytes(self, j: int) -> float:
-        return float(self.s.rows[j][self.rank] * self.l.model_dim * self.l.elem)
+    def tensors(self) -> dict[str, float]:
+        """Bytes of the layer's tensors on this rank: T_I and T_O are the padded [E, C, M]
+        buffer the encode writes and the decode reads; the experts' rows are the chunks'."""
+        l = self.l
+        rows = float(sum(r[self.rank] for r in self.s.rows))
+        return layer_tensors(l.experts * l.capacity, rows, l.model_dim, l.hidden_dim, l.elem)

@@ -15,6 +15,9 @@ by the element size for bytes.
   being communicated while the other is computed on); the same for their gradients.
 - Eq. 6, the saving ratio phi over the whole footprint.
 
+`layer_tensors` gives the bytes of each of these tensors on one GPU, the one place every
+strategy's builder takes them from (their lifetimes: `sim.strategies.activations`).
+
 Eq. 5 as printed holds for n >= 2; `saving` counts min(2, n) double-buffer slots so that
 n = 1 (nothing to share) saves nothing instead of a negative amount.
 """
@@ -100,3 +103,49 @@ def footprint(B: int, M: int, H: int, E: int, n: int, local_experts: int = 1) ->
 def saving_ratio(B: int, M: int, H: int, E: int, n: int, local_experts: int = 1) -> float:
     """Eq. 6: phi = (dM_act + dM_buf) / (M_ms + M_act^pipe + M_buf^pipe)."""
     return footprint(B, M, H, E, n, local_experts).ratio
+
+
+# -- one MoE layer's tensors, as every strategy's builder allocates them ---------------------------
+# MPipeMoE Fig. 3 / Table I: the forward writes T_I (the dispatch's input), T_DI (the rows the
+# GPU's experts receive), T_M (their hidden rows; the activation runs in place), T_DO (the
+# experts' outputs) and T_O (the outputs back at their tokens' GPU), Eq. 2's 4BM + BH; the
+# backward writes their gradients dT_O, dT_DO, dT_M, dT_DI, dT_I (Eq. 3-4). The lifetimes every
+# builder gives them are `sim.strategies.activations`'.
+FORWARD = ("T_I", "T_DI", "T_M", "T_DO", "T_O")
+BACKWARD = ("dT_O", "dT_DO", "dT_M", "dT_DI", "dT_I")
+
+
+def layer_tensors(
+    token_rows: float,
+    expert_rows: float,
+    M: int,
+    H: int,
+    elem: float,
+    *,
+    received_rows: float | None = None,
+    dispatch_row: float | None = None,
+) -> dict[str, float]:
+    """Bytes on one GPU of each of the layer's ten tensors. T_I, T_O, dT_O and dT_I hold
+    `token_rows` rows of M (B of Eq. 2: the rows the GPU dispatches and gets back), T_DI and
+    dT_DI `received_rows` rows of M (default `expert_rows`; DeepEP receives one row per
+    (token, GPU) where its experts compute one per (token, expert)), T_DO and dT_DO
+    `expert_rows` rows of M, T_M and dT_M `expert_rows` rows of H. With every count B the
+    forward's five sum to Eq. 2 (times `elem`) and the backward's to Eq. 4's buffers.
+    `dispatch_row`: bytes of a row of T_I and T_DI where the dispatch casts them (DeepEP's
+    FP8), else M * elem."""
+    row = float(M * elem)
+    sent = row if dispatch_row is None else float(dispatch_row)
+    got = expert_rows if received_rows is None else received_rows
+    io, out, mid = token_rows * row, expert_rows * row, expert_rows * H * elem
+    return {
+        "T_I": token_rows * sent,
+        "T_DI": got * sent,
+        "T_M": float(mid),
+        "T_DO": out,
+        "T_O": io,
+        "dT_O": io,
+        "dT_DO": out,
+        "dT_M": float(mid),
+        "dT_DI": got * row,
+        "dT_I": io,
+    }

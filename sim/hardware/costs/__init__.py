@@ -8,7 +8,7 @@ comes from the topology file or the run config's `costs:` section, never from co
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
 
@@ -27,6 +27,8 @@ from sim.hardware.network.flows import FINISH_RTOL
 from sim.hardware.topology import Topology
 
 NETWORK_MODES = ("flow", "collective")
+# what a collective's alpha-beta is when no fit was given: the flow model's own times
+DERIVED = "derived from the flow model on this topology (sim.hardware.costs.derived)"
 FIDELITIES = ("auto", "flow", "bundled")
 SYMMETRY_MODES = ("auto", "on", "off")
 
@@ -45,29 +47,56 @@ class CostModel:
     finish_rtol: float = FINISH_RTOL  # flows ending this close (x now) end together
     symmetry: str = "auto"  # simulate representatives of equivalent ranks (sim.engine.symmetric)
     resources: Resources = Resources()  # SMs, HBM, hardware queues (costs.resources)
+    # where the compute model's parameters and the network mode came from (cost_sources)
+    sources: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def build(cls, topo: Topology, spec: dict[str, Any] | None = None) -> CostModel:
         """Costs for `topo`, with the run config's `costs:` section layered on top (and under
         it, a calibration file named by `costs.calibration`)."""
         spec = dict(spec or {})
+        given, cal_spec, cal_name = set(spec), {}, ""  # for `sources`: who gave each key
         if spec.get("calibration"):  # measured parameters under the config's explicit ones
             from sim.hardware.costs.calibration import Calibration
             from sim.hardware.costs.calibration_file import CalibrationWarning, foreign
 
+            cal_name = str(spec["calibration"])
             cal = Calibration.load(spec.pop("calibration"))
             other = foreign(cal.meta, str(topo.gpu.get("model", "")), topo.name)
             if other:
                 warnings.warn(CalibrationWarning(other), stacklevel=2)
-            spec = {**cal.cost_spec(), **spec}
+            cal_spec = cal.cost_spec()
+            spec = {**cal_spec, **spec}
         spec.pop("calibration", None)
+
+        def origin(key: str) -> str:
+            """Who gave `costs.<key>`: the config (above a calibration), or the file."""
+            if key in given:
+                return "config"
+            return f"calibration file {cal_name}" if key in cal_spec else "default"
+
+        topo_src = f"topology {topo.name}"
+        sources: dict[str, Any] = {"network": origin("network")}
         gpu = topo.gpu
         compute_kind = spec.pop("compute", "roofline")
+        roof_src = f"roofline from {topo_src}'s gpu" + (
+            f" with costs.roofline from the {origin('roofline')}" if "roofline" in spec else ""
+        )
         roof = RooflineCompute.from_gpu(gpu, spec.pop("roofline", None))
-        ab = {**(gpu.get("alpha_beta") or {}), **(spec.pop("alpha_beta", None) or {})}
+        gpu_ab, spec_ab = gpu.get("alpha_beta") or {}, spec.get("alpha_beta") or {}
+        ab = {**gpu_ab, **(spec.pop("alpha_beta", None) or {})}
         if compute_kind == "roofline":
             compute: ComputeModel = roof
+            sources["compute"] = {"model": "roofline", "source": roof_src}
         elif compute_kind == "alpha_beta":
+            fit_src = {k: f"{topo_src} (gpu.alpha_beta)" for k in gpu_ab}
+            fit_src |= {k: origin("alpha_beta") for k in spec_ab}
+            sources["compute"] = {
+                "model": "alpha_beta",
+                "fits": fit_src,
+                "other_kinds": roof_src,
+                **({"gemm_shapes": origin("gemm_shapes")} if spec.get("gemm_shapes") else {}),
+            }
             compute = AlphaBetaCompute.from_params(
                 ab, fallback=roof, shapes=spec.pop("gemm_shapes", None)
             )
@@ -79,8 +108,11 @@ class CostModel:
         network = spec.pop("network", "flow")
         if network not in NETWORK_MODES:
             raise ConfigError(f"costs.network: expected one of {NETWORK_MODES}, got {network!r}")
-        fits = {**topo.collective_fits, **(spec.pop("collectives", None) or {})}
+        spec_fits = spec.pop("collectives", None) or {}
+        fits = {**topo.collective_fits, **spec_fits}
         collective = CollectiveAlphaBeta.from_fits(fits)
+        collective.sources = {k: f"{topo_src} (collectives)" for k in topo.collective_fits}
+        collective.sources |= {k: origin("collectives") for k in spec_fits}
         inter = Interference.from_table(
             {**(gpu.get("interference") or {}), **(spec.pop("interference", None) or {})}
         )
@@ -112,7 +144,7 @@ class CostModel:
             raise ConfigError(f"costs.symmetry: expected one of {SYMMETRY_MODES}, got {symmetry!r}")
         if spec:
             raise ConfigError(f"costs: unknown field(s) {sorted(spec)}")
-        return cls(
+        model = cls(
             MeasuredCompute(compute),  # a replayed trace's tasks keep their measured times
             network,
             collective,
@@ -126,6 +158,26 @@ class CostModel:
             symmetry,
             resources,
         )
+        model.sources = sources
+        return model
+
+    def cost_sources(self) -> dict[str, Any]:
+        """Where every fit this run used came from: the compute model's, and each collective
+        kind's alpha-beta (given fits, and those derived from the flow model for kinds
+        without one: `--network collective` then reproduces `flow` rather than checking it)."""
+        c = self.collective
+        coll: dict[str, Any] = {}
+        for kind, rows in sorted(c.fits.items()):
+            fits = [{"ranks": n, "alpha_s": a, "beta_s_per_byte": b} for n, a, b in rows]
+            coll[kind] = {"source": c.sources.get(kind, "given"), "fits": fits}
+        for (kind, ranks), (a, b) in sorted(c.derived.items()):
+            entry = coll.setdefault(kind, {"source": DERIVED, "fits": []})
+            entry["fits"].append({"ranks": ranks, "alpha_s": a, "beta_s_per_byte": b})
+        return {
+            "compute": dict(self.sources.get("compute", {})),
+            "network": {"model": self.network, "source": self.sources.get("network", "default")},
+            "collectives": coll,
+        }
 
     # -- measured durations (trace replay, sim.hardware.costs.measured) -------------------
     def measured(self, task: Task) -> float | None:

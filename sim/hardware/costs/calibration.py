@@ -54,6 +54,7 @@ from sim.hardware.costs.calibration_file import (
     FORMAT,
     SPEED_FLOOR,
     check,
+    clip_to_range,
     cost_spec,
     is_fit,
     read,
@@ -332,9 +333,22 @@ class Calibration:
         }
 
     def save(self, path: str | Path) -> Path:
-        """Write the file, after the checks `load` makes (a bad number is an error here)."""
+        """Write the file, after the checks `load` makes. A number out of the model's range
+        (a busy host's) is clipped and named among the warnings (`clip_to_range`); a file
+        that still fails the checks is kept beside `path` as `.unchecked.yaml` and the error
+        names it, so a measurement is never lost."""
         raw = self.to_dict()
-        check(raw, f"calibration to write to {path}")
+        clipped = clip_to_range(raw)
+        if clipped:
+            self.warnings += [w for w in clipped if w not in self.warnings]
+            meta = raw.setdefault("meta", {})
+            meta["warnings"] = list(dict.fromkeys([*meta.get("warnings", []), *clipped]))
+        try:
+            check(raw, f"calibration to write to {path}")
+        except ConfigError as e:
+            kept = Path(path).with_suffix(".unchecked.yaml")
+            atomic_write_text(kept, yaml.safe_dump(raw, sort_keys=False))
+            raise ConfigError(f"{e} (the measurement is kept in {kept})") from None
         atomic_write_text(path, yaml.safe_dump(raw, sort_keys=False))
         return Path(path)
 

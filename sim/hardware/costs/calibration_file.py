@@ -42,7 +42,15 @@ from sim.hardware.calibration_schema import (
 )
 from sim.hardware.costs.gemm import DTYPE_BYTES
 
-__all__ = ["FORMAT", "SPEED_FLOOR", "CalibrationWarning", "check", "cost_spec", "read"]
+__all__ = [
+    "FORMAT",
+    "SPEED_FLOOR",
+    "CalibrationWarning",
+    "check",
+    "clip_to_range",
+    "cost_spec",
+    "read",
+]
 CPU_STAND_INS = {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"}
 
 
@@ -140,6 +148,69 @@ def check(raw: Any, where: str) -> None:
     """Raise ConfigError naming every number of the file that is not usable, in one line
     (sim.hardware.calibration_schema: the same rules when written and when read)."""
     schema.check(CalibrationFile, raw, where)
+
+
+# Bounds a measurement can cross on a busy host (a jitter factor of 1,425, an interference
+# speed of 0.03): pydantic's error types with the bound's name in the error's context.
+_BOUNDS = {"less_than_equal": "le", "less_than": "lt", "greater_than_equal": "ge",
+           "greater_than": "gt"}  # fmt: skip
+
+
+def clip_to_range(raw: dict[str, Any]) -> list[str]:
+    """Clip, in place, every number of a calibration about to be written that lies outside
+    the range the file's schema accepts, and say what was clipped (one sentence each).
+
+    A long measurement is never thrown away for one wild number: the file is written with the
+    value at the nearest bound and the sentence among its warnings, so `validate` can run
+    and say how far to trust it. What is not a number out of range is left for `check`."""
+    import math
+
+    from pydantic import ValidationError
+
+    notes: list[str] = []
+    for _ in range(8):  # a clip can only reveal others below it (a union's other branch)
+        try:
+            CalibrationFile.model_validate(raw)
+            return notes
+        except ValidationError as e:
+            errors = e.errors(include_url=False)
+        clipped = 0
+        for err in errors:
+            op = _BOUNDS.get(err["type"])
+            got = err.get("input")
+            if op is None or not isinstance(got, (int, float)) or isinstance(got, bool):
+                continue
+            bound = float(err["ctx"][op])
+            to = {"le": bound, "ge": bound, "lt": math.nextafter(bound, -math.inf),
+                  "gt": math.nextafter(bound, math.inf)}[op]  # fmt: skip
+            path = _set(raw, err["loc"], to)
+            if path is not None:
+                clipped += 1
+                notes.append(
+                    f"{path}: measured {got:g}, outside the model's range ({op} {bound:g}); "
+                    f"clipped to {to:g} (a busy host? calibrate again on a quiet one)"
+                )
+        if not clipped:
+            return notes
+    return notes
+
+
+def _set(raw: Any, loc: tuple[Any, ...], value: float) -> str | None:
+    """Set the number at a pydantic error location (skipping the names pydantic adds for
+    union members and validators); its dotted path, or None where the path is not in
+    `raw`."""
+    node, path = raw, []
+    for i, key in enumerate(loc):
+        present = (isinstance(node, dict) and key in node) or (
+            isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
+        )
+        if not present:
+            continue  # a union member's or validator's name, not a key of the file
+        if i == len(loc) - 1:
+            node[key] = value
+            return ".".join(map(str, [*path, key]))
+        node, path = node[key], [*path, key]
+    return None
 
 
 # -- as costs --------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ from typing import Any, Protocol
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task
-from sim.hardware.costs.calibration_file import CalibrationWarning
 from sim.hardware.costs.gemm import DTYPE_BYTES, GemmModel, gemm_layout
 
 __all__ = ["DTYPE_BYTES", "AlphaBetaCompute", "ComputeModel", "RooflineCompute"]
@@ -170,6 +169,9 @@ class AlphaBetaCompute:
                     + (f" in {dtype}" if dtype else "")
                 )
             if task.kind in self.by_dtype and f"{task.kind}/{dtype}" not in self.used_fallback:
+                # imported here: its module builds the calibration file's schema
+                from sim.hardware.costs.calibration_file import CalibrationWarning
+
                 warnings.warn(
                     CalibrationWarning(
                         f"alpha_beta.{task.kind} has fits for {sorted(self.by_dtype[task.kind])} "

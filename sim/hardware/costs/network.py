@@ -22,6 +22,9 @@ class CollectiveAlphaBeta:
     # (kind, ranks) -> (alpha, beta) for kinds without a fit; None: such a kind is an error
     derive: Callable[[str, int], tuple[float, float]] | None = None
     derived: dict[tuple[str, int], tuple[float, float]] = field(default_factory=dict)
+    # kind -> where its fit came from ("config", "calibration file X", "topology Y"), so a
+    # summary can say which costs are measured and which are the flow model's own (derived)
+    sources: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def from_fits(cls, raw: dict[str, Any]) -> CollectiveAlphaBeta:

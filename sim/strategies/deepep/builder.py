@@ -8,6 +8,7 @@ import numpy as np
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.activations import place
 from sim.strategies.deepep.volumes import Volumes, row_bytes, volumes
 from sim.strategies.steps import (
     PASSES,
@@ -18,9 +19,18 @@ from sim.strategies.steps import (
     task_id,
     wgrad_shape,
 )
+from sim.workload.memory import layer_tensors
 from sim.workload.moe import MoELayer
 
 COUNT_BYTES = 4  # DeepEP's counts are int32
+# The layer's tensors (sim.strategies.activations) where DeepEP's steps differ: the dispatch
+# reads the layer's input x as it is (no encode), the backward starts at the combine's
+# gradient (no decode) and ends at the gate's (no encode)
+ROLES = {
+    "T_I": (("gate",), ("dispatch",)),
+    "dT_O": (("combine_grad",), ("combine_grad",)),
+    "dT_I": (("dispatch_grad",), ("gate_grad",)),
+}
 
 
 def build_deepep(
@@ -55,7 +65,15 @@ def build_deepep(
     )
     group = list(range(layer.world))
     for rank in range(layer.world):
-        for t in _RankTasks(layer, vol, rank, group, sms).passes(passes, disp_row, bf16_row):
+        tasks = _RankTasks(layer, vol, rank, group, sms).passes(passes, disp_row, bf16_row)
+        # T_I and T_O: the rank's T tokens; T_DI: one row per (token, GPU), in the dispatch
+        # dtype; T_M, T_DO: one row per (token, expert)
+        recv = float(vol.gpu_tokens[:, rank].sum())
+        mem = layer_tensors(layer.tokens, float(vol.expert_rows[rank]), layer.model_dim,
+                            layer.hidden_dim, layer.elem, received_rows=recv,
+                            dispatch_row=disp_row)  # fmt: skip
+        place(tasks, mem, passes, ROLES)
+        for t in tasks:
             g.add(t)
     g.validate()
     return g
@@ -71,14 +89,11 @@ class _RankTasks:
         self.out.append(t)
         return t.id
 
-    def _compute(self, phase, step, kind, flops, nbytes, deps, shape=None, allocs=None,
-                 frees=None) -> str:  # fmt: skip
+    def _compute(self, phase, step, kind, flops, nbytes, deps, shape=None) -> str:
         t = compute_task(self.rank, 0, phase, step, kind, flops, nbytes, deps, None, shape)
-        t.allocs, t.frees = allocs or {}, frees or []
         return self._add(t)
 
-    def _exchange(self, phase: str, step: str, deps: list[str], row: float, combine: bool,
-                  allocs=None, frees=None) -> str:  # fmt: skip
+    def _exchange(self, phase: str, step: str, deps: list[str], row: float, combine: bool) -> str:
         """Dispatch-direction (owner -> expert GPUs) or combine-direction exchange."""
         D = self.v.gpu_tokens * row  # [owner, expert GPU] bytes
         p = self.rank
@@ -91,7 +106,7 @@ class _RankTasks:
             Task(task_id(p, 0, phase, step), p, "comm", "all_to_allv", deps=deps,
                  bytes=float(send.sum()), split=send.tolist(), recv_split=recv.tolist(),
                  group=self.group, coll=f"L0/{phase}/{step}", algo="deepep", tags=tags,
-                 sms=self.sms, allocs=allocs or {}, frees=frees or [])
+                 sms=self.sms)
         )  # fmt: skip
 
     def _shapes(self) -> tuple[dict, dict]:
@@ -108,13 +123,6 @@ class _RankTasks:
 
         gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
         recv_rows = float(self.v.gpu_tokens[:, self.rank].sum())
-        # activations, as the other layer builders count them: the received rows (DeepEP's
-        # receive buffer, one row per (token, GPU) in the dispatch dtype), the experts'
-        # hidden rows and outputs (one per (token, expert)); the first two are kept for the
-        # backward's weight gradients when there is one
-        keep = "bwd" in passes
-        mem = {"di": recv_rows * disp_row, "mid": float(e * fc1["m"] * fc1["n"]),
-               "do": float(e * fc2["m"] * fc2["n"])}  # fmt: skip
         if "fwd" in passes:
             gate = self._compute("fwd", "gate", "gate", 2.0 * T * M * E, gate_bytes, [])
             # layout kernel: per-token rank / node masks from the top-k indices
@@ -132,27 +140,18 @@ class _RankTasks:
                      deps=[notify], bytes=float(COUNT_BYTES * (1 + l.local_experts)),
                      host_sync=True, tags=step_tags(0, "fwd", "notify_wait"))
             )  # fmt: skip
-            got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False,
-                                 allocs={"di": mem["di"]})  # fmt: skip
-            a = self._compute("fwd", "fc1", "gemm", f1, gb(fc1), [got], fc1,
-                              allocs={"mid": mem["mid"]})  # fmt: skip
-            b = self._compute("fwd", "fc2", "gemm", f2, gb(fc2), [a], fc2,
-                              allocs={"do": mem["do"]},
-                              frees=[] if keep else ["di", "mid"])  # fmt: skip
-            back = self._exchange("fwd", "combine", [b], bf16_row, combine=True, frees=["do"])
+            got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False)
+            a = self._compute("fwd", "fc1", "gemm", f1, gb(fc1), [got], fc1)
+            b = self._compute("fwd", "fc2", "gemm", f2, gb(fc2), [a], fc2)
+            back = self._exchange("fwd", "combine", [b], bf16_row, combine=True)
             self._compute("fwd", "decode", "decode", float(2 * T * M * l.top_k),
                           float(e * (recv_rows + T) * M), [back])  # fmt: skip
         if "bwd" in passes:
-            # with no forward in the graph, its kept activations are live from the start
-            stash = None if "fwd" in passes else {"di": mem["di"], "mid": mem["mid"]}
-            got = self._exchange("bwd", "combine_grad", [], bf16_row, combine=False,
-                                 allocs=stash)  # fmt: skip
+            got = self._exchange("bwd", "combine_grad", [], bf16_row, combine=False)
             d2 = self._compute("bwd", "fc2_dgrad", "gemm", f2, gb(fc2), [got], dgrad_shape(fc2))
-            w2 = self._compute("bwd", "fc2_wgrad", "gemm", f2, gb(fc2), [d2], wgrad_shape(fc2),
-                               frees=["mid"])  # fmt: skip
+            w2 = self._compute("bwd", "fc2_wgrad", "gemm", f2, gb(fc2), [d2], wgrad_shape(fc2))
             d1 = self._compute("bwd", "fc1_dgrad", "gemm", f1, gb(fc1), [w2], dgrad_shape(fc1))
-            w1 = self._compute("bwd", "fc1_wgrad", "gemm", f1, gb(fc1), [d1], wgrad_shape(fc1),
-                               frees=["di"])  # fmt: skip
+            w1 = self._compute("bwd", "fc1_wgrad", "gemm", f1, gb(fc1), [d1], wgrad_shape(fc1))
             back = self._exchange("bwd", "dispatch_grad", [w1], bf16_row, combine=True)
             self._compute("bwd", "gate_grad", "gate", 4.0 * T * M * E, gate_bytes, [back])
         return self.out

@@ -18,6 +18,7 @@ from typing import Any
 
 from sim.core.graph import Task, TaskGraph
 from sim.strategies.dualpipe.schedule import Pipeline, activation_peak
+from sim.strategies.megatron_ep.memory import place_moe
 from sim.strategies.megatron_ep.nodes import Emitter, LayerSpec
 from sim.strategies.megatron_ep.schedule import Deferred, backward, forward, merged, weights
 
@@ -176,5 +177,6 @@ def build_pipeline(
             for op in pipe.ops(dev):
                 d.run(op)
             assert not (d.wq or d.outputs or d.local), "schedule left work behind"
+    place_moe(g, spec.tensors, ("fwd", "bwd"))
     g.validate()
     return g

@@ -99,6 +99,7 @@ def build(
         b = _RankBuilder(layer, lay, rank, passes, seq, auto, world, rings)
         for p in passes:
             b.pass_(p)
+        b.place_tensors()
         for tasks in b.streams.values():
             for t in tasks:
                 graph.add(t)

@@ -4,12 +4,20 @@ broadcast and local compute (see the package doc)."""
 from __future__ import annotations
 
 from sim.core.graph import Task
+from sim.strategies.activations import place
 from sim.strategies.fastermoe.layout import StepLayout
 from sim.strategies.fastermoe.rule import param_bytes
 from sim.strategies.steps import ComputeSteps, dgrad_shape, step_tags, task_id, wgrad_shape
+from sim.workload.memory import layer_tensors
 from sim.workload.moe import MoELayer
 
 COUNT_BYTES = 8  # one int64 token count per expert in the count all-gather
+# The layer's tensors (sim.strategies.activations): a shadowed expert computes this GPU's
+# own tokens, from T_I into T_O with no exchange, so its hidden rows are T_M's (and dT_M's)
+ROLES = {
+    "T_M": (("fc1", "shadow_fc1"), ("fc2", "shadow_fc2")),
+    "dT_M": (("fc2_dgrad", "shadow_fc2_dgrad"), ("fc1_wgrad", "shadow_fc1_wgrad")),
+}
 
 
 class _RankBuilder(ComputeSteps):
@@ -28,11 +36,25 @@ class _RankBuilder(ComputeSteps):
         self.lid = 0  # FasterMoE builds one layer
         self.auto, self.world, self.rings = auto, world, rings
         self.has_fwd, self.keep = "fwd" in passes, "bwd" in passes
+        self.passes = passes
         self.streams: dict[str, list[Task]] = {}
         El = layer.local_experts
         self.active = [
             e for e in range(rank * El, rank * El + El) if e not in set(lay.shadow)
         ]  # my experts whose tokens still come to me
+
+    def place_tensors(self) -> None:
+        """The layer's allocs and frees on this rank's tasks, once its passes are built:
+        T_DI, T_DO the rows its experts get over the steps, T_M those and the shadowed
+        experts' rows."""
+        l, M, H = self.l, self.l.model_dim, self.l.hidden_dim
+        shapes = [self._shapes(s) for s in range(self.lay.n)]
+        rows = sum(self._step_rows(s) for s, sh in enumerate(shapes) if sh is not None)
+        hidden = sum(sh[0]["batch"] * sh[0]["m"] for sh in shapes if sh is not None)
+        hidden += sum(float(self.lay.tok[self.rank, x]) for x in self.lay.shadow)
+        mem = layer_tensors(l.experts * l.capacity, rows, M, H, l.elem)
+        mem["T_M"] = mem["dT_M"] = float(hidden * H * l.elem)
+        place([t for ts in self.streams.values() for t in ts], mem, self.passes, ROLES)
 
     # -- helpers -----------------------------------------------------------------------------
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
@@ -59,8 +81,6 @@ class _RankBuilder(ComputeSteps):
         stream: str,
         deps: list[str],
         back: bool,
-        allocs: dict | None = None,
-        frees: list[str] | None = None,
     ) -> Task:
         """Step s of an exchange: to group G + s (from G - s); `back` reverses it (outputs
         return to the ranks whose tokens they are)."""
@@ -85,8 +105,6 @@ class _RankBuilder(ComputeSteps):
             coll=f"L0/{phase}/{step}.{s}/c{c}",
             split=split,
             recv_split=recv,
-            allocs=allocs or {},
-            frees=frees or [],
             tags=step_tags(0, phase, step, s),
         )
 
@@ -131,8 +149,6 @@ class _RankBuilder(ComputeSteps):
         fc1: dict,
         fc2: dict,
         deps: list[str],
-        fc1_allocs: dict,
-        fc2_allocs: dict | None,
         fc2_frees: list[str],
     ) -> str:
         """fc1 then fc2 of an expert (steps `{pre}fc1`, `{pre}fc2`); returns fc2's id."""
@@ -145,7 +161,6 @@ class _RankBuilder(ComputeSteps):
             deps,
             j,
             fc1,
-            allocs=fc1_allocs,
         )
         return self._compute(
             phase,
@@ -156,7 +171,6 @@ class _RankBuilder(ComputeSteps):
             [a],
             j,
             fc2,
-            allocs=fc2_allocs,
             frees=fc2_frees,
         )
 
@@ -168,21 +182,15 @@ class _RankBuilder(ComputeSteps):
         fc1: dict,
         fc2: dict,
         deps: list[str],
-        fc2_frees: list[str],
-        fc1_frees: list[str],
     ) -> tuple[str, str]:
         """dgrad and wgrad of fc2 then fc1 (twice the forward GEMM work); returns the ids of
         fc1's dgrad (the input gradient) and of its wgrad (the last task)."""
         fl1, fl2 = self._flops(fc1), self._flops(fc2)
         b1, b2 = self._gemm_bytes(fc1), self._gemm_bytes(fc2)
         d2 = self._compute(phase, f"{pre}fc2_dgrad", "gemm", fl2, b2, deps, j, dgrad_shape(fc2))
-        w2 = self._compute(
-            phase, f"{pre}fc2_wgrad", "gemm", fl2, b2, [d2], j, wgrad_shape(fc2), frees=fc2_frees
-        )
+        w2 = self._compute(phase, f"{pre}fc2_wgrad", "gemm", fl2, b2, [d2], j, wgrad_shape(fc2))
         d1 = self._compute(phase, f"{pre}fc1_dgrad", "gemm", fl1, b1, [w2], j, dgrad_shape(fc1))
-        w1 = self._compute(
-            phase, f"{pre}fc1_wgrad", "gemm", fl1, b1, [d1], j, wgrad_shape(fc1), frees=fc1_frees
-        )
+        w1 = self._compute(phase, f"{pre}fc1_wgrad", "gemm", fl1, b1, [d1], j, wgrad_shape(fc1))
         return d1, w1
 
     # -- passes ------------------------------------------------------------------------------
@@ -243,8 +251,7 @@ class _RankBuilder(ComputeSteps):
                 shapes = self._shadow_shapes(x)
                 if shapes is not None:
                     fc1, fc2 = shapes
-                    smid = [f"smid.{x}"] if self.has_fwd else []
-                    d1, last = self._expert_bwd(phase, "shadow_", x, fc1, fc2, [head], smid, [])
+                    d1, last = self._expert_bwd(phase, "shadow_", x, fc1, fc2, [head])
                     shadow_done.append(d1)
                 self._add(
                     "comm.1",
@@ -264,19 +271,10 @@ class _RankBuilder(ComputeSteps):
         # Exchanges are created first and queued in issue order at the end: the second
         # exchange of a step depends on compute tasks that must exist by id first.
         n = self.lay.n
-        rb = float(M * e)
         first: dict[int, Task] = {}
         for what, s, stream in self.seq:
             if what == "first":
-                rows = self._step_rows(s)
-                allocs = {f"di.{s}": rows * rb} if fwd and rows > 0 else None
-                shapes = None if fwd or self.has_fwd else self._shapes(s)
-                if shapes is not None:  # a backward alone: the forward's kept rows are live
-                    mid = float(e * shapes[0]["batch"] * shapes[0]["m"] * shapes[0]["n"])
-                    allocs = {f"di.{s}": rows * rb, f"mid.{s}": mid}
-                first[s] = self._exchange(
-                    phase, first_step, s, stream, [head], back=False, allocs=allocs
-                )
+                first[s] = self._exchange(phase, first_step, s, stream, [head], back=False)
         last_of: dict[int, str] = {}
         for s in range(n):
             shapes = self._shapes(s)
@@ -286,22 +284,9 @@ class _RankBuilder(ComputeSteps):
             fc1, fc2 = shapes
             got = first[s].id
             if fwd:
-                mid = float(e * fc1["batch"] * fc1["m"] * fc1["n"])
-                last_of[s] = self._expert_fwd(
-                    phase,
-                    "",
-                    s,
-                    fc1,
-                    fc2,
-                    [got],
-                    {f"mid.{s}": mid},
-                    {f"do.{s}": self._step_rows(s) * rb},
-                    [] if self.keep else [f"di.{s}", f"mid.{s}"],
-                )
+                last_of[s] = self._expert_fwd(phase, "", s, fc1, fc2, [got], [])
             else:
-                _, last_of[s] = self._expert_bwd(
-                    phase, "", s, fc1, fc2, [got], [f"mid.{s}"], [f"di.{s}"]
-                )
+                _, last_of[s] = self._expert_bwd(phase, "", s, fc1, fc2, [got])
 
         if fwd:
             # Shadowed experts on my own tokens, once their parameters are in; after the
@@ -319,25 +304,14 @@ class _RankBuilder(ComputeSteps):
                         fc1,
                         fc2,
                         [bcast[x], head],
-                        {f"smid.{x}": float(e * fc1["m"] * fc1["n"])},
-                        None,
-                        [] if self.keep else [f"smid.{x}", f"shadow.{x}"],
+                        [] if self.keep else [f"shadow.{x}"],  # its parameters
                     )
                 )
 
         second: dict[int, Task] = {}
         for what, s, stream in self.seq:
             if what == "second":
-                has_out = fwd and self._shapes(s) is not None
-                second[s] = self._exchange(
-                    phase,
-                    second_step,
-                    s,
-                    stream,
-                    [last_of[s]],
-                    back=True,
-                    frees=[f"do.{s}"] if has_out else None,
-                )
+                second[s] = self._exchange(phase, second_step, s, stream, [last_of[s]], back=True)
 
         for what, s, stream in self.seq:
             self._add(stream, first[s] if what == "first" else second[s])

@@ -16,7 +16,6 @@ Both are timed by the run's cost model.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -81,34 +80,24 @@ def build(
     if chosen is None or chosen.baseline:
         return build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
                            strategy=NAME, algo=params["algo"])  # fmt: skip
-    fwd = build_layer(layer, degree=chosen.k, order="tutel", passes=("fwd",), strategy=NAME,
-                      algo=params["algo"], sizes=partition_sizes(layer, chosen.k))  # fmt: skip
+    part = build_layer(layer, degree=chosen.k, order="tutel", passes=passes, strategy=NAME,
+                       algo=params["algo"], sizes=partition_sizes(layer, chosen.k))  # fmt: skip
     if "bwd" not in passes:
-        return fwd
+        return part
     plain = build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
                         strategy=NAME, algo=params["algo"])  # fmt: skip
-    return _merge(fwd, plain)
+    return _merge(part, plain)
 
 
-def _merge(fwd: TaskGraph, plain: TaskGraph) -> TaskGraph:
-    """The partitioned forward (k chunks) with the backward of Tutel's `degree` chunks. The
-    activations the backward frees are the plain forward's chunk buffers: the partitioned
-    forward's are renamed, and its decode (the layer's last forward step, when every
-    partition's rows have arrived) frees them and holds the plain chunks' instead (the same
-    rows in total, cut as the backward reads them)."""
-    out = TaskGraph(plain.world_size, meta=dict(plain.meta) | {"degree": fwd.meta["degree"]})
-    kept = {n: b for t in plain if t.tags.get("phase") == "fwd" for n, b in t.allocs.items()}
-    kept = {n: b for n, b in kept.items() if not any(
-        n in t.frees for t in plain if t.tags.get("phase") == "fwd")}  # fmt: skip
-    for t in fwd:
-        allocs = {f"p.{n}": b for n, b in t.allocs.items()}
-        frees = [f"p.{n}" for n in t.frees]
-        if t.tags.get("step") == "decode":
-            live = {f"p.{n}" for u in fwd if u.rank == t.rank for n in u.allocs}
-            live -= {f"p.{n}" for u in fwd if u.rank == t.rank for n in u.frees}
-            frees += sorted(live)
-            allocs |= kept
-        out.add(replace(t, allocs=allocs, frees=frees))
+def _merge(part: TaskGraph, plain: TaskGraph) -> TaskGraph:
+    """The partitioned forward (k chunks) with the backward of Tutel's `degree` chunks. Both
+    graphs stash the layer's whole tensors under the same names (`sim.strategies.activations`:
+    chunks write slices of one buffer), so the plain backward releases what the partitioned
+    forward stashed (the same rows in total, cut as the backward reads them)."""
+    out = TaskGraph(plain.world_size, meta=dict(plain.meta) | {"degree": part.meta["degree"]})
+    for t in part:
+        if t.tags.get("phase") == "fwd":
+            out.add(t)
     for t in plain:
         if t.tags.get("phase") == "bwd":
             out.add(t)

@@ -42,6 +42,7 @@ from typing import Any
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.megatron_ep.memory import place_moe
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
 from sim.strategies.steps import require_whole_experts
@@ -219,5 +220,6 @@ def build_stage(
                 outs[i] = forward(em, i, L, [])
                 backward(em, i - 1, L, outs.pop(i - 1))
         backward(em, micro - 1, L, outs.pop(micro - 1))
+    place_moe(g, spec.tensors, passes)
     g.validate()
     return g

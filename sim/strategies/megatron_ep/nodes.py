@@ -44,6 +44,7 @@ from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
 from sim.strategies.deepep.builder import COUNT_BYTES
 from sim.strategies.deepep.volumes import choice_probs, row_bytes, volumes
+from sim.strategies.megatron_ep.memory import moe_tensors
 from sim.strategies.model.builder import backward_ops
 from sim.workload.blocks import (
     MLA,
@@ -79,6 +80,7 @@ class LayerSpec:
     count_bytes: float = 0.0  # the counts one rank sends before a forward dispatch (0: none)
     host_count_bytes: float = 0.0  # the counts it then copies to the host
     elem: int = 2  # bytes of an activation element
+    tensors: list[dict[str, float]] = field(default_factory=list)  # per rank (place_moe)
 
 
 def layer_spec(
@@ -128,6 +130,7 @@ def layer_spec(
             ]
         )
     spec = LayerSpec(attn, sh, experts, dispatcher, sms, P, elem=e)
+    spec.tensors.extend(moe_tensors(layer, dispatcher, rows_to, fwd_row, gpus_per_node))
     if dispatcher == "alltoall":  # all-gather of E int64 counts, all of them to the host
         object.__setattr__(spec, "count_bytes", float(8 * E))
         object.__setattr__(spec, "host_count_bytes", float(8 * E * P))
@@ -317,18 +320,16 @@ class Emitter:
         return self.add(t, mb, lid, phase, step, node)
 
     # -- forward nodes -----------------------------------------------------------------------
-    # Activations (task allocs / frees): each node's forward keeps what its operators' backward
-    # reads (`Op.kept`) until its last backward task, the weight gradients: the attention
-    # node's, the experts' input rows (arriving with the dispatch), their hidden rows and
-    # the shared experts'; the experts' output rows live until the combine has sent them.
+    # Activations (task allocs / frees): the attention node and the shared experts keep what
+    # their operators' backward reads (`Op.kept`) until their weight gradients; the MoE part's
+    # tensors are every MoE builder's (`sim.strategies.megatron_ep.memory.place_moe`).
     def attn_fwd(self, mb: int, lid: int, deps: list[str]) -> str:
         mem = ({self._buf(mb, lid, "attn"): kept_bytes(self.s.attn)}, [])
         return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps, mem=mem)
 
     def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
         deps = [attn] if self.s.count_bytes <= 0 else [self._split_sizes(mb, lid, attn)]
-        rows = {self._buf(mb, lid, "rows"): self.s.experts[self.rank][0].kept}
-        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", deps, rows)
+        return self._exchange(mb, lid, "fwd", "dispatch", "dispatch", "dispatch", deps)
 
     def _split_sizes(self, mb: int, lid: int, attn: str) -> str:
         """The count exchange and the host's wait for the counts (see the module docstring)."""
@@ -360,17 +361,13 @@ class Emitter:
         )
 
     def mlp_fwd(self, mb: int, lid: int, dispatched: str, attn: str) -> str:
-        ops = self._mlp_ops()
-        fc2 = self.s.experts[self.rank][-1].shape or {}
-        out = float(self.s.elem * fc2.get("m", 0) * fc2.get("n", 0))
-        allocs = {self._buf(mb, lid, "mlp"): kept_bytes(ops[1:]), self._buf(mb, lid, "out"): out}
-        return self._compute(
-            mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched], mem=(allocs, [])
-        )
+        ops, mem = self._mlp_ops(), None
+        if self.s.shared and not self.shared_overlap:  # the shared experts run in this node
+            mem = ({self._buf(mb, lid, "shared"): kept_bytes(self.s.shared)}, [])
+        return self._compute(mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched], mem=mem)
 
     def combine_fwd(self, mb: int, lid: int, mlp: str) -> str:
-        return self._exchange(mb, lid, "fwd", "combine", "combine", "combine", [mlp],
-                              frees=[self._buf(mb, lid, "out")])  # fmt: skip
+        return self._exchange(mb, lid, "fwd", "combine", "combine", "combine", [mlp])
 
     # -- backward nodes ----------------------------------------------------------------------
     def combine_bwd(self, mb: int, lid: int, deps: list[str]) -> str:
@@ -399,7 +396,9 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "mlp", _bwd(self._mlp_ops(), "dX"), [got], role="dX")
 
     def mlp_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        mem = ({}, [self._buf(mb, lid, "rows"), self._buf(mb, lid, "mlp")])
+        mem = None
+        if self.s.shared and not self.shared_overlap:
+            mem = ({}, [self._buf(mb, lid, "shared")])
         return self._compute(
             mb, lid, "bwd", "mlp_dw", _bwd(self._mlp_ops(), "dW"), deps, role="dW", mem=mem
         )

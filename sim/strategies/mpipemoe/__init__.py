@@ -6,13 +6,16 @@ stream (Fig. 4b: S1, S2, R1, S3, R2, ...), experts run on the compute stream, an
 mirrors it with micro-batches in reverse.
 
 Memory (Sec. II-B, III-D; `sim.workload.memory` has the formulas) is tracked as allocations and
-frees of named buffers. The layer is one operator, as MPipeMoE's fused op is: what its forward
-stashes (T_I, T_DI, T_M, T_DO, T_O) and the gradient buffers its backward writes (dT_O, dT_DO,
-dT_M, dT_DI, dT_I) are allocated at their first write and released when the backward returns,
-with the model states (Eq. 1) held throughout. Without reuse ("none") every micro-batch writes
-its own slice of full-size tensors (Eq. 2-4, the "memory bubbles" of Fig. 6). With reuse the
-micro-batches share ring buffers: one slot for T_M and dT_M, two for T_DI, T_DO, dT_DO and dT_DI
-(Eq. 5), and the graph orders a micro-batch's write into a slot after the last read of the slot's
+frees of named buffers, by the rule every MoE builder follows (`sim.strategies.activations`):
+what the forward stashes (T_I, T_DI, T_M, T_DO, T_O) is allocated at its first write and
+released when the layer's backward returns, the gradient buffers the backward writes (dT_O,
+dT_DO, dT_M, dT_DI, dT_I) from their first write to their last read; the model states
+(Eq. 1) are counted beside them as for every strategy (the summary's `model_state_bytes`,
+`sim.workload.accounting`), not as a buffer of the graph, so that peaks compare across
+strategies. Without reuse ("none") every micro-batch writes its own slice of
+full-size tensors (Eq. 2-4, the "memory bubbles" of Fig. 6). With reuse the micro-batches
+share ring buffers: one slot for T_M and dT_M, two for T_DI, T_DO, dT_DO and dT_DI (Eq. 5),
+and the graph orders a micro-batch's write into a slot after the last read of the slot's
 previous tenant (including its offload copy). The backward restores the overwritten T_DI and T_M
 as Table II says (`mpipemoe_perf.RESTORE`):
 

@@ -7,11 +7,12 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.activations import place
 from sim.strategies.chunking import comm_order
 from sim.strategies.mpipemoe.chunks import Chunk, _dgrad, _flops, _gemm_bytes, _wgrad, chunk_plan
 from sim.strategies.mpipemoe.perf import RESTORE
 from sim.strategies.steps import PASSES, compute_task, require_whole_experts, step_tags, task_id
-from sim.workload.memory import footprint, model_states
+from sim.workload.memory import footprint, layer_tensors
 from sim.workload.moe import MoELayer
 from sim.workload.slicing import layer_meta
 
@@ -89,7 +90,7 @@ def build_graph(
         b.forward()
         if "bwd" in passes:
             b.backward()
-        b.release()
+        place([t for ts in b.streams.values() for t in ts], b.nbytes(), passes, buffer=b.slot)
         for tasks in b.streams.values():
             for t in tasks:
                 g.add(t)
@@ -117,19 +118,42 @@ class _Rank:
         self.ring = reuse != "none"
         self.di_how, self.m_how = RESTORE[reuse]
         self.streams: dict[str, list[Task]] = defaultdict(list)
-        self.live: dict[str, float] = {}  # buffers allocated on this rank, in order
         # slots per ring: one for T_M / dT_M, two (one communicated, one computed) for the rest
         self.double = min(2, self.n)
-        di = [float(c.di_bytes[rank]) for c in plan]
-        mid = [float(c.m_bytes[rank]) for c in plan]
-        # full tensors (no reuse) or one slot (reuse, the largest micro-batch)
-        self.size = {
-            "DI": max(di) if self.ring else sum(di),
-            "M": max(mid) if self.ring else sum(mid),
-        }
         e, M = layer.elem, layer.model_dim
         self.io_bytes = float(layer.experts * layer.capacity * M * e)  # T_I, T_O: [E, C, M]
-        self.ms_bytes = e * model_states(layer.experts, M, layer.hidden_dim, layer.local_experts)
+        # model states (Eq. 1) are not allocated here: every strategy's summary counts them
+        # alike, beside the activations (sim.workload.accounting), so that peaks compare
+
+    # -- memory: the tensors every builder allocates, here with MPipeMoE's ring slots ---------
+    def slot(self, tensor: str, t: Task) -> str:
+        """The buffer task `t` writes or reads of `tensor`: the whole tensor without reuse
+        (every micro-batch its slice, Eq. 4), else ring slot p mod slots for the micro-batch
+        processed p-th (backward: in reverse), Eq. 5."""
+        slots = self._slots().get(tensor)
+        if slots is None:
+            return tensor
+        j = int(t.tags["chunk"])
+        p = j if t.tags["phase"] == "fwd" else self.n - 1 - j
+        return f"{tensor}.{p % slots}"
+
+    def _slots(self) -> dict[str, int]:
+        if not self.ring:
+            return {}
+        d = self.double
+        return {"T_DI": d, "T_M": 1, "T_DO": d, "dT_DO": d, "dT_M": 1, "dT_DI": d}
+
+    def nbytes(self) -> dict[str, float]:
+        """Bytes of each buffer: the layer's tensors (`sim.workload.memory.layer_tensors`),
+        a ring slot the size of the largest micro-batch's slice."""
+        r, l = self.rank, self.l
+        rows = [float(c.rows[r]) for c in self.plan]
+        out = layer_tensors(l.experts * l.capacity, sum(rows), l.model_dim, l.hidden_dim, l.elem)
+        one = layer_tensors(l.experts * l.capacity, max(rows), l.model_dim, l.hidden_dim, l.elem)
+        for tensor, slots in self._slots().items():
+            del out[tensor]
+            out |= {f"{tensor}.{s}": one[tensor] for s in range(slots)}
+        return out
 
     # -- helpers ---------------------------------------------------------------------------
     def _id(self, phase: str, step: str, j: int | None = None) -> str:
@@ -142,23 +166,6 @@ class _Rank:
         self.streams[t.stream].append(t)
         return t
 
-    def _alloc(self, name: str, nbytes: float) -> dict[str, float]:
-        """Allocate at the first write; later writes reuse the live buffer."""
-        if name in self.live:
-            return {}
-        self.live[name] = nbytes
-        return {name: nbytes}
-
-    def _buf(self, tensor: str, slot: int, grad: bool = False) -> dict[str, float]:
-        """The buffer a micro-batch writes `tensor` (DI, M, DO) into: its full tensor, or ring
-        slot `slot` (a micro-batch index, taken modulo the ring's slots)."""
-        kind = "M" if tensor == "M" else "DI"
-        name = ("dT_" if grad else "T_") + tensor
-        if not self.ring:
-            return self._alloc(name, self.size[kind])
-        slots = 1 if tensor == "M" else self.double
-        return self._alloc(f"{name}.{slot % slots}", self.size[kind])
-
     def _compute(
         self,
         phase: str,
@@ -169,28 +176,16 @@ class _Rank:
         nbytes: float,
         deps: list[str],
         shape: dict | None = None,
-        allocs: dict | None = None,
     ) -> Task:
         t = compute_task(self.rank, self.lid, phase, step, kind, flops, nbytes, deps, j, shape)
-        t.allocs = allocs or {}
         return self._add(t, phase, step, j)
 
-    def _gemm(self, phase: str, step: str, j: int, shape: dict, deps: list[str], allocs=None):
+    def _gemm(self, phase: str, step: str, j: int, shape: dict, deps: list[str]):
         return self._compute(
-            phase,
-            step,
-            j,
-            "gemm",
-            _flops(shape),
-            _gemm_bytes(shape, self.l.elem),
-            deps,
-            shape,
-            allocs,
+            phase, step, j, "gemm", _flops(shape), _gemm_bytes(shape, self.l.elem), deps, shape
         )
 
-    def _comm(
-        self, phase: str, step: str, j: int, deps: list[str], reverse: bool, allocs=None
-    ) -> Task:
+    def _comm(self, phase: str, step: str, j: int, deps: list[str], reverse: bool) -> Task:
         c = self.plan[j]
         t = c.exchange(
             self.rank,
@@ -200,7 +195,7 @@ class _Rank:
             self.algo,
             reverse,
         )
-        t.deps, t.allocs = deps, allocs or {}
+        t.deps = deps
         return self._add(t, phase, step, j)
 
     def _copy(self, kind: str, phase: str, step: str, j: int, nbytes: float, deps: list[str]):
@@ -230,7 +225,6 @@ class _Rank:
             2.0 * T * M * E,
             gate_bytes,
             [],
-            allocs=self._alloc("model_states", self.ms_bytes),
         )
         enc = self._compute(
             P,
@@ -240,7 +234,6 @@ class _Rank:
             0.0,
             float(e * T * M) + self.io_bytes,
             [gate.id],
-            allocs=self._alloc("T_I", self.io_bytes),
         )
         S, R = (lambda j: self._id(P, "dispatch", j)), (lambda j: self._id(P, "combine", j))
         F1, F2 = (lambda j: self._id(P, "fc1", j)), (lambda j: self._id(P, "fc2", j))
@@ -250,7 +243,7 @@ class _Rank:
             deps = [S(j)]
             if ring and offload_m and j >= 1:  # the single T_M slot holds j-1 until offloaded
                 deps.append(DM(j - 1))
-            self._gemm(P, "fc1", j, fc1, deps, self._buf("M", j))
+            self._gemm(P, "fc1", j, fc1, deps)
             if offload_di and j < n - self.double:  # the last two stay in their slots
                 self._copy(
                     "d2h", P, "offload_di", j, float(self.plan[j].di_bytes[self.rank]), [S(j)]
@@ -262,7 +255,7 @@ class _Rank:
             deps = [F1(j)]
             if ring and j >= self.double:  # T_DO slot: combine of j-2 has read it
                 deps.append(R(j - self.double))
-            self._gemm(P, "fc2", j, fc2, deps, self._buf("DO", j))
+            self._gemm(P, "fc2", j, fc2, deps)
         for what, j, _ in comm_order(n, ORDER):
             if what == "first":
                 deps = [enc.id]
@@ -270,10 +263,9 @@ class _Rank:
                     deps.append(F1(j - self.double))
                     if offload_di:
                         deps.append(DDI(j - self.double))
-                self._comm(P, "dispatch", j, deps, reverse=False, allocs=self._buf("DI", j))
+                self._comm(P, "dispatch", j, deps, reverse=False)
             else:
-                allocs = self._alloc("T_O", self.io_bytes)
-                self._comm(P, "combine", j, [F2(j)], reverse=True, allocs=allocs)
+                self._comm(P, "combine", j, [F2(j)], reverse=True)
         self._compute(
             P,
             "decode",
@@ -308,7 +300,6 @@ class _Rank:
             0.0,
             float(e * T * M) + self.io_bytes,
             [],
-            allocs=self._alloc("dT_O", self.io_bytes),
         )
         # copy stream: restore T_M (read first, by fc2's wgrad) then T_DI (fc1's wgrad); the
         # micro-batches the forward left in the ring (the last for T_M, the last two for T_DI)
@@ -328,7 +319,7 @@ class _Rank:
             if m_how == "recompute" and p >= 1:
                 rdeps = [di_ready(p)] if p >= self.double else []  # else T_DI is resident
                 self._gemm(P, "fc1_recompute", j, fc1, rdeps)
-            d2 = self._gemm(P, "fc2_dgrad", j, _dgrad(fc2), [CG(p)], self._buf("M", p, grad=True))
+            d2 = self._gemm(P, "fc2_dgrad", j, _dgrad(fc2), [CG(p)])
             deps = [d2.id]
             if m_how is not None and p >= 1:
                 deps.append(HM(p) if m_how == "offload" else RC(p))
@@ -336,7 +327,7 @@ class _Rank:
             deps = [d2.id]
             if ring and p >= self.double:  # dT_DI slot: dispatch gradient of p-2 has sent it
                 deps.append(DG(p - self.double))
-            d1 = self._gemm(P, "fc1_dgrad", j, _dgrad(fc1), deps, self._buf("DI", p, grad=True))
+            d1 = self._gemm(P, "fc1_dgrad", j, _dgrad(fc1), deps)
             deps = [d1.id]
             if di_ready is not None and p >= self.double:
                 deps.append(di_ready(p))
@@ -346,14 +337,13 @@ class _Rank:
         for what, p, _ in comm_order(n, ORDER):
             j = j_of[p]
             if what == "second":
-                allocs = self._alloc("dT_I", self.io_bytes)
-                self._comm(P, "dispatch_grad", j, [F1D(p)], reverse=True, allocs=allocs)
+                self._comm(P, "dispatch_grad", j, [F1D(p)], reverse=True)
                 continue
             deps = [head.id]
             if ring and p >= self.double:  # dT_DO slot: fc2's gradients of p-2 have read it
                 deps.append(F2W(p - self.double))
             # gradients travel against their forward exchange: combine's to the experts' ranks
-            cg = (P, "combine_grad", j, deps, False, self._buf("DO", p, grad=True))
+            cg = (P, "combine_grad", j, deps, False)
             rd = None
             if di_how == "comm" and p >= self.double:  # fc1 wgrad of p-2 has read the slot
                 rd = (P, "redispatch", j, [F1W(p - self.double)], False)
@@ -373,8 +363,3 @@ class _Rank:
         )
         gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
         self._compute(P, "gate_grad", None, "gate", 4.0 * T * M * E, gate_bytes, [enc.id])
-
-    def release(self) -> None:
-        """The operator returns: everything it held is freed by its last compute task."""
-        last = self.streams["compute"][-1]
-        last.frees = list(self.live)

@@ -16,8 +16,10 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.activations import place
 from sim.strategies.parm.volumes import Degrees, Volumes
 from sim.strategies.steps import dgrad_shape, step_tags, task_id, wgrad_shape
+from sim.workload.memory import layer_tensors
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout
 from sim.workload.slicing import layer_meta
@@ -51,11 +53,16 @@ def build_schedule(
     )
     groups: dict[tuple[int, ...], list[int]] = {}  # one shared list per group
     for rank in range(layer.world):
-        b = _Rank(layer, vol, lay, rank, groups, saa and vol.schedule == "s2", algo,
-                  "bwd" in passes)  # fmt: skip
+        b = _Rank(layer, vol, lay, rank, groups, saa and vol.schedule == "s2", algo)
         last: Dep = None
         for p in passes:
             last = b.pass_(p, last)
+        # the layer's tensors (sim.strategies.activations): T_I, T_O the rank's [E, C', M]
+        # buffer, its experts' N_ESP |D| rows of M (T_DI, T_DO) and of H / N_ESP (T_M)
+        rows = vol.local_experts * vol.rows
+        mem = layer_tensors(layer.experts * vol.capacity, rows, layer.model_dim, vol.hidden,
+                            layer.elem)  # fmt: skip
+        place(b.tasks, mem, passes)
         for t in b.tasks:
             g.add(t)
     g.validate()
@@ -72,14 +79,11 @@ class _Rank:
         groups: dict[tuple[int, ...], list[int]],
         saa: bool,
         algo: str | None,
-        keep: bool,
     ):
         self.l, self.v, self.lay, self.rank = layer, vol, lay, rank
         self.saa, self.algo, self._groups = saa, algo, groups
         self.tasks: list[Task] = []
         self.deg: Degrees = vol.deg
-        self.keep = keep  # the forward's activations stay for the backward
-        self.fwd_done = False  # whether this graph's forward left them (else: see _experts)
 
     # -- pieces ----------------------------------------------------------------------------
     def _group(self, kind: str) -> list[int]:
@@ -133,7 +137,6 @@ class _Rank:
         fc1 = {"batch": v.local_experts, "m": v.rows, "n": v.hidden, "k": M}
         fc2 = {"batch": v.local_experts, "m": v.rows, "n": M, "k": v.hidden}
         work = 2.0 * v.local_experts * v.rows * v.hidden * M  # flops of one GEMM
-        mid = float(e * v.local_experts * v.rows * v.hidden)
 
         def gemm(step: str, sizes: dict, shape: dict, d: Dep, **kw: Any) -> str:
             """A GEMM of `sizes`' work, run in `shape`'s layout (dgrad / wgrad views)."""
@@ -141,21 +144,16 @@ class _Rank:
                               bytes=_gb(e, sizes), shape=shape, **kw)  # fmt: skip
 
         if phase == "fwd":
-            a = gemm("fc1", fc1, fc1, dep, allocs={"parm.mid": mid})
-            return gemm("fc2", fc2, fc2, a, frees=[] if self.keep else ["parm.mid", "parm.recv"])
-        # a backward with no forward in the graph finds the kept activations live
-        stash = {} if self.fwd_done else {"parm.mid": mid, "parm.recv": float(self.deg.esp * v.buf)}
-        d2 = gemm("fc2_dgrad", fc2, dgrad_shape(fc2), dep, allocs=stash)
-        w2 = gemm("fc2_wgrad", fc2, wgrad_shape(fc2), d2, frees=["parm.mid"])
+            return gemm("fc2", fc2, fc2, gemm("fc1", fc1, fc1, dep))
+        d2 = gemm("fc2_dgrad", fc2, dgrad_shape(fc2), dep)
+        w2 = gemm("fc2_wgrad", fc2, wgrad_shape(fc2), d2)
         d1 = gemm("fc1_dgrad", fc1, dgrad_shape(fc1), w2)
-        return gemm("fc1_wgrad", fc1, wgrad_shape(fc1), d1, frees=["parm.recv"])
+        return gemm("fc1_wgrad", fc1, wgrad_shape(fc1), d1)
 
     # -- passes ----------------------------------------------------------------------------
     def pass_(self, phase: str, head: Dep) -> Dep:
         """One pass as a chain after `head` (the forward's last task); its last task(s)."""
-        out = getattr(self, f"_{self.v.schedule}")(phase, head)
-        self.fwd_done = self.fwd_done or phase == "fwd"
-        return out
+        return getattr(self, f"_{self.v.schedule}")(phase, head)
 
     def _baseline(self, phase: str, x: Dep) -> Dep:
         n, d = self.deg.esp, self.v.buf
@@ -165,8 +163,7 @@ class _Rank:
             x = self._layout_op(phase, "encode", "encode", x)
             if sliced:
                 x = self._coll(phase, "esp_gather", "all_gather", "esp", d, x)
-            x = self._coll(phase, "dispatch", "all_to_all", "ep", n * d, x,
-                           allocs={"parm.recv": n * d})  # fmt: skip
+            x = self._coll(phase, "dispatch", "all_to_all", "ep", n * d, x)
             x = self._experts(phase, x)
             if sliced:
                 x = self._coll(phase, "esp_reduce", "all_reduce", "esp", n * d, x)
@@ -238,8 +235,7 @@ class _Rank:
         if out and n > 1:
             x = self._local(phase, "dump" if step == "dispatch" else "local_combine_grad",
                             (1 + n) * d, x)  # fmt: skip
-        allocs = {"parm.recv": n * d} if step == "dispatch" else {}
-        x = self._coll(phase, step, "all_to_all", "moe", n * d, x, allocs=allocs)
+        x = self._coll(phase, step, "all_to_all", "moe", n * d, x)
         if not out and n > 1:
             x = self._local(phase, "local_combine" if step == "combine" else "dump_grad",
                             (1 + n) * d, x)  # fmt: skip

@@ -94,7 +94,7 @@ def compute_time(layer: MoELayer, vol: Volumes, cluster: Any, saa: bool, algo: s
     from sim.strategies.parm.schedules import _Rank
 
     lay = ParallelLayout(ep=vol.deg.ep, esp=vol.deg.esp, tp=vol.deg.mp, tp_overlay=True)
-    b = _Rank(layer, vol, lay, 0, {}, saa and vol.schedule == "s2", algo, True)
+    b = _Rank(layer, vol, lay, 0, {}, saa and vol.schedule == "s2", algo)
     b.pass_("bwd", b.pass_("fwd", None))
     duration = cluster.costs.compute.duration
     # SAA's per-round local combines are inside the fitted overlapped time already
@@ -168,7 +168,7 @@ def _saa_graph(
     vol = dataclasses.replace(base, capacity=cap, buf=float(row // deg.esp * cap))
     groups: dict[tuple[int, ...], list[int]] = {}
     for r in range(deg.world):
-        b = _Rank(layer, vol, lay, r, groups, True, algo, False)
+        b = _Rank(layer, vol, lay, r, groups, True, algo)
         b._return("fwd", "combine", "mp_gather", None)
         for t in b.tasks:
             g.add(t)
