@@ -156,7 +156,8 @@ TOPOLOGY_CONFIG = {
 
 def seed_graph() -> dict[str, Any]:
     """Two ranks; every task field set somewhere: GEMMs with shapes and allocations, an
-    all-to-all, an all-to-allv with splits, a send/recv pair, frees, tags."""
+    all-to-all, an all-to-allv with splits, DeepEP's exchange (its per-node bytes a list
+    tag), a send/recv pair, frees, tags."""
     ab = {"group": [0, 1]}
     tasks = [
         {"id": "g0", "rank": 0, "stream": "compute", "kind": "gemm", "flops": 8.4e6,
@@ -172,6 +173,12 @@ def seed_graph() -> dict[str, Any]:
          "split": [100.0, 200.0], "recv_split": [100.0, 300.0]},
         {"id": "v1", "rank": 1, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
          "split": [300.0, 400.0], "recv_split": [200.0, 400.0]},
+        {"id": "d0", "rank": 0, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "dep",
+         "algo": "deepep", "split": [0.0, 96.0], "recv_split": [0.0, 64.0],
+         "tags": {"deepep": "dispatch", "node_bytes": [96.0]}},
+        {"id": "d1", "rank": 1, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "dep",
+         "algo": "deepep", "split": [64.0, 0.0], "recv_split": [96.0, 0.0],
+         "tags": {"deepep": "dispatch", "node_bytes": [64.0]}},
         {"id": "s0", "rank": 0, "stream": "comm", "kind": "send", "peer": 1, "coll": "p2p",
          "bytes": 512.0},
         {"id": "r1", "rank": 1, "stream": "comm", "kind": "recv", "peer": 0, "coll": "p2p",
@@ -611,6 +618,12 @@ def _bad_command_lines() -> list[tuple[str, list[str]]]:
         ("unknown_option", ["simulate", "cfg.yaml", "--frobnicate"]),
         ("abbreviated_option", ["simulate", "cfg.yaml", "--str", "sequential"]),
         ("schema_unknown", ["schema", "bogus"]),
+        ("cost_nested_unknown", sim + ["--cost", "resources.nope=1"]),
+        ("cost_nested_wrong_type", sim + ["--cost", "resources.max_connections=many"]),
+        ("cost_nested_under_scalar", sim + ["--cost", "network.flow=1"]),
+        ("cost_nested_deep", sim + ["--cost", "a." * 200 + "b=1"]),
+        ("cost_nested_empty_part", sim + ["--cost", "resources..max_connections=1"]),
+        ("graph_no_output", ["graph", "cfg.yaml"]),
     ]
 
 

@@ -50,7 +50,7 @@ def test_collective_mode_without_fits_equals_flow_mode():
     names = ["sequential", "pipelined:degree=2"]
     flow = compare({**SMALL, "costs": {"network": "flow"}}, names).table
     coll = compare({**SMALL, "costs": {"network": "collective"}}, names).table
-    assert coll["makespan_ms"].to_numpy() == pytest.approx(flow["makespan_ms"].to_numpy(), rel=1e-9)
+    assert coll["makespan_s"].to_numpy() == pytest.approx(flow["makespan_s"].to_numpy(), rel=1e-9)
 
 
 def test_gemm_fit_closed_form_on_a_plain_roofline():

@@ -117,25 +117,26 @@ def compare(cfg: RunConfig, entries: list[str]) -> pd.DataFrame:
                 "params": ", ".join(f"{k}={v}" for k, v in chosen.items()) or "-",
                 "scope": covers,
                 "tokens": tokens,
-                "makespan_ms": s["makespan_s"] * 1e3,
-                "time_per_token_ns": s["makespan_s"] / tokens * 1e9,
-                "exposed_comm_ms": s["exposed_comm_s"] * 1e3,
-                "peak_activation_gib": s["peak_activation_bytes"] / 2**30,
-                "model_state_gib": _gib(s["model_state_bytes"]),
-                "peak_memory_gib": _gib(s["peak_memory_bytes"]),
+                "makespan_s": s["makespan_s"],
+                "time_per_token_s": s["makespan_s"] / tokens,
+                "exposed_comm_s": s["exposed_comm_s"],
+                "peak_activation_bytes": s["peak_activation_bytes"],
+                "model_state_bytes": s["model_state_bytes"],
+                "peak_memory_bytes": s["peak_memory_bytes"],
                 "oom": s["oom"],
                 **token_columns(s),
                 "config": label,
                 "gpus": topo.world_size,
                 "run_id": run_id(cfg, entry),
-                **{f"param.{k}": str(v) for k, v in chosen.items()},
+                **{f"param.{k}": v for k, v in chosen.items()},
             }
         )
     df = pd.DataFrame(rows)
-    params = [c for c in df.columns if c.startswith("param.")]
-    df[params] = df[params].fillna("")  # a parameter the strategy does not have
+    typed_param_columns(df, rows)
     typed_token_columns(df)
-    per_token = df["time_per_token_ns"]
+    for c in ("model_state_bytes", "peak_memory_bytes"):
+        df[c] = df[c].astype("Float64")  # unknown (a graph that does not say) stays NA
+    per_token = df["time_per_token_s"]
     df["vs_best"] = per_token / per_token.min()  # time per token: fair across layouts
     df.attrs["config"] = cfg.to_dict()  # written beside the table: `report` re-simulates it
     return df
@@ -150,14 +151,14 @@ def results_rows(df: pd.DataFrame) -> pd.DataFrame:
             "strategy": df["strategy"],
             "status": "ok",
             "error": "",
-            "makespan_s": df["makespan_ms"] / 1e3,
-            "time_per_token_s": df["time_per_token_ns"] / 1e9,
+            "makespan_s": df["makespan_s"],
+            "time_per_token_s": df["time_per_token_s"],
             "tokens": df["tokens"].astype(int),
             "gpus": df["gpus"].astype(int),
-            "exposed_comm_s": df["exposed_comm_ms"] / 1e3,
-            "peak_activation_bytes": df["peak_activation_gib"] * 2**30,
-            "model_state_bytes": df["model_state_gib"] * 2**30,
-            "peak_memory_bytes": df["peak_memory_gib"] * 2**30,
+            "exposed_comm_s": df["exposed_comm_s"],
+            "peak_activation_bytes": df["peak_activation_bytes"],
+            "model_state_bytes": df["model_state_bytes"],
+            "peak_memory_bytes": df["peak_memory_bytes"],
             **{c: df[c] for c in TOKEN_COLUMNS},
         }
     )
@@ -175,15 +176,15 @@ def figure(df: pd.DataFrame, title: str) -> Any:
         rows=1, cols=2, subplot_titles=("time per token (ranks the table)", "makespan per step")
     )
     hover = [
-        f"{r.strategy}<br>{r.params}<br>{r.time_per_token_ns:.3f} ns/token, "
-        f"{r.vs_best:.3f}x best<br>makespan {r.makespan_ms:.3f} ms, {r.tokens} tokens"
+        f"{r.strategy}<br>{r.params}<br>{r.time_per_token_s * 1e9:.3f} ns/token, "
+        f"{r.vs_best:.3f}x best<br>makespan {r.makespan_s * 1e3:.3f} ms, {r.tokens} tokens"
         for r in df.itertuples(index=False)
     ]
     fig.add_trace(
         go.Bar(
             name="time per token",
             x=df["strategy"],
-            y=df["time_per_token_ns"],
+            y=df["time_per_token_s"] * 1e9,
             hovertext=hover,
             hoverinfo="text",
         ),
@@ -194,7 +195,7 @@ def figure(df: pd.DataFrame, title: str) -> Any:
         go.Bar(
             name="makespan",
             x=df["strategy"],
-            y=df["makespan_ms"],
+            y=df["makespan_s"] * 1e3,
             hovertext=hover,
             hoverinfo="text",
         ),
@@ -202,7 +203,7 @@ def figure(df: pd.DataFrame, title: str) -> Any:
         col=2,
     )
     fig.add_trace(
-        go.Bar(name="exposed communication", x=df["strategy"], y=df["exposed_comm_ms"]),
+        go.Bar(name="exposed communication", x=df["strategy"], y=df["exposed_comm_s"] * 1e3),
         row=1,
         col=2,
     )
@@ -243,9 +244,10 @@ def to_markdown(df: pd.DataFrame) -> str:
         oom = " OOM" if r.oom else ""
         lines.append(
             f"| {r.strategy} | {r.params} | {r.scope} | {r.tokens} | {_kept(r)} | "
-            f"{r.makespan_ms:.3f} | {r.exposed_comm_ms:.3f} | {r.peak_activation_gib:.3f} | "
-            f"{_num(r.model_state_gib)} | {_num(r.peak_memory_gib)}{oom} | "
-            f"{r.time_per_token_ns:.4g} | {r.vs_best:.3f}x |"
+            f"{r.makespan_s * 1e3:.3f} | {r.exposed_comm_s * 1e3:.3f} | "
+            f"{_gib(r.peak_activation_bytes)} | {_gib(r.model_state_bytes)} | "
+            f"{_gib(r.peak_memory_bytes)}{oom} | {r.time_per_token_s * 1e9:.4g} | "
+            f"{r.vs_best:.3f}x |"
         )
     if df["scope"].nunique() > 1:
         lines += ["", SCOPES_DIFFER]
@@ -260,12 +262,23 @@ def to_markdown(df: pd.DataFrame) -> str:
 TOKEN_COLUMNS = ("tokens_routed", "tokens_kept", "tokens_dropped", "dropped_fraction")
 
 
-def _gib(nbytes: float | None) -> float | None:
-    return None if nbytes is None else nbytes / 2**30
+def _gib(nbytes: Any) -> str:
+    """Bytes as GiB for the tables a person reads (the frame itself is in bytes)."""
+    return "unknown" if nbytes is None or pd.isna(nbytes) else f"{nbytes / 2**30:.3f}"
 
 
-def _num(x: Any) -> str:
-    return "unknown" if x is None or pd.isna(x) else f"{x:.3f}"
+def typed_param_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> None:
+    """`param.<key>` columns typed as `sweep` types them (sim.analysis.sweep_store), from the
+    values the rows ran with: integers, floats, or text; a parameter a strategy does not
+    have is NA (or "" in a text column)."""
+    for c in [c for c in df.columns if c.startswith("param.")]:
+        vals = [r[c] for r in rows if r.get(c) is not None]
+        if vals and all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+            df[c] = pd.array([r.get(c) for r in rows], dtype="Int64")
+        elif vals and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+            df[c] = pd.array([r.get(c) for r in rows], dtype="Float64")
+        else:
+            df[c] = ["" if r.get(c) is None else str(r[c]) for r in rows]
 
 
 def _kept(r: Any) -> str:
