@@ -84,6 +84,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, B.Case]]:
             want -= 1
     out += [("hostile", c) for c in B.hostile_cases()]
     out += [("extreme", c) for c in B.extreme_cases()]
+    out += [("faults", c) for c in B.fault_cases()]
     out += [("exec", c) for c in B.exec_cases()]
     return out
 

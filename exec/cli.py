@@ -84,9 +84,11 @@ def _check_procs(nprocs: int, timeout: float) -> None:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from exec import api
     from exec.errors import require_torch
+    from sim.cli_options import check_output_file
 
     require_torch()
     _check_procs(a.nprocs, a.timeout)
+    check_output_file(a.out, "--out")  # before measuring: a refused path must not cost a run
     plan = api.calibration_plan(a.nprocs, a.quick, a.shapes_from, a.strategies)
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
     cal, path = api.calibrate(a.nprocs, a.backend, plan, a.out, a.timeout)

@@ -208,6 +208,10 @@ def replay(
     from sim.hardware.costs import CostModel
     from sim.hardware.topology import Topology
 
+    if out_dir is not None:  # an unusable output folder fails before the run, not after it
+        from sim.core.io import check_output_dir
+
+        check_output_dir(out_dir)
     if (costs or {}).get("calibration"):
         from sim.config.routing_file import check_calibration_file
 

@@ -20,7 +20,7 @@ from sim.cli_options import limit_opt as _limit_opt
 from sim.cli_options import limits as _limits
 from sim.cli_options import refuse as _refuse
 from sim.core.errors import ConfigError, MoesimError
-from sim.core.io import check_output_dir
+from sim.core.io import OutputError, check_output_dir
 
 # Where `moesim demo` writes by default: a fixed place outside any checkout (the README's
 # first command must not leave files in the clone it is run from).
@@ -266,6 +266,8 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `moesim ... | head`: the reader left; nothing to report
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
         return 0
+    except OutputError as e:  # names the option and the path asked for (not a temp name)
+        return _fail(str(e))
     except OSError as e:
         where = f" {e.filename}" if e.filename else ""
         return _fail(f"{e.strerror or e}{where}")

@@ -15,7 +15,7 @@ def _size(text: str) -> int:
     t = text.strip().upper().removesuffix("B")
     try:
         return int(float(t[:-1]) * units[t[-1]]) if t and t[-1] in units else int(t)
-    except ValueError:
+    except (ValueError, OverflowError):  # OverflowError: infK, 1e400 (no integer size)
         raise argparse.ArgumentTypeError(
             f"size {text!r}: expected e.g. 1024, 64K, 16M, 1G"
         ) from None

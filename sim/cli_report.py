@@ -11,9 +11,12 @@ from typing import Any
 def cmd_report(a: argparse.Namespace) -> int:
     from sim.analysis.report import build, markdown, write
     from sim.analysis.results import parse_threshold
+    from sim.core.errors import ConfigError
     from sim.core.io import check_output_dir
 
     threshold = parse_threshold(a.threshold)
+    if a.timelines < 0:  # a count: a negative one would silently mean none
+        raise ConfigError(f"--timelines {a.timelines}: expected a count >= 0 (0: no timelines)")
     if a.out is not None:  # an unusable --out fails before anything is read
         check_output_dir(a.out)
     rep = build(a.results, a.baseline, threshold)

@@ -37,7 +37,7 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         doc = stats | {"best": best, "errors": {str(k): int(v) for k, v in errors.items()}}
         doc |= {"notes": [note]} if note else {}
         print(json.dumps(doc, indent=2, default=str))
-        return 0
+        return _all_failed(df, a.out)
     print(
         f"sweep: {stats['points']} runs: {stats['ran']} ran now, {stats['skipped']} from an "
         f"earlier run; {stats['failed']} failed"
@@ -55,6 +55,19 @@ def cmd_sweep(a: argparse.Namespace) -> int:
         print(f"  {n} x error: {message}")
     for name, path in stats["files"].items():
         print(f"  wrote {name:8s} {path}")
+    return _all_failed(df, a.out)
+
+
+def _all_failed(df: Any, out: str) -> int:
+    """1 (with a line on stderr) when no point ran: a sweep of only errors is a failure for
+    a script, not a result; its rows stay in `out` for --retry-errors."""
+    if len(df) and not (df["status"] == "ok").any():
+        print(
+            f"moesim: error: sweep: every point failed ({len(df)} of {len(df)}); the rows "
+            f"with their errors are kept in {out}",
+            file=sys.stderr,
+        )
+        return 1
     return 0
 
 

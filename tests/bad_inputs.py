@@ -627,6 +627,115 @@ def _bad_command_lines() -> list[tuple[str, list[str]]]:
     ]
 
 
+def _kineto(edit: Any) -> bytes:
+    """The recorded rank-0 Kineto trace with `edit(doc, first_cpu_op)` applied."""
+    import gzip
+
+    doc = json.loads(gzip.decompress((ROOT / "traces/kineto-gloo-2r/rank0.json.gz").read_bytes()))
+    op = next(e for e in doc["traceEvents"] if isinstance(e, dict) and e.get("cat") == "cpu_op")
+    edit(doc, op)
+    return json.dumps(doc).encode()
+
+
+def fault_cases() -> list[Case]:
+    """Issue 28's surfaces: cyclic YAML aliases through every reader, special files as output
+    targets, nulls where a mapping or list belongs, whatif and sweep values that make no
+    sense, report and replay inputs cut short or impossible, Kineto events with fields of the
+    wrong kind, and a group too large for memory."""
+    cfg = CONFIGS["pipelined"]
+    ok = {"cfg.yaml": yaml_bytes(cfg)}
+    cyc = b"a: &a [*a]\n"
+    sim = ["simulate", "cfg.yaml", "--out", "out"]
+    g = seed_graph()
+    clash = copy.deepcopy(g)
+    clash["tasks"] += [
+        {"id": f"ar{r}", "rank": r, "stream": "comm.b", "kind": "all_reduce", "group": [0, 1],
+         "coll": "p2p", "bytes": 64.0} for r in (0, 1)
+    ]  # fmt: skip
+    head = "run_id,config,strategy,status,error,makespan_s,time_per_token_s,tokens,gpus\n"
+    rows = head + "".join(
+        f"r{i},c,{s},ok,,{t},{t / 8192},8192,16\n"
+        for i, (s, t) in enumerate((("sequential", 0.013), ("pipelined:degree=2", 0.0104),
+                                    ("tutel", 0.012), ("pipemoe", 0.011)))
+    )  # fmt: skip
+    csv = rows.encode()
+    k1 = (ROOT / "traces/kineto-gloo-2r/rank1.json.gz").read_bytes()
+    replay = ["replay", "rank0.json", "rank1.json.gz"]
+
+    def kineto(name: str, edit: Any) -> Case:
+        return Case(f"kineto_{name}", replay, {"rank0.json": _kineto(edit), "rank1.json.gz": k1})
+
+    def whatif(*sets: str) -> list[str]:
+        return ["whatif", "cfg.yaml", *(x for v in sets for x in ("--set", v))]
+
+    return [
+        # one safe loader: a cyclic alias is refused wherever YAML is read
+        Case("cycle_config", sim, {"cfg.yaml": yaml_bytes(cfg) + b"output: &a [*a]\n"}),
+        Case("cycle_param", sim + ["--param", "degree=&a [*a]"], ok),
+        Case("cycle_cost", sim + ["--cost", "finish_rtol=&a [*a]"], ok),
+        Case("cycle_compare_entry", ["compare", "cfg.yaml", "--strategies",
+                                     "pipelined:degree=&a [*a]"], ok),  # fmt: skip
+        Case("cycle_sweep", ["sweep", "s.yaml", "--out", "sw"],
+             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: &a {nodes: [*a]}\n"}),
+        Case("cycle_calibration", sim + ["--calibration", "c.yaml"], {**ok, "c.yaml": cyc}),
+        Case("cycle_topology", sim + ["--topology", "./t.yaml"], {**ok, "t.yaml": cyc}),
+        Case("cycle_merge_key", sim, {"cfg.yaml": yaml_bytes(cfg) + b"x: &a {<<: *a}\n"}),
+        # an output never replaces what is not a regular file
+        Case("graph_out_fifo", ["graph", "cfg.yaml", "-o", "f"], {**ok, "f": "fifo"}),
+        Case("graph_out_link", ["graph", "cfg.yaml", "-o", "l"], {**ok, "l": "link:cfg.yaml"}),
+        Case("collectives_out_fifo", ["collectives", "--topology", "dgx-a100", "--nodes", "1",
+                                      "-b", "1K", "-e", "4K", "--out", "f"], {"f": "fifo"}),
+        Case("draw_fifo", ["topology", "show", "dgx-a100", "--draw", "f"], {"f": "fifo"}),
+        # null is not "left out"
+        *(config_case(f"null_{k.replace('.', '_')}", doc) for k, doc in (
+            ("strategy", {**cfg, "strategy": None}),
+            ("passes", {**cfg, "passes": None}),
+            ("output.dir", {**cfg, "output": {"dir": None}}),
+            ("fabric.oversubscription", {**CONFIGS["layout"],
+                                         "fabric": {"oversubscription": None}}),
+        )),  # fmt: skip
+        graph_case("p2p_shares_collective_id", clash),
+        # values no machine has
+        Case("whatif_nodes_overflow", whatif("nodes=1e400"), ok),
+        Case("whatif_nodes_nan", whatif("nodes=nan"), ok),
+        Case("whatif_speed_inf", whatif("compute.speed=inf"), ok),
+        Case("whatif_speed_tiny_factor", whatif("compute.speed=*1e-300"), ok),
+        Case("whatif_bw_inf", whatif("link.*.bw=inf"), ok),
+        Case("whatif_graph_nodes_zero", ["whatif", "g.json", "--topology", "dgx-a100", "--nodes",
+                                         "0", "--set", "compute.speed=*2"],
+             {"g.json": json_bytes(g)}),  # fmt: skip
+        Case("whatif_out_under_file", whatif("compute.speed=*2") + ["--out", "cfg.yaml/x"], ok),
+        Case("sweep_grid_inf", ["sweep", "s.yaml", "--out", "sw"],
+             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {nodes: [.inf]}\n"}),
+        Case("sweep_speed_zero", ["sweep", "s.yaml", "--out", "sw"],
+             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {compute.speed: [0]}\n"}),
+        Case("compare_empty_param", ["compare", "cfg.yaml", "--strategies",
+                                     "pipelined:degree=4,,"], ok),  # fmt: skip
+        Case("collectives_size_inf", ["collectives", "-b", "infK"]),
+        Case("collectives_sendrecv_algo", ["collectives", "-c", "sendrecv", "--algo", "bogus"]),
+        Case("too_large_group", sim + ["--strategy", "megatron_ep", "--nodes", "512"], ok),
+        # reports and replays of what cannot be a run
+        Case("report_cut_mid_row", ["report", "r.csv"], {"r.csv": csv[: len(csv) * 2 // 3]}),
+        Case("report_short_row", ["report", "r.csv"], {"r.csv": csv + b"r9,c,x,ok\n"}),
+        Case("report_timelines_negative", ["report", "r.csv", "--timelines", "-1"],
+             {"r.csv": csv}),
+        Case("replay_out_under_file", ["replay", "t.csv", "--out", "t.csv/x"],
+             {"t.csv": (ROOT / "traces/exec-gloo-2r/trace.csv").read_bytes()}),
+        Case("kineto_gzip_garbage", replay,
+             {"rank0.json": b"", "rank1.json.gz": b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4}),
+        kineto("no_ts", lambda d, e: e.pop("ts")),
+        kineto("name_null", lambda d, e: e.update(name=None)),
+        kineto("ts_string", lambda d, e: e.update(ts="12")),
+        kineto("dur_negative", lambda d, e: e.update(dur=-5.0)),
+        kineto("tid_list", lambda d, e: e.update(tid=[1, 2])),
+        kineto("args_list", lambda d, e: e.update(args=[1])),
+        kineto("concrete_inputs_int", lambda d, e: e["args"].update({"Concrete Inputs": 7})),
+        kineto("ts_far_past", lambda d, e: e.update(ts=-1e18)),
+        kineto("entry_not_object", lambda d, e: d["traceEvents"].insert(0, "hello")),
+        kineto("distributed_info_list", lambda d, e: d.update(distributedInfo=[0])),
+    ]
+
+
 def extreme_cases() -> list[Case]:
     """Valid inputs at the edges of their ranges: each must end in time, and with finite
     numbers if it runs."""

@@ -99,6 +99,11 @@ def test_hostile_files_and_command_lines(case):
     assert _check(case).rc == 2
 
 
+@pytest.mark.parametrize("case", B.fault_cases(), ids=lambda c: c.name)
+def test_issue_28_surfaces_are_refused_in_one_line(case):
+    assert _check(case).rc == 2
+
+
 @pytest.mark.parametrize("case", B.extreme_cases(), ids=lambda c: c.name)
 def test_extreme_valid_inputs_end_with_finite_numbers(case):
     _check(case)

@@ -140,7 +140,7 @@ def test_report_files_are_one_self_contained_set(tmp_path, capsys):
         ("a,b\n1,2\n", "not a moesim results table"),
         ("", "not a readable CSV"),
         (None, "not found"),
-        ("TRUNCATE", "status ok without positive finite"),
+        ("TRUNCATE", r"line 7 is incomplete \(no line break"),  # cut: said before parsing
     ],
 )
 def test_bad_results_files_are_one_line_exit_2(tmp_path, capsys, content, match):

@@ -7,7 +7,9 @@ torch's thread pools; not multiprocessing's spawn, which re-imports the caller's
 and rendezvous through a TCPStore that this process hosts on a port the
 OS picks, so two launches never race for a port. Each child reports its result, or its error
 message, through a file; as soon as one child fails the others are killed, so a rank stuck
-in a collective with a dead peer never outlives the run.
+in a collective with a dead peer never outlives the run. exec.runtime.supervise bounds the
+start-up, names the rank that failed first (a signal, an exit code), and ties the ranks'
+lives to the launcher's.
 
 Under torchrun (RANK / WORLD_SIZE / LOCAL_RANK set), `call_under_torchrun` runs the function
 on this process's rank and gathers every rank's result to rank 0.
@@ -20,7 +22,6 @@ import os
 import pickle
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -32,14 +33,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from exec.errors import ExecError, require_torch
+from exec.runtime import supervise
 from exec.runtime.timeouts import CONTROL_TIMEOUT_S, SETUP_TIMEOUT_S
 from sim.core.graph import TaskGraph
 from sim.core.kinds import COMM_KINDS
 
 if TYPE_CHECKING:  # pandas and the trace schema load in `assemble`, in the parent only: every
     import pandas as pd  # rank's fresh interpreter imports this module (~0.3 s CPU each)
-
-_GRACE_S = 1.0  # after one rank fails, how long the others get to report their own error
 
 
 @dataclass
@@ -79,6 +79,7 @@ def launch(
     timeout_s: float = 60.0,
     warmup: int = 1,
     threads_per_rank: int | None = None,
+    setup_timeout_s: float | None = None,
 ) -> ExecResult:
     """Run `graph` on `nprocs` local processes and gather the measured trace."""
     check_world(graph, nprocs)
@@ -89,6 +90,7 @@ def launch(
         backend=backend,
         timeout_s=timeout_s,
         threads_per_rank=threads_per_rank,
+        setup_timeout_s=setup_timeout_s,
     )
     return assemble(graph, results, backend)
 
@@ -150,11 +152,14 @@ def call_ranks(
     backend: str = "gloo",
     timeout_s: float = 60.0,
     threads_per_rank: int | None = None,
+    setup_timeout_s: float | None = None,
 ) -> list[Any]:
     """Run `fn(rank, world, *args)` in `nprocs` spawned processes with torch.distributed
     initialised; return the per-rank results in rank order, or raise the first rank's error.
 
-    `fn` and `args` must be picklable (fn defined at module level).
+    `fn` and `args` must be picklable (fn defined at module level). Every rank must be up
+    (process started, torch imported, process group initialised) within `setup_timeout_s`
+    (default max(timeout_s, SETUP_TIMEOUT_S)), or the run fails naming the late rank.
     """
     require_torch()
     import torch.distributed as dist
@@ -163,12 +168,12 @@ def call_ranks(
         raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
     require_backend(backend)
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
-    setup = max(timeout_s, SETUP_TIMEOUT_S)
+    setup = max(timeout_s, SETUP_TIMEOUT_S) if setup_timeout_s is None else setup_timeout_s
     store = dist.TCPStore(
         "127.0.0.1", 0, nprocs + 1, is_master=True, wait_for_workers=False,
         timeout=timedelta(seconds=setup),
     )  # fmt: skip
-    with tempfile.TemporaryDirectory(prefix="moesim-exec-") as tmp:
+    with supervise.run_folder() as tmp, supervise.interruptible():
         out = Path(tmp)
         env = dict(os.environ)
         # the children import sim/exec (and unpickle fn) from wherever this process did
@@ -177,69 +182,41 @@ def call_ranks(
         # Set before torch loads: every thread's OpenMP / MKL team defaults to this size, so
         # idle team members cannot spin on the cores the other ranks need.
         env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(threads)
-        procs = []
+        procs: list[subprocess.Popen] = []
+        # the ranks' lifeline: only this process holds the write end (see supervise)
+        life_r, life_w = os.pipe()
         try:
             for rank in range(nprocs):
                 spec = (rank, nprocs, "127.0.0.1", store.port, backend, timeout_s, threads, out)
-                (out / f"rank{rank}.in").write_bytes(pickle.dumps(spec + (fn, args)))
-                procs.append(
-                    subprocess.Popen(
-                        [sys.executable, "-c", _CHILD_CMD, str(out / f"rank{rank}.in")], env=env
-                    )
-                )
-            failed_at = _supervise(procs, out)
-        finally:
+                # two pickles: the rank reads its place first, then fn (whose module may be
+                # slow to import), so that its `up` mark means "this interpreter runs"
+                job = pickle.dumps(spec) + pickle.dumps((fn, args))
+                (out / f"rank{rank}.in").write_bytes(job)
+                cmd = [sys.executable, "-c", _CHILD_CMD, str(out / f"rank{rank}.in"), str(life_r)]
+                procs.append(subprocess.Popen(cmd, env=env, pass_fds=(life_r,)))
+            os.close(life_r)
+            life_r = -1
+            watch = supervise.Supervisor(procs, out, setup)
+            failed = watch.wait()
+        finally:  # the launcher's own kills: never reported as faults
             for p in procs:
                 if p.poll() is None:
                     p.kill()
             for p in procs:
                 p.wait()
-        if failed_at is not None:
-            raise _first_error(procs, out)
+            for fd in (life_r, life_w):
+                if fd >= 0:
+                    os.close(fd)
+        if failed:
+            raise ExecError(watch.error())
         return [pickle.loads((out / f"rank{r}.pkl").read_bytes()) for r in range(nprocs)]
 
 
-def _supervise(procs: list, out: Path) -> float | None:
-    """Wait for every child; on the first failure give the others a moment, then stop.
-    Where someone watches (sim.core.progress), a bar of finished ranks whose elapsed time
-    keeps moving, so a run of minutes is never silent."""
-    from sim.core import progress
-
-    failed_at: float | None = None
-    with progress.Bar(len(procs), "exec", "rank") as bar:
-        drawn = time.monotonic()
-        while True:
-            codes = [p.poll() for p in procs]
-            if failed_at is None and (
-                any(c not in (None, 0) for c in codes) or any(out.glob("rank*.err"))
-            ):
-                failed_at = time.monotonic()
-            bar.set(sum(c is not None for c in codes))
-            if time.monotonic() - drawn >= progress.REFRESH_S:
-                drawn = time.monotonic()
-                bar.refresh()
-            if all(c is not None for c in codes):
-                return failed_at
-            if failed_at is not None and time.monotonic() - failed_at > _GRACE_S:
-                return failed_at
-            time.sleep(0.02)
-
-
-def _first_error(procs: list, out: Path) -> ExecError:
-    reports = []
-    for f in out.glob("rank*.err"):
-        try:
-            reports.append(json.loads(f.read_text()))
-        except (OSError, json.JSONDecodeError):
-            continue
-    if reports:
-        first = min(reports, key=lambda r: r["time"])
-        return ExecError(first["message"])
-    codes = {i: p.returncode for i, p in enumerate(procs) if p.returncode not in (None, 0)}
-    return ExecError(f"rank(s) exited without a report (exit codes {codes})")
-
-
-_CHILD_CMD = "import sys; from exec.runtime.launch import _child; _child(sys.argv[1])"
+# the lifeline's watch starts before anything else: a rank never outlives the launcher
+_CHILD_CMD = (
+    "import sys; from exec.runtime.supervise import watch_parent; "
+    "watch_parent(int(sys.argv[2])); from exec.runtime.launch import _child; _child(sys.argv[1])"
+)
 
 
 def _child(spec_path: str) -> None:
@@ -248,19 +225,31 @@ def _child(spec_path: str) -> None:
     It leaves with os._exit: a rank whose collective timed out may have gloo threads still
     blocked, and interpreter shutdown would wait for them.
     """
-    rank, world, host, port, backend, timeout_s, threads, out, fn, args = pickle.loads(
-        Path(spec_path).read_bytes()
-    )
-    code = 0
+    with open(spec_path, "rb") as f:
+        rank, world, host, port, backend, timeout_s, threads, out = pickle.load(f)
+        code = 0
+        try:
+            supervise.mark(out, rank, "up")
+            fn, args = pickle.load(f)
+        except BaseException as e:  # noqa: BLE001 - reported to the parent
+            _report(out, rank, e)
+            os._exit(1)
     try:
         import torch
         import torch.distributed as dist
+
+        supervise.mark(out, rank, "torch")
 
         torch.set_num_threads(threads)
         if backend == "nccl":  # before the process group, so NCCL binds to this GPU
             torch.cuda.set_device(rank % torch.cuda.device_count())
         setup = timedelta(seconds=max(timeout_s, SETUP_TIMEOUT_S))
         store = dist.TCPStore(host, port, world + 1, is_master=False, timeout=setup)
+        # The default group's timeout stays CONTROL_TIMEOUT_S: on gloo it is the control group
+        # (exec.runtime.runner), whose barriers and gathers wait out a whole run on the slowest
+        # rank, and gloo applies this one timeout to connecting and to every later operation.
+        # Start-up is bounded by the launcher instead: it ends a run whose ranks are not all
+        # `ready` within the start-up bound (exec.runtime.supervise).
         dist.init_process_group(
             backend,
             store=store,
@@ -268,6 +257,7 @@ def _child(spec_path: str) -> None:
             world_size=world,
             timeout=timedelta(seconds=CONTROL_TIMEOUT_S),
         )
+        supervise.mark(out, rank, "ready")
         value = fn(rank, world, *args)
         tmp = out / f".rank{rank}.pkl"
         tmp.write_bytes(pickle.dumps(value))
@@ -314,7 +304,8 @@ def call_under_torchrun(fn: Callable[..., Any], args: tuple, backend: str = "glo
     import torch.distributed as dist
 
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
-    if not dist.is_initialized():
+    if not dist.is_initialized():  # torchrun's agent, not this module, watches start-up and
+        # kills the other workers when one dies; the 24 h is for the control waits (see _child)
         if backend == "nccl":
             torch.cuda.set_device(int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
         dist.init_process_group(backend, timeout=timedelta(seconds=CONTROL_TIMEOUT_S))

@@ -98,6 +98,8 @@ def run(
 ) -> tuple[list[Row], dict]:
     if kind not in KINDS:
         raise ConfigError(f"collective {kind!r}: expected one of {KINDS}")
+    if algo is not None and kind == "sendrecv":  # one algorithm: an ignored --algo misleads
+        raise ConfigError(f"--algo {algo!r}: sendrecv has no algorithms to choose from")
     if algo is not None and kind != "sendrecv" and algo not in algorithms(kind):
         raise ConfigError(f"--algo {algo!r}: {kind} has {algorithms(kind)}")
     if costs.network != "flow":

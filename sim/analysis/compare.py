@@ -30,6 +30,7 @@ from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.progress import iterate
+from sim.core.safeload import load_value
 from sim.hardware.costs import CostModel
 from sim.strategies import STRATEGIES, Cluster, build, resolve_params
 
@@ -39,11 +40,17 @@ LABEL_KEYS = ("batch", "seq_len", "model_dim", "hidden_dim", "experts_per_gpu", 
 def parse_entry(text: str) -> tuple[str, dict[str, Any]]:
     name, _, rest = text.partition(":")
     params: dict[str, Any] = {}
-    for item in filter(None, rest.split(",")):
+    items = rest.split(",") if rest.strip() else []
+    if any(not item.strip() for item in items):  # `degree=4,,`: a stray comma, or a lost value
+        raise ConfigError(
+            f"--strategies {text!r}: an empty parameter (expected name:key=value,...)"
+        )
+    for item in items:
         if "=" not in item:
             raise ConfigError(f"--strategies {text!r}: expected name:key=value,...")
         k, v = item.split("=", 1)
-        params[k.strip()] = yaml.safe_load(v)
+        # the one safe loader: no cyclic aliases, no alias bombs, numbers as Python reads them
+        params[k.strip()] = load_value(v, f"--strategies {name.strip()}:{k.strip()}")
     resolve_params(name.strip(), params)  # unknown names and parameters fail here
     return name.strip(), params
 

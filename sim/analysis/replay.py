@@ -202,6 +202,10 @@ def replay_command(
 ) -> dict[str, Any]:
     """`moesim replay TRACE... [--graph G] [--topology T] [--out DIR]`: the summary (with
     "replay": measured makespan, relative error, format, inferred waits)."""
+    if out is not None:  # an unusable --out fails before the replay, not after it
+        from sim.core.io import check_output_dir
+
+        check_output_dir(out, "--out")
     src: Any = trace[0] if isinstance(trace, list) and len(trace) == 1 else trace
     r = replay(src, graph, topology)
     if out is not None:

@@ -61,7 +61,10 @@ def load_results(paths: list[str | Path]) -> pd.DataFrame:
 
 
 def _load_one(path: Path) -> pd.DataFrame:
+    from sim.analysis.output_sets import check_set
+
     if path.is_dir():
+        check_set(path, "results")  # a partial or mixed set must not read as a result
         found = next((path / n for n in DIR_FILES if (path / n).is_file()), None)
         if found is None:
             raise ConfigError(
@@ -69,6 +72,8 @@ def _load_one(path: Path) -> pd.DataFrame:
                 "directory of moesim sweep, compare --out or validate)"
             )
         path = found
+    else:  # a file of an output set: the set's manifest says whether it is whole
+        check_set(path.parent, "results", path.name)
     suffix = path.suffix.lower()
     if suffix == ".json":
         df = _from_validation(path)
@@ -86,6 +91,8 @@ def _load_one(path: Path) -> pd.DataFrame:
 
 def _read_table(path: Path, suffix: str) -> pd.DataFrame:
     data = read_bytes(path, "results file")
+    if suffix == ".csv":
+        _strict_csv(path, data)
     try:
         if suffix == ".parquet":
             return pd.read_parquet(io.BytesIO(data))
@@ -94,6 +101,32 @@ def _read_table(path: Path, suffix: str) -> pd.DataFrame:
         kind = "Parquet" if suffix == ".parquet" else "CSV"
         why = " ".join(str(e).split())[:160]
         raise ConfigError(f"results {path}: not a readable {kind} table ({why})") from None
+
+
+def _strict_csv(path: Path, data: bytes) -> None:
+    """A CSV cut short still parses (pandas fills the missing fields of the last row with
+    NaN, and a row cut at a field boundary looks complete): every row must end with a line
+    break and have as many fields as the header, else one line naming the file and line."""
+    import csv
+
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"results {path}: not UTF-8 text (offset {e.start})") from None
+    if text and not text.endswith("\n"):
+        line = text.count("\n") + 1
+        raise ConfigError(
+            f"results {path}: line {line} is incomplete (no line break at the end: a file "
+            "cut short?); expected a whole moesim results CSV"
+        )
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, [])
+    for row in reader:
+        if row and len(row) != len(header):
+            raise ConfigError(
+                f"results {path}: line {reader.line_num} has {len(row)} field(s), the header "
+                f"{len(header)} (a file cut short or hand-edited?)"
+            )
 
 
 def _checked(df: pd.DataFrame, path: Path) -> pd.DataFrame:
@@ -169,6 +202,11 @@ def _from_validation(path: Path) -> pd.DataFrame:
         raise ConfigError(f"results {path}: context.layer / context.ranks: expected 'B=.. L=..'")
     gpus = int(ranks.group(1))
     tokens = int(m.group(1)) * int(m.group(2)) * gpus
+    if tokens < 1:  # the time per token divides by them
+        raise ConfigError(
+            f"results {path}: context ranks {v.context['ranks']!r}, layer {layer!r}: expected "
+            "ranks, B and L of at least 1"
+        )
     rows = []
     for g in v.results:
         strategy, _, passes = g.graph.rpartition(" ")  # "pipelined r=2 fwd+bwd"

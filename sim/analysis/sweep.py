@@ -31,6 +31,7 @@ Row = dict[str, Any]
 # elapsed time and says what it waits for (a Dask cluster's first result can take a minute:
 # the sweep looked hung).
 HEARTBEAT_S = 0.5
+ORPHAN_POLL_S = 0.5  # how often a worker looks whether the sweep is still there
 
 
 def run_sweep(
@@ -126,19 +127,36 @@ def _on_processes(points: list[Point], n: int, close_fds: list[int]) -> Iterator
     # only a forked worker has the parent's descriptors (in another, the number is another's)
     inherited = close_fds if method == "fork" else []
     pool = ProcessPoolExecutor(
-        n, mp_context=mp.get_context(method), initializer=_close, initargs=(inherited,)
+        n, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(inherited,)
     )
     # submitted now, so that the workers exist before a progress bar starts its thread
     futures = {pool.submit(run_point, p): p for p in points}
     return _drain(pool, futures)
 
 
-def _close(fds: list[int]) -> None:
+def _init_worker(fds: list[int]) -> None:
+    """A worker closes `fds` and ends when its parent does. A pool's worker blocks on a
+    queue that its siblings also hold open, so a killed sweep (SIGKILL: no clean-up) left
+    them running for minutes. The parent is the sweep (fork, spawn) or the forkserver, which
+    exits with the sweep; a thread sees the change of parent within ORPHAN_POLL_S. (Polling,
+    not prctl(PR_SET_PDEATHSIG): that is Linux-only; not a pipe: a forked sibling inherits
+    its write end and keeps it open.)"""
     import contextlib
+    import threading
 
     for fd in fds:
         with contextlib.suppress(OSError):
             os.close(fd)
+    parent = os.getppid()
+
+    def watch() -> None:
+        import time
+
+        while os.getppid() == parent:
+            time.sleep(ORPHAN_POLL_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="watch-sweep", daemon=True).start()
 
 
 def _drain(pool: Any, futures: dict[Any, Point]) -> Iterator[Row | None]:

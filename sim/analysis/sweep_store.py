@@ -68,7 +68,9 @@ class Store:
                 "keys": sweep.keys,
                 "spec": sweep.spec,
             }
-            atomic_write_text(self.dir / STATE, json.dumps(doc, indent=2, default=str) + "\n")
+            atomic_write_text(
+                self.dir / STATE, json.dumps(doc, indent=2, default=str) + "\n", "--out"
+            )
         self.rows.mkdir(exist_ok=True)
         for tmp in self.rows.glob(".*.tmp"):  # parts a killed run was writing
             tmp.unlink(missing_ok=True)
@@ -102,7 +104,7 @@ class Store:
         buf = io.BytesIO()
         frame([row], self.sweep).to_parquet(buf, index=False)
         path = self.rows / f"{row['run_id']}.parquet"
-        atomic_write_bytes(path, buf.getvalue())
+        atomic_write_bytes(path, buf.getvalue(), "--out")  # errors name the option
         return path
 
     def results(self) -> pd.DataFrame:

@@ -44,7 +44,7 @@ from sim.analysis.trace import to_frame, write_trace_files
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.core.io import OutputSet
+from sim.core.io import OutputSet, check_output_dir
 from sim.core.kinds import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS
 from sim.engine.engine import SimResult, simulate
 from sim.hardware.costs import CostModel
@@ -77,9 +77,11 @@ def whatif(
     describe the cluster of a graph or trace base (a run config names its own)."""
     changes = keys.parse(sets)
     notes: list[str] = []
+    if nodes is not None and nodes < 1:  # 0 would read as "just enough nodes"
+        raise ConfigError(f"--nodes: expected a positive integer, got {nodes}")
     kind, obj = load_base(base)
     if kind == "config":
-        if topology or nodes or costs:
+        if topology or nodes is not None or costs:
             raise ConfigError("a run config names its cluster: use --set topology=/nodes= instead")
         (b, bt, bs), (a, at, as_) = _config(obj, changes, notes)
     elif kind == "replay":
@@ -124,9 +126,10 @@ def _graph_kind(g: TaskGraph) -> tuple[str, TaskGraph]:
 
 # -- run configs ---------------------------------------------------------------------------
 def _config(cfg: RunConfig, changes: list[keys.Change], notes: list[str]) -> tuple[Run, Run]:
-    before = _run_config(cfg, [], 1.0)
+    # the changes first: a bad value fails before the base's simulation, not after it
     applied = keys.apply(cfg, changes, notes)
     after = RunConfig.from_dict(applied.raw, source=f"{cfg.source} with --set")
+    before = _run_config(cfg, [], 1.0)
     if applied.links and after.costs.get("network") == "collective":
         notes.append("costs.network is collective: link changes do not enter alpha-beta costs")
     return before, _run_config(after, applied.links, applied.speed)
@@ -193,8 +196,8 @@ def _graph(
     _cluster_changes(changes, "a task graph")
     if topology is None:
         raise ConfigError("a task-graph base needs its cluster: give a topology (--topology)")
-    before = _run_graph(g, topology, nodes, dict(costs or {}), [], 1.0)
     name, n, spec, links, speed = _cluster_after(changes, topology, nodes, costs, g)
+    before = _run_graph(g, topology, nodes, dict(costs or {}), [], 1.0)  # after the checks
     return before, _run_graph(g, name, n, spec, links, speed)
 
 
@@ -204,13 +207,13 @@ def _cluster_after(changes, topology, nodes, costs, g):
         if c.key == "topology":
             name = str(c.value)
         elif c.key == "nodes":
-            n = c.number(n or _enough(name, g.world_size), integer=True)
+            n = c.nodes(n or _enough(name, g.world_size))
         elif c.key.startswith("costs."):
             spec = keys.set_cost(spec, c)
         elif c.key.startswith("link."):
             links.append(c)
         elif c.key == "compute.speed":
-            speed = float(c.number(1.0))
+            speed = c.speed()
     return name, n, spec, links, speed
 
 
@@ -237,11 +240,11 @@ def _replayed(
 ) -> tuple[Run, Run]:
     _cluster_changes(changes, "a measured trace")
     topo, rc = replay_costs_topology(g, topology)
-    before = _run_measured(g, topo, rc)
-    after = copy.deepcopy(g)
     name, n, spec, links, speed = _cluster_after(
         changes, topology or DEFAULT_TOPOLOGY, None, costs, g
     )
+    before = _run_measured(g, topo, rc)  # after the changes are checked
+    after = copy.deepcopy(g)
     for t in after:
         if t.kind in COMPUTE_KINDS and MEASURED_TAG in t.tags:
             t.tags[MEASURED_TAG] /= speed
@@ -317,6 +320,8 @@ def whatif_command(
     """`moesim whatif BASE --set K=V ... [--topology T] [--nodes N] [--out DIR]`: before and
     after summaries; with `out`, each side's trace.csv, trace.chrome.json and summary.json
     under out/before and out/after, and out/whatif.json (both summaries and the changes)."""
+    if out is not None:  # an unusable --out fails before both simulations, not after them
+        check_output_dir(out)
     r = whatif(base, sets, topology=topology, nodes=nodes)
     result = {
         "base": str(base),

@@ -7,6 +7,7 @@ base's value by k (`link.nvlink3.bw=*2`, `strategy.degree=*2`, `compute.speed=*0
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,6 +37,10 @@ KNOWN = (
     "costs.resources.<field>",
 )
 LINK_FIELDS = ("bw", "latency")
+# `*k` factors and compute speeds past these are nonsense, not studies: compute.speed=*1e-300
+# gives a 300-digit makespan in which communication vanishes, compute.speed=inf free compute
+FACTOR_RANGE = (1e-6, 1e6)
+SPEED_RANGE = (1e-3, 1e3)
 
 
 @dataclass(frozen=True)
@@ -59,12 +64,33 @@ class Change:
             new = self.value
             if isinstance(new, bool) or not isinstance(new, (int, float)):
                 raise ConfigError(f"{self.where} {self.key}={self.text}: expected a number")
+        if not math.isfinite(new):  # 1e400 reads as inf; int(inf) / int(nan) would raise
+            raise ConfigError(f"{self.where} {self.key}={self.text}: expected a finite number")
         if integer:
             if float(new) != int(new):
                 raise ConfigError(
                     f"{self.where} {self.key}={self.text}: gives {new}, not an integer"
                 )
             return int(new)
+        return new
+
+    def nodes(self, old: Any) -> int:
+        """The new node count (base `old`): a positive integer, also where a graph base
+        would read 0 as "enough nodes"."""
+        n = int(self.number(old, integer=True))
+        if n < 1:
+            raise ConfigError(f"{self.where} {self.key}={self.text}: gives {n}, need >= 1")
+        return n
+
+    def speed(self) -> float:
+        """The compute speed factor (base 1), within SPEED_RANGE."""
+        new = float(self.number(1.0))
+        lo, hi = SPEED_RANGE
+        if not lo <= new <= hi:
+            raise ConfigError(
+                f"{self.where} {self.key}={self.text}: gives a speed of {new:g}; expected a "
+                f"factor from {lo:g} to {hi:g}"
+            )
         return new
 
     def plain(self, old: Any = None) -> Any:
@@ -96,9 +122,12 @@ def change(key: str, value: Any, text: str | None = None, where: str = "--set") 
             factor = float(value[1:])
         except ValueError:
             raise ConfigError(f"{where} {key}={value}: expected *<number>, e.g. *2") from None
-        if not factor > 0:
-            raise ConfigError(f"{where} {key}={value}: the factor must be > 0")
+        lo, hi = FACTOR_RANGE
+        if not lo <= factor <= hi:  # also nan and inf
+            raise ConfigError(f"{where} {key}={value}: the factor must be from {lo:g} to {hi:g}")
         return Change(key, value, None, factor, where)
+    if isinstance(value, float) and not math.isfinite(value):  # no key takes inf or nan
+        raise ConfigError(f"{where} {key}={text}: expected a finite number")
     return Change(key, text, value, None, where)
 
 
@@ -144,6 +173,7 @@ def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
         if k == "topology":
             raw["topology"] = str(c.value)
         elif k == "nodes":
+            # the schema names a count under 1 (a graph base checks it: `Change.nodes`)
             raw["nodes"] = c.number(raw.get("nodes") or cfg.load_topology().nodes, integer=True)
         elif k == "strategy":
             raw["strategy"] = _strategy(c)
@@ -162,7 +192,7 @@ def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
         elif k.startswith("link."):
             links.append(c)
         elif k == "compute.speed":
-            speed = float(c.number(1.0))
+            speed = c.speed()
     return Applied(raw, links, speed)
 
 

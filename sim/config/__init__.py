@@ -21,7 +21,7 @@ from sim.core.limits import DEFAULT as DEFAULT_LIMITS
 from sim.core.limits import Limits
 from sim.core.schema import check
 from sim.hardware.topology import Topology
-from sim.strategies import resolve_params
+from sim.strategies import DERIVED_FIT_WEIGHT, pair_weight, resolve_params
 from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
@@ -189,6 +189,12 @@ class RunConfig:
         """`workload` on W ranks with G per node (None: placement inside nodes unchecked,
         as for the executor's local processes)."""
         wl = self._workload_for(W, G)
+        spec = self.model.get("blocks")
+        if spec is not None:
+            dp = 1 if wl.layout is None else wl.layout.dp
+            blocks = BlockModel.from_spec(dict(spec), wl.layer.model_dim, dp)
+            wl = Workload(wl.layer, wl.layout, wl.params, blocks)
+        self._check_pairs(wl)
         # a strategy's chunks each hold a [GPUs, experts] slice of the routing matrix and
         # tasks on every rank: bound both before the builder allocates them
         degrees = [self.strategy_params.get("degree")]
@@ -204,12 +210,19 @@ class RunConfig:
                 "experts each)",
             )
             lim.check("max_tasks", r * P, f"{self.source}: tasks ({r:,} chunks on {P:,} ranks)")
-        spec = self.model.get("blocks")
-        if spec is not None:
-            dp = 1 if wl.layout is None else wl.layout.dp
-            blocks = BlockModel.from_spec(dict(spec), wl.layer.model_dim, dp)
-            wl = Workload(wl.layer, wl.layout, wl.params, blocks)
         return wl
+
+    def _check_pairs(self, wl: Workload) -> None:
+        """Refuse, before the builder fills memory, a run whose memory for the P x P exchange
+        of its group is over limits.max_pairs: P x P x what the strategy keeps per pair
+        (`sim.strategies.pair_weight`: 1 for uniform exchanges, more for per-peer splits and
+        derived fits), plus a derived all-to-all fit under costs.network: collective."""
+        P = wl.layer.world
+        w = pair_weight(self.strategy, wl.layer, wl.params, self.passes, wl.blocks)
+        if self.costs.get("network") == "collective":
+            w += DERIVED_FIT_WEIGHT
+        what = f"{self.source}: all-to-all rank pairs x {self.strategy}'s memory per pair"
+        limits.active().check("max_pairs", P * P * w, f"{what} ({P:,} x {P:,} GPUs x {w})")
 
     def _workload_for(self, W: int, G: int | None = None) -> Workload:
         params = dict(self.strategy_params)

@@ -41,19 +41,21 @@ from sim.hardware.topology_schema import FABRIC_FIELDS
 
 class FabricSpec(Strict):
     """Fields replacing the topology's own `fabric:` ones (the topology schema checks the
-    result: `sim.hardware.topology_schema.FabricSpec`)."""
+    result: `sim.hardware.topology_schema.FabricSpec`). A field may be omitted but not null:
+    the override is merged into the topology's fabric as given, where a null would reach the
+    arithmetic (the fields are typed without `| None`, the default None standing for absent)."""
 
-    type: Literal["switch", "fat_tree", "rail"] | None = Field(
+    type: Literal["switch", "fat_tree", "rail"] = Field(
         None, description=FABRIC_FIELDS["type"]
     )
-    class_: str | None = Field(default=None, alias="class", description=FABRIC_FIELDS["class"])
-    attach: list[str] | None = Field(None, description=FABRIC_FIELDS["attach"])
-    nodes_per_leaf: PosInt | None = Field(None, description=FABRIC_FIELDS["nodes_per_leaf"])
-    nodes_per_unit: PosInt | None = Field(None, description=FABRIC_FIELDS["nodes_per_unit"])
-    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] | None = Field(
+    class_: str = Field(default=None, alias="class", description=FABRIC_FIELDS["class"])
+    attach: list[str] = Field(None, description=FABRIC_FIELDS["attach"])
+    nodes_per_leaf: PosInt = Field(None, description=FABRIC_FIELDS["nodes_per_leaf"])
+    nodes_per_unit: PosInt = Field(None, description=FABRIC_FIELDS["nodes_per_unit"])
+    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] = Field(
         None, description=FABRIC_FIELDS["oversubscription"]
     )
-    planes: Literal["single", "multi"] | None = Field(None, description=FABRIC_FIELDS["planes"])
+    planes: Literal["single", "multi"] = Field(None, description=FABRIC_FIELDS["planes"])
 
 
 class ParallelSpec(Strict):
@@ -115,8 +117,12 @@ _LIMITS = {
     "max_tasks": "tasks of one graph, built or loaded; tasks x jitter replicas for a run",
     "max_replicas": "jitter replicas, each a whole simulation",
     "max_matrix": "entries of an array sized by the input (the routing matrix: GPUs x "
-    "experts, per chunk)",
+    "experts, per chunk; a graph's all-to-allv splits, members x peers summed)",
     "max_flows": "flows of a `moesim collectives` sweep: sizes x ranks x phases",
+    "max_pairs": "memory of the all-to-all group's P x P exchange, estimated before building: "
+    "P x P rank pairs x what the strategy keeps per pair in ~64-byte units (1 for a uniform "
+    "exchange; more for per-peer all-to-allv splits, e.g. megatron_ep 81 on the demo, and for "
+    "a derived alpha-beta fit: pipemoe's selector, costs.network: collective)",
     "max_skewed_flows": "flows simulated one by one, summed over a run's all-to-alls (a "
     "skewed exchange, or fidelity: flow, has P(P-1))",
 }
@@ -150,6 +156,9 @@ class LimitsSpec(Strict):
     )
     max_skewed_flows: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
         None, description=_limit("max_skewed_flows")
+    )
+    max_pairs: Annotated[int, Field(gt=0, le=10**12)] | None = Field(
+        None, description=_limit("max_pairs")
     )
 
 
@@ -269,18 +278,19 @@ CostsSpec.model_rebuild()
 
 
 class OutputSpec(Strict):
-    dir: Annotated[str, Field(min_length=1)] | None = Field(
+    # omitted, not null: a null dir or format would be taken as given (see FabricSpec)
+    dir: Annotated[str, Field(min_length=1)] = Field(
         None,
         description="where `moesim simulate` writes its output set when --out is not given; "
         "omitted: nothing is written",
     )
-    trace_format: Literal["csv", "parquet"] | None = Field(
+    trace_format: Literal["csv", "parquet"] = Field(
         None, description="format of the trace table: csv or parquet (needs pyarrow); default csv"
     )
-    chrome_trace: bool | None = Field(
+    chrome_trace: bool = Field(
         None, description="also write trace.chrome.json (for ui.perfetto.dev); default true"
     )
-    max_trace_ranks: PosInt | None = Field(
+    max_trace_ranks: PosInt = Field(
         None, description="the Chrome trace shows the ranks below this number; default: all"
     )
 
@@ -385,13 +395,15 @@ class RunSpec(Strict):
         "the fields from a preset (gpt2-s-moe, gpt2-l-moe, deepseek-v3, qwen3-235b-a22b), "
         "fields given beside it win"
     )
-    strategy: Annotated[StrategySpec, BeforeValidator(_named)] | None = Field(
+    # strategy and passes may be omitted (the defaults) but not null: a null is a mistake
+    # (an emptied key), refused rather than silently read as the default
+    strategy: Annotated[StrategySpec, BeforeValidator(_named)] = Field(
         None,
         description="the strategy: {name, its parameters} or a bare name; default sequential",
     )
-    passes: (
-        Annotated[list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)] | None
-    ) = Field(
+    passes: Annotated[
+        list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)
+    ] = Field(
         None,
         description="the passes built: fwd, bwd or both (a bare string is one); default [fwd]",
     )

@@ -122,6 +122,10 @@ class TaskGraph:
         self.tasks: dict[str, Task] = {}
         # read once: a builder adds 10^5 tasks and the bound must not cost a lookup each
         self._max_tasks = limits.active().max_tasks
+        # all-to-allv splits hold members x peers numbers per collective, the bulk of a large
+        # graph's memory (tens of bytes each): bounded like any input-sized array
+        self._split_entries = 0
+        self._max_split_entries = limits.active().max_matrix
 
     # -- building -------------------------------------------------------------------------
     def add(self, task: Task) -> Task:
@@ -129,6 +133,11 @@ class TaskGraph:
             raise GraphError(f"task {task.id!r}: duplicate task id")
         if len(self.tasks) >= self._max_tasks:
             limits.active().check("max_tasks", len(self.tasks) + 1, "task graph: tasks")
+        if task.split is not None:
+            self._split_entries += len(task.split) + len(task.recv_split or ())
+            if self._split_entries > self._max_split_entries:
+                what = "task graph: all-to-allv split entries (members x peers, summed)"
+                limits.active().check("max_matrix", self._split_entries, what)
         self.tasks[task.id] = task
         return task
 

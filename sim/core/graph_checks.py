@@ -155,12 +155,23 @@ def _check_splits(cid: str, members: list[Task], group: list[int]) -> None:
 def _check_p2p(tasks: Iterable[Task]) -> None:
     sends: dict[str, Task] = {}
     recvs: dict[str, Task] = {}
+    collectives: dict[str, Task] = {}  # one member per id: the engine groups comm tasks by id
     for t in tasks:
+        if t.kind in COLLECTIVE_KINDS and t.coll is not None:
+            collectives.setdefault(t.coll, t)
         if t.kind in P2P_KINDS:
             table = sends if t.kind == "send" else recvs
             if t.coll in table:
                 raise GraphError(f"task {t.id!r}: {t.kind} id {t.coll!r} used twice")
             table[t.coll] = t  # type: ignore[index]
+    for cid, t in [*sends.items(), *recvs.items()]:
+        # the engine would merge the pair into the collective's rendezvous (no cost for it)
+        c = collectives.get(cid)
+        if c is not None:
+            raise GraphError(
+                f"task {t.id!r}: {t.kind} id {cid!r} is also the id of {c.kind} task {c.id!r}; "
+                "a send/recv pair needs an id of its own"
+            )
     for cid, s in sends.items():
         r = recvs.pop(cid, None)
         if r is None:

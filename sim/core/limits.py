@@ -34,7 +34,8 @@ class Limits:
     max_tasks: int = 2_000_000
     # jitter replicas: each is a whole simulation
     max_replicas: int = 1_000
-    # entries of an array sized by the input (the routing matrix: GPUs x experts, per chunk)
+    # entries of an array sized by the input (the routing matrix: GPUs x experts, per chunk;
+    # a graph's all-to-allv splits, members x peers summed over its collectives)
     max_matrix: int = 50_000_000
     # flows of a collectives sweep: sizes x ranks x phases (a ring has a phase per rank): a
     # ring all-reduce over 2,048 ranks takes ~40 s per size on one core
@@ -43,6 +44,15 @@ class Limits:
     # fidelity: flow) has P(P-1) of them, each finish re-solving shared rates; one
     # forward layer over 256 GPUs takes ~16 s of CPU exact (benchmarks/skewed_scale.py)
     max_skewed_flows: int = 2**17
+    # memory of the all-to-all group's P x P exchange, estimated before anything is built:
+    # P x P rank pairs x what the strategy keeps per pair, in units of ~64 bytes
+    # (sim.strategies.pair_weight; `RunConfig.workload_for` checks it). A uniform exchange
+    # keeps ~10 bytes a pair (1); per-peer all-to-allv splits and a derived alpha-beta fit
+    # (PipeMoE's selector) far more: megatron_ep 81 on the demo (1.4 GB peak RSS at 512 GPUs,
+    # 5.3 GB at 1,024), fastermoe 141 (2.3 GB at 512), deepep 9, pipemoe 9 (2.3 GB at 2,048).
+    # The default (~3.8 GB of estimate) admits sequential/pipelined/tutel up to ~7,700 GPUs in
+    # one group, megatron_ep to ~860, fastermoe to ~650, deepep and pipemoe to ~2,580.
+    max_pairs: int = 60_000_000
 
     def check(self, name: str, value: int, what: str) -> None:
         """ConfigError if `value` is over the limit `name`; `what` says what was counted."""

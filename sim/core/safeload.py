@@ -156,15 +156,29 @@ def _check_depth(events: Any, source: str) -> None:
 
 def _check_expansion(root: Any, source: str) -> None:
     """Nodes the document would have with every alias expanded, counted over the node graph
-    (aliases share nodes) with memoisation, so the count itself stays cheap."""
+    (aliases share nodes) with memoisation, so the count itself stays cheap.
+
+    An alias inside the node it names (`&a [*a]`) makes the graph cyclic: PyYAML builds it
+    as a self-containing list, which expands without end, so it is refused here; without the
+    check this walk itself would loop forever, growing its stack."""
     import yaml
 
     size: dict[int, int] = {}
+    open_: set[int] = set()  # nodes whose children are still being counted
     stack: list[tuple[Any, bool]] = [(root, False)]
     while stack:  # iterative post-order: depth is bounded, but keep clear of recursion
         node, done = stack.pop()
         if id(node) in size:
             continue
+        if not done and id(node) in open_:
+            # entered again before it was finished: only its own descendants were pushed
+            # since it opened, so one of them leads back to it
+            m = node.start_mark
+            raise ConfigError(
+                f"{source}: a YAML alias refers to a node that contains it (a cyclic alias, "
+                f"anchored at line {m.line + 1}); anchors may only be reused, not nested in "
+                "themselves"
+            )
         if isinstance(node, yaml.ScalarNode):
             size[id(node)] = 1
             continue
@@ -181,7 +195,9 @@ def _check_expansion(root: Any, source: str) -> None:
                     "(an alias bomb?)"
                 )
             size[id(node)] = total
+            open_.discard(id(node))
         else:
+            open_.add(id(node))
             stack.append((node, True))
             stack.extend((k, False) for k in kids if id(k) not in size)
 

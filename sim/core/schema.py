@@ -109,7 +109,8 @@ def _describe(
         return path, "required", ""
     if kind in ("value_error", "assertion_error"):  # a validator's sentence says it all
         return path, _message(err), ""
-    return path, _message(err), short(value)
+    # the input's spelling: a YAML/JSON null, not Python's None
+    return path, _message(err), "null" if value is None else short(value)
 
 
 _PRIMITIVES = frozenset({"int", "float", "str", "bool", "list", "dict", "none", "nullable"})

@@ -17,6 +17,7 @@ Hooks for a model of many blocks (`build(..., blocks=...)`), all optional:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -66,6 +67,35 @@ STRATEGIES: dict[str, ModuleType] = {
 class Cluster:
     topology: Any  # sim.hardware.topology.Topology
     costs: Any  # sim.hardware.costs.CostModel
+
+
+# What a run keeps per rank pair of its all-to-all group, in units of PAIR_BYTES: sim.config
+# checks P x P x this (`pair_weight`) against limits.max_pairs before anything is built. A
+# strategy's own `pair_weight(layer, params, passes, blocks)` gives it where it keeps per-peer
+# lists (all-to-allv splits) or derives a fit over the group's P x P flows (a selector's
+# alpha-beta); a uniform exchange keeps ~10 bytes a pair (routes, bundles): 1. Measured as the
+# slope of the demo's peak RSS in P x P (issue 28; README "At scale").
+PAIR_BYTES = 64
+# an alpha-beta fit derived from the flow model (sim.hardware.costs.derived) times the group's
+# P x P flows at once: ~500 bytes a pair, transient (PipeMoE's selector, costs.network:
+# collective)
+DERIVED_FIT_WEIGHT = 8
+
+
+def pair_weight(
+    name: str,
+    layer: MoELayer,
+    params: dict[str, Any],
+    passes: tuple[str, ...],
+    blocks: BlockModel | None = None,
+) -> int:
+    """PAIR_BYTES units the run of strategy `name` keeps per rank pair of its group (at least
+    1); an unknown strategy counts 1 (its own check names it)."""
+    mod = STRATEGIES.get(name)
+    fn = getattr(mod, "pair_weight", None)
+    if fn is None:
+        return 1
+    return max(1, math.ceil(fn(layer, {**mod.DEFAULTS, **params}, tuple(passes), blocks)))
 
 
 def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:

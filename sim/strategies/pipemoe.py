@@ -77,6 +77,18 @@ class Costs:
         return cls(2 * gemm[0], 2 * gemm[1], a_a, b_a)
 
 
+def pair_weight(
+    layer: MoELayer, params: dict[str, Any], passes: tuple[str, ...], blocks: Any = None
+) -> float:
+    """Memory per rank pair in sim.strategies.PAIR_BYTES units (checked against
+    limits.max_pairs): the selector (degree 'auto') derives the all-to-all's alpha-beta from
+    the flow model over the group's P x P flows at once (peak RSS of the demo 0.6 GB at 1,024
+    GPUs, 2.3 GB at 2,048); a given degree builds uniform exchanges only."""
+    from sim.strategies import DERIVED_FIT_WEIGHT
+
+    return 1 + (DERIVED_FIT_WEIGHT if params.get("degree") == "auto" else 0)
+
+
 def chunk_gemms(layer: MoELayer) -> list[dict[str, int]]:
     """The fc1 GEMM of one chunk for every degree the selector may pick, as the layer builds
     it (the expert GEMM work t_e is defined on, Eq. 14)."""

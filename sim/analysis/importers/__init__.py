@@ -22,6 +22,14 @@ def load(
     source: str | Path | list[str | Path], graph: str | Path | None = None
 ) -> tuple[TaskGraph, dict[str, tuple[float, float]], str]:
     """(graph, times, format name) of a trace file, a list of per-rank files or a directory."""
+    from sim.analysis.output_sets import check_set
+
+    for s in source if isinstance(source, (list, tuple)) else [source]:
+        p = Path(s)  # an output set (an executor's --out) is read only whole and unchanged
+        if p.is_dir():
+            check_set(p, "trace directory")
+        else:
+            check_set(p.parent, "trace", p.name)
     if graph is None and not isinstance(source, (list, tuple)) and Path(source).is_dir():
         beside = Path(source) / "graph.json"  # an executor output with the graph it ran
         graph = beside if beside.is_file() else None

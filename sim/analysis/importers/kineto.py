@@ -24,13 +24,13 @@ replay assumes the clocks agree.
 
 from __future__ import annotations
 
-import gzip
 import json
 import re
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from sim.analysis.importers import kineto_check as kc
 from sim.analysis.importers import kineto_names as kn
 from sim.analysis.importers.timeline import ORDER_TOL_S, Op, to_graph
 from sim.core.errors import ConfigError
@@ -45,27 +45,22 @@ EXPECTED = "a PyTorch profiler (Kineto) Chrome trace: a JSON object with 'traceE
 def read(path: str | Path) -> dict[str, Any]:
     """The JSON of one trace file (plain or gzipped), checked to be a Kineto trace."""
     p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"trace {p}: not found")
+    raw = kc.inflate(p)  # bounded: a small gzip may inflate without end
     try:
-        raw = p.read_bytes()
-        if raw[:2] == b"\x1f\x8b":
-            raw = gzip.decompress(raw)
         doc = json.loads(raw)
-    except (EOFError, OSError) as e:
-        raise ConfigError(
-            f"trace {p}: truncated or corrupt gzip ({e}); expected {EXPECTED}"
-        ) from None
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ConfigError(
             f"trace {p}: not valid JSON, truncated? ({e}); expected {EXPECTED}"
         ) from None
+    except (ValueError, RecursionError) as e:  # nesting past the parser's limit
+        raise ConfigError(f"trace {p}: not a usable JSON document ({e})") from None
     if isinstance(doc, dict) and "schema_version" in doc and "tasks" in doc:
         raise ConfigError(f"trace {p}: is a moesim task graph, not a trace (pass it as --graph)")
     events = doc.get("traceEvents") if isinstance(doc, dict) else None
     if not isinstance(events, list):
         raise ConfigError(f"trace {p}: expected {EXPECTED}")
-    xs = [e for e in events if isinstance(e, dict) and e.get("ph") == "X"]
+    # from here on only the checked complete events are read (the others carry nothing used)
+    xs = doc["traceEvents"] = kc.events(p, doc)
     if not any(e.get("cat") in HOST_CATS | DEVICE_CATS for e in xs):
         if any(isinstance(e.get("args"), dict) and "kind" in e["args"] for e in xs):
             raise ConfigError(
@@ -98,6 +93,9 @@ def load(
         ops += rt.ops()
         prev.update(rt.prev)
     finish(ops, prev)
+    for o in ops:  # members of a matched collective: its group (NCCL) or every file's rank
+        if o.match is not None and o.match[0] != "p2p":
+            o.members = sorted(set(o.members or ranks) & set(ranks))
     hosts = {d.get("host_name") for _, d in docs}
     meta = {
         "replay_of": [str(p) for p, _ in docs],
@@ -279,7 +277,7 @@ class RankTrace:
         return out
 
     def _gloo_id(self, g: dict) -> str:
-        g.setdefault("_id", f"r{self.rank}/gloo{g['tid']}@{g['ts']:.3f}")
+        g.setdefault("_id", f"r{self.rank}/gloo{g.get('tid')}@{g['ts']:.3f}")
         return g["_id"]
 
     def _gloo_task(self, lane: str, g: dict, x: dict | None) -> None:
@@ -304,8 +302,11 @@ class RankTrace:
     def _splits(self, op: Op, xargs: dict[str, Any]) -> None:
         """all_to_all_single's input splits (rows) -> bytes per member (all_to_allv)."""
         splits = kn.concrete(xargs, 4)
-        rows = ((xargs.get("Input Dims") or [[], []])[1] or [0])[0]
-        if isinstance(splits, list) and splits and rows and len(set(splits)) > 1:
+        dims = (xargs.get("Input Dims") or [])[1:2] or [[0]]  # the input tensor's dims
+        rows = (dims[0] or [0])[0]
+        if not (isinstance(splits, list) and all(isinstance(s, int) for s in splits)):
+            splits = None  # not recorded, or not the splits: an even exchange
+        if splits and isinstance(rows, int) and rows > 0 and len(set(splits)) > 1:
             op.kind = "all_to_allv"
             op.split = [op.bytes * s / rows for s in splits]
 
@@ -348,6 +349,7 @@ class RankTrace:
         if op.kind == "all_to_all" and info.get("split") and len(set(info["split"])) > 1:
             op.kind, op.split = "all_to_allv", info["split"]
         op.match = ("nccl", *info["key"]) if "key" in info else ("nccl", c)
+        op.members = info.get("group")
         if op.kind in ("send", "recv"):  # peers are not recorded: rank-local replay
             op.match = None
 

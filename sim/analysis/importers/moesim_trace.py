@@ -16,9 +16,10 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
-from sim.analysis.importers.timeline import Op, to_graph
+from sim.analysis.importers.timeline import MAX_SPAN_S, Op, to_graph
 from sim.analysis.trace import COLUMNS, TAGS
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
@@ -59,17 +60,40 @@ def read_table(path: str | Path) -> pd.DataFrame:
     if df.empty:
         raise ConfigError(f"{what}: has no rows")
     try:
-        for c in ("start", "end"):
+        for c in ("start", "end", "rank"):
             df[c] = df[c].astype(float)
-        df["rank"] = df["rank"].astype(int)
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{what}: start, end and rank must be numbers ({_one_line(e)})") from None
+    _plausible(df, what, p.suffix != ".parquet")
+    df["rank"] = df["rank"].astype(int)
     if df["id"].duplicated().any():
         dup = df.loc[df["id"].duplicated(), "id"].iloc[0]
         raise ConfigError(f"{what}: task id {dup!r} appears twice")
-    if (df["end"] < df["start"]).any() or df[["start", "end"]].isna().any().any():
-        raise ConfigError(f"{what}: every row needs start <= end")
     return df
+
+
+def _plausible(df: pd.DataFrame, what: str, csv: bool) -> None:
+    """Ranks non-negative integers (1.5 must not become rank 1), times finite and within
+    MAX_SPAN_S of each other (one row at 1e308 s must not become the measured makespan)."""
+    rank, start, end = df["rank"], df["start"], df["end"]
+    bad = ~(rank.map(lambda r: r == r and float(r).is_integer()) & (rank >= 0))
+    times_bad = ~(np.isfinite(start) & np.isfinite(end))
+    span = max(end[~times_bad].max() - start[~times_bad].min(), 0.0) if (~times_bad).any() else 0
+    for mask, expected in (
+        (bad, "rank: a non-negative integer"),
+        (times_bad, "start and end: finite numbers (seconds)"),
+        (end < start, "end >= start"),
+    ):
+        if mask.any():
+            i = int(np.argmax(mask.to_numpy()))
+            row = f"line {i + 2}" if csv else f"row {i + 1}"  # CSV: line 1 is the header
+            raise ConfigError(f"{what}: {row} (task {df['id'].iloc[i]!r}): expected {expected}")
+    if span > MAX_SPAN_S:
+        i = int(np.argmax((end - start.min()).to_numpy()))
+        raise ConfigError(
+            f"{what}: task {df['id'].iloc[i]!r} ends {end.iloc[i]:g} s, more than "
+            f"{MAX_SPAN_S:g} s after the first start; expected the times of one measurement"
+        )
 
 
 def times_of(df: pd.DataFrame) -> dict[str, tuple[float, float]]:
@@ -102,6 +126,7 @@ def infer(path: str | Path) -> tuple[TaskGraph, dict[str, tuple[float, float]]]:
     """The graph inferred from the trace alone."""
     df = read_table(path)
     match = _match_keys(df)
+    ranks = sorted({int(r) for r in df["rank"]})  # every collective has a member on each
     ops = []
     for row, key in zip(df.itertuples(index=False), match):
         tags = {t: _plain(getattr(row, t)) for t in TAGS if hasattr(row, t)}
@@ -118,6 +143,7 @@ def infer(path: str | Path) -> tuple[TaskGraph, dict[str, tuple[float, float]]]:
                 bytes=_num(getattr(row, "bytes", 0.0)),
                 flops=_num(getattr(row, "flops", 0.0)),
                 match=key,
+                members=ranks if key is not None else None,
                 tags=tags,
             )
         )

@@ -22,16 +22,21 @@ is acyclic and the replay can reproduce the measured times (sim.analysis.replay)
 from __future__ import annotations
 
 import bisect
+import math
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from sim.core import limits
 from sim.core.errors import ConfigError, GraphError
 from sim.core.graph import Task, TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS, COMM_KINDS, P2P_KINDS
 
 WAIT_MIN_S = 2e-6  # a later start than this after the op could go counts as a wait
 ORDER_TOL_S = 1e-7  # clock noise allowed when checking that a dependency ended first
+# the widest span of one trace's times: a profile lasts seconds to minutes; a time far
+# outside this is a broken clock or a made-up value, and would become the measured makespan
+MAX_SPAN_S = 86_400.0
 
 
 @dataclass
@@ -51,6 +56,9 @@ class Op:
     split: list[float] | None = None  # all_to_allv: bytes sent to each member
     match: Any = None  # communication: the key its collective's members share
     peer: int | None = None  # send / recv
+    # ranks the collective must have a member on, where the importer knows them: a member
+    # missing from the trace would otherwise shrink the group and replay the others alone
+    members: list[int] | None = None
     deps: list[str] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
 
@@ -61,7 +69,15 @@ def to_graph(
     """The task graph of `ops` and each task's measured (start, end)."""
     if not ops:
         raise ConfigError(f"{source}: no operations to replay")
+    limits.active().check("max_tasks", len(ops), f"{source}: operations to replay")
+    for o in ops:  # every importer checks its own input; this is the backstop for all
+        if not (math.isfinite(o.start) and math.isfinite(o.end) and o.start <= o.end):
+            raise ConfigError(f"{source}: operation {o.id!r}: expected finite start <= end")
     ops = sorted(ops, key=lambda o: (o.start, o.end))
+    if max(o.end for o in ops) - ops[0].start > MAX_SPAN_S:
+        raise ConfigError(
+            f"{source}: operations span more than {MAX_SPAN_S:g} s; expected one measurement"
+        )
     by_id: dict[str, Op] = {}
     for o in ops:
         if o.id in by_id:
@@ -148,6 +164,16 @@ def _match_collectives(ops: list[Op], source: str) -> dict[str, tuple[str, list[
                 "the trace's collectives could not be told apart"
             )
         group = sorted(ranks)
+        expected = sorted({r for o in ms for r in (o.members or ())})
+        if expected and group != expected:
+            missing = sorted(set(expected) - set(group))
+            step = ms[0].tags.get("step")  # the event's own name, where the format has one
+            raise ConfigError(
+                f"{source}: collective {ms[0].kind} {ms[0].id!r}"
+                f"{f' ({step})' if step and step not in ms[0].id else ''} has no member on rank(s) "
+                f"{missing}; expected one on each of ranks {expected} (a rank's file cut "
+                "short or its collectives dropped?)"
+            )
         _harmonise(ms, group)
         for o in ms:
             out[o.id] = (cid, group)
