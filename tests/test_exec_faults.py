@@ -139,8 +139,8 @@ def test_rank_stopped_at_start_up_ends_the_run_naming_it():
     msg = str(err)
     assert msg.startswith("rank 1 did not start within 4 s: still "), msg
     assert "it is stopped: SIGSTOP" in msg and "rank 0" not in msg, msg
-    assert box["elapsed"] < 4 + 10, box["elapsed"]
-    assert not _gone([pid], 5)
+    assert box["elapsed"] < 4 + 60, box["elapsed"]  # bounded (a hang guard), not a timing
+    assert not _gone([pid], 20)
 
 
 def test_rank_killed_at_start_up_is_named_not_the_launchers_kills():
@@ -196,7 +196,7 @@ def test_killed_launcher_leaves_no_rank_and_no_folder(tmp_path, sig):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    assert not _gone(ranks, 5), f"ranks outlived the launcher ({sig.name})"
+    assert not _gone(ranks, 20), f"ranks outlived the launcher ({sig.name})"
     left_after = time.monotonic() - t0
     folders = list(tmp.glob("moesim-exec-*"))
     if sig == signal.SIGKILL:  # nothing could clean up: the next launch removes it
@@ -272,7 +272,7 @@ def test_sweep_workers_exit_when_the_sweep_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    left = _gone(workers, 5)
+    left = _gone(workers, 20)
     for pid in left:  # do not leave them to the next test
         os.kill(pid, signal.SIGKILL)
     assert not left, f"sweep workers outlived the sweep by 5 s: {left}"
