@@ -22,8 +22,22 @@ if TYPE_CHECKING:
 # float32: outputs agree to rounding; weight gradients are sums over chunks taken in another
 # order, so they agree to a few ulps of their magnitude
 Y_RTOL, GRAD_RTOL = 1e-5, 1e-4
-# a deepep graph's parameters, as its meta records them (sim.strategies.deepep.builder)
-DEEPEP_META = ("gpus_per_node", "max_nodes", "dispatch_dtype", "sms")
+
+
+def _graph_params(meta: dict) -> dict:
+    """The parameters a graph was built with (`meta["params"]`, which sim.strategies writes
+    on every graph), without the ones the real layer does not take; a graph from before it:
+    the meta entries of its strategy's parameter names."""
+    from sim.strategies import STRATEGIES
+
+    strat = STRATEGIES.get(meta["strategy"])
+    if strat is None:
+        return {}
+    names = strat.defaults
+    given = meta.get("params")
+    if not isinstance(given, dict):
+        given = {k: meta[k] for k in names if meta.get(k) is not None}
+    return {k: v for k, v in given.items() if k in names}
 
 
 # -- calibration ------------------------------------------------------------------------------
@@ -223,8 +237,7 @@ def check_layer(
         fields = {k: v for k, v in meta["layer"].items() if k not in ("routing", "capacity")}
         layer = MoELayer(**fields)
         name = meta["strategy"]
-        keys = {"pipelined": ("degree", "order"), "deepep": DEEPEP_META}.get(name, ())
-        params = {k: meta[k] for k in keys if k in meta}
+        params = _graph_params(meta)
     spec = MoESpec.from_layer(layer, seed=seed)
     resolved = {} if resolution is None else {"resolved": resolution.resolved.as_dict()}
     if resolution is not None and resolution.notes:

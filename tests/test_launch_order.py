@@ -83,7 +83,7 @@ def test_every_strategy_runs_on_one_hardware_queue(case):
         span[mc] = simulate(g, TOPO, costs).makespan  # a DeadlockError fails the test
     assert span[1] >= span[8] * (1 - 1e-9), span
     assert not stuck(list(g))
-    if blocks is None and not getattr(STRATEGIES[name], "BUILDS_MODEL", False):
+    if blocks is None and not STRATEGIES[name].builds_model:
         cluster = Cluster(TOPO, _costs(1))
         raw = STRATEGIES[name].build(layer, resolve_params(name, params), PASSES, cluster)
         assert _streams(raw) == _streams(g)  # stream order is program order

@@ -180,14 +180,14 @@ def test_flex_dispatches_megatrons_bf16_rows_unless_fp8_is_asked():
 
 @pytest.mark.parametrize("name", ["megatron_ep", "dualpipe"])
 def test_with_blocks_the_strategy_graph_is_the_model(name):
-    """`BUILDS_MODEL`: with a model the strategy's own graph is returned as it is (its layers
+    """`build_model`: with a model the strategy's own graph is returned as it is (its layers
     the model's MoE blocks, their heads and shared experts), not spliced per layer, and the
     caller's parameters are left alone."""
     from sim.strategies import STRATEGIES
     from sim.workload.blocks import BlockModel
 
     mod = STRATEGIES[name]
-    assert mod.BUILDS_MODEL
+    assert mod.builds_model
     blocks = BlockModel(n=3, heads=2, moe_every=1, first_dense=1, shared=1)
     two = MoELayer(batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=4, world=2)
     layer = LAYER if name == "megatron_ep" else two
@@ -198,7 +198,7 @@ def test_with_blocks_the_strategy_graph_is_the_model(name):
     assert g.meta["strategy"] == name
     assert (g.meta["layers"], g.meta["heads"], g.meta["shared"]) == (2, 2, 1)
     assert {t.tags["layer"] for t in g} - {-1} == set(blocks.moe_blocks)
-    full = {**mod.DEFAULTS, **params}
+    full = {**mod.defaults, **params}
     same = mod.build_model(layer, full, blocks, PASSES)
     assert [t.to_dict() for t in g] == [t.to_dict() for t in same]
 

@@ -2,10 +2,9 @@
 `registry` (`pipelined`, `fastermoe`, `mpipemoe`, `ted`, `deepep` and `sliced` Tutel, whose cases
 `layouts` runs), and `run` (every variant on every rank, compared against `sequential`).
 Schedules over micro-batches or pipeline stages (`ep_overlap`: megatron_ep, `dualpipe`) are
-registered apart, in `registry.SCHEDULES`.
-
-Importing the package registers every strategy; `pipelined` comes first because `sliced`
-wraps the "tutel" it registers.
+registered apart, in `registry.SCHEDULE_LAYERS`. Each layer is registered under its own
+name; which one runs a strategy is the strategy's `real_layer` (sim.strategies.base), so the
+import order below does not matter.
 """
 
 from exec.layers import pipelined  # noqa: F401, I001

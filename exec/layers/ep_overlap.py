@@ -284,7 +284,7 @@ def layer_spec(spec: BlockSpec, lid: int) -> BlockSpec:
     return replace(spec, moe=replace(spec.moe, seed=spec.moe.seed + 104_729 * lid))
 
 
-@register_schedule("megatron_ep")
+@register_schedule("ep_overlap")  # strategy megatron_ep's real form
 def run_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: dict[str, Any],
               micro: int) -> dict[str, Any]:  # fmt: skip
     """Every micro-batch through the stage in the schedule `params` says; outputs, input

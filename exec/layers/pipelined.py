@@ -32,7 +32,7 @@ def pipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Te
     return pipelined(moe, buf, params)
 
 
-@register("tutel")
+@register("tutel_ep")  # Tutel on whole experts; exec.layers.sliced wraps it
 def tutel(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Tutel's pipelining at its chosen degree (the all-to-all algorithm changes how bytes
     travel, not what arrives: the real layer uses one all_to_all for either)."""

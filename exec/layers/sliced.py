@@ -31,7 +31,8 @@ from exec.layers.moe import (
     make_gate,
     route,
 )
-from exec.layers.pipelined import pipelined  # also registers "tutel", wrapped below
+from exec.layers.pipelined import pipelined
+from exec.layers.pipelined import tutel as _tutel_ep  # whole experts, wrapped below
 from exec.layers.registry import STRATEGIES, register, resolve_strategy
 from exec.layers.shapes import expert_slices, pad_capacity, sim_layer
 from sim.core.errors import ConfigError
@@ -162,10 +163,7 @@ def _unflatten(parts: torch.Tensor, shapes: list[torch.Size]) -> list[list[torch
     return out
 
 
-_tutel_ep = STRATEGIES["tutel"]
-
-
-@register("tutel")
+@register("sliced")  # strategy tutel's real layer (sim.strategies.tutel)
 def tutel(moe: Any, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Tutel with switchable parallelism: P1 / P2 (or the inline router's pick) on a sliced
     layer; on E >= W ranks every choice is plain expert parallelism (the original entry)."""

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from exec.layers.moe import DistMoE, MoESpec
-from exec.layers.registry import STRATEGIES, register
+from exec.layers.registry import LAYERS, register
 from exec.layers.shapes import pad_capacity, sim_layer
 from sim.core.errors import ConfigError
 from sim.strategies.ted import check_layout
@@ -78,7 +78,7 @@ def ted(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor
             f"and EP groups (exec.layers.layouts.run_layouts)"
         )
     if tp == 1:  # DeepSpeed's plain expert-parallel layer
-        return STRATEGIES["sequential"](moe, buf, params)
+        return LAYERS["sequential"](moe, buf, params)
     C = buf.shape[1]
     padded = pad_capacity(
         buf, aligned(C, tp)

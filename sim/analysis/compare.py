@@ -89,7 +89,7 @@ def scope(name: str, graph: Any, blocks: Any) -> str:
         return f"{graph.meta['moe_layers']} MoE blocks with attention"
     if blocks is None:
         return "one MoE layer"
-    if getattr(STRATEGIES[name], "BUILDS_MODEL", False) and len(blocks.moe_blocks) < blocks.n:
+    if STRATEGIES[name].builds_model and len(blocks.moe_blocks) < blocks.n:
         return "the model's MoE blocks"
     return "the model"
 

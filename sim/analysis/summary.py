@@ -115,11 +115,8 @@ def summarize(res: SimResult, df: pd.DataFrame | TraceTable) -> dict[str, Any]:
         "nodes": topo.nodes,
         "world_size": res.graph.world_size,
         "strategy": meta.get("strategy"),
-        "params": {
-            k: meta[k]
-            for k in ("degree", "order", "algo", "parallel", "tp", "group_size", "shadow", "reuse")
-            if meta.get(k) is not None
-        }
+        # the strategy's parameters as built (sim.strategies writes them on every graph)
+        "params": {k: v for k, v in (meta.get("params") or {}).items() if v is not None}
         | ({"selector": meta["selector"]} if "selector" in meta else {}),
         "passes": meta.get("passes"),
         "makespan_s": makespan,

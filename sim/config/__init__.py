@@ -21,7 +21,7 @@ from sim.core.limits import DEFAULT as DEFAULT_LIMITS
 from sim.core.limits import Limits
 from sim.core.schema import check
 from sim.hardware.topology import Topology
-from sim.strategies import DERIVED_FIT_WEIGHT, pair_weight, resolve_params
+from sim.strategies import DERIVED_FIT_WEIGHT, STRATEGIES, pair_weight, resolve_params
 from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
@@ -55,7 +55,7 @@ class RunConfig:
         if isinstance(strat, str):
             strat = {"name": strat}
         params = {k: v for k, v in strat.items() if k != "name"}
-        check_params(params, source)
+        check_params(strat["name"], params, source)
         try:
             resolve_params(strat["name"], params)
         except ConfigError as e:
@@ -227,11 +227,14 @@ class RunConfig:
     def _workload_for(self, W: int, G: int | None = None) -> Workload:
         params = dict(self.strategy_params)
         name = self.strategy
-        if name == "parm":  # Parm's placement: MP groups laid over the MoE ranks
+        strat = STRATEGIES.get(name)
+        if strat is None:  # names it, as from_dict does
+            resolve_params(name, params)
+        if strat.tp_overlay:  # Parm's placement: MP groups laid over the MoE ranks
             return self._parm_workload(W, G, params)
         if self.parallel is None:  # the old meaning: one EP group of the whole world
             layer = self.layer(W)
-            tp = params.get("tp", resolve_params(name, {})["tp"]) if name == "ted" else 1
+            tp = params.get("tp", strat.defaults["tp"]) if strat.layout_tp else 1
             tp = tp if isinstance(tp, int) and not isinstance(tp, bool) and tp >= 1 else 1
             esp = layer.expert_shards
             if W % (tp * esp):  # TED's own check names the problem
@@ -239,22 +242,22 @@ class RunConfig:
             return Workload(layer, ParallelLayout(W // (tp * esp), 1, tp, esp), params)
         spec = dict(self.parallel)
         src = f"{self.source}: parallel"
-        if name == "ted":
+        if strat.layout_tp:
             if "tp" in params and "tp" in spec and params["tp"] != spec["tp"]:
                 raise ConfigError(
                     f"{src}.tp: {spec['tp']} disagrees with strategy.tp {params['tp']} "
                     "(give the TP size once, under parallel:)"
                 )
-            spec.setdefault("tp", params.get("tp", resolve_params(name, {})["tp"]))
+            spec.setdefault("tp", params.get("tp", strat.defaults["tp"]))
         layout = from_spec(spec, W, G, source=src)
-        if layout.pp > 1 or name in PIPELINES:
+        if layout.pp > 1 or strat.stages_per_device is not None:
             params = _pipeline_params(name, params, layout, src)
-        if name == "ted":
+        if strat.layout_tp:
             params["tp"] = layout.tp
         elif layout.tp > 1:
             raise ConfigError(
                 f"{src}.tp: strategy {name!r} does not shard the MoE layer over tensor-parallel "
-                "ranks (strategy 'ted' does); use tp: 1"
+                f"ranks ({_which(lambda s: s.layout_tp, 'does')}); use tp: 1"
             )
         layer = self.layer(layout.mp)
         if layout.esp != layer.expert_shards:
@@ -284,7 +287,12 @@ class RunConfig:
         return Workload(self.layer(layout.mp), layout, params)
 
 
-PIPELINES = ("dualpipe",)  # strategies whose graph is pp pipeline devices of EP groups
+def _which(has: Any, verb: str) -> str:
+    """The strategies with a property, as an error names them: "strategy 'ted' does"."""
+    names = [s.name for s in STRATEGIES.values() if has(s)]
+    if len(names) == 1:
+        return f"strategy {names[0]!r} {verb}"
+    return f"strategies {', '.join(map(repr, names))} {verb.replace('does', 'do')}"
 
 
 def _pipeline_params(
@@ -292,12 +300,14 @@ def _pipeline_params(
 ) -> dict[str, Any]:
     """A pipeline strategy's stages from `parallel.pp` (its devices: DualPipe's pp stages
     on pp devices, DualPipeV's on pp/2), checked against `strategy.pp` when both are given."""
-    if name not in PIPELINES:
+    per_device_of = STRATEGIES[name].stages_per_device
+    if per_device_of is None:
+        pipes = ", ".join(s.name for s in STRATEGIES.values() if s.stages_per_device is not None)
         raise ConfigError(
-            f"{src}.pp: strategy {name!r} has no pipeline stages (dualpipe has); use pp: 1"
+            f"{src}.pp: strategy {name!r} has no pipeline stages ({pipes} has); use pp: 1"
         )
     full = resolve_params(name, params)
-    per_device = 2 if full["variant"] == "dualpipev" else 1
+    per_device = per_device_of(full)
     stages = layout.pp * per_device
     if stages < 2:
         raise ConfigError(

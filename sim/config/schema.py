@@ -11,14 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import (
-    BeforeValidator,
-    ConfigDict,
-    Field,
-    TypeAdapter,
-    ValidationError,
-    field_validator,
-)
+from pydantic import BeforeValidator, Field, field_validator
 
 from sim.config.model_schema import Dtype, ModelSpec, model_preset
 from sim.core.errors import ConfigError
@@ -300,31 +293,11 @@ def _named(v: Any) -> Any:
 
 
 Name = Annotated[str, Field(min_length=1, max_length=256)]
-# The types of strategy parameters, by name (a name means the same thing in every strategy
-# that takes it); which names a strategy takes and which values it accepts are its own checks
-# (`sim.strategies.resolve_params` and the builders), run when the config is resolved.
-PARAM_TYPES: dict[str, TypeAdapter] = {
-    name: TypeAdapter(t, config=ConfigDict(strict=True, allow_inf_nan=False))
-    for name, t in {
-        "degree": Annotated[int, Field(gt=0, le=2**20)] | Literal["auto"],
-        "candidates": Annotated[list[Annotated[int, Field(gt=0, le=2**20)]], Field(min_length=1)]
-        | None,
-        "order": Name,
-        "algo": Name | None,
-        "parallel": Name,
-        "reuse": Name,
-        "tp": Annotated[int, Field(gt=0, le=2**20)],
-        "group_size": Annotated[int, Field(gt=0, le=2**20)],
-        "shadow": Literal["auto", "none"] | list[Annotated[int, Field(ge=0, le=2**20)]],
-        "schedule": Name,
-        "saa": bool,
-        "esp": Annotated[int, Field(gt=0, le=2**20)],
-    }.items()
-}
 
 
 class StrategySpec(Strict):
-    """`name` plus the strategy's own parameters (typed by PARAM_TYPES: `check_params`)."""
+    """`name` plus the strategy's own parameters (typed by its `Params` model: `check_params`;
+    documented per strategy by `moesim schema config`: `strategy_schemas`)."""
 
     model_config = Strict.model_config | {"extra": "allow"}
     name: Name = Field(
@@ -334,36 +307,33 @@ class StrategySpec(Strict):
     )
 
 
-def check_params(params: dict[str, Any], source: str) -> None:
-    """Each strategy parameter of a known name has its type (ConfigError naming it)."""
-    problems = []
+def check_params(name: str, params: dict[str, Any], source: str) -> None:
+    """Each parameter of strategy `name` has the type its `Params` model gives it (one
+    ConfigError naming each `strategy.<param>` and what it expects). A name the strategy does
+    not take is typed as the first strategy that takes it types it, so that a wrong value is
+    named before `sim.strategies.resolve_params` says the strategy does not take it; an
+    unknown strategy is resolve_params' to name."""
+    from sim.strategies import STRATEGIES, STRATEGY_LIST
+
+    own = STRATEGIES.get(name)
+    found: dict[str, str] = {}
     for key, value in params.items():
-        adapter = PARAM_TYPES.get(key)
-        if adapter is None:
-            continue  # unknown to every strategy: resolve_params names it
-        try:
-            adapter.validate_python(value)
-        except ValidationError:
-            hint = _PARAM_HINTS.get(key, "valid")
-            problems.append(f"strategy.{key}: expected {hint}, got {short(value)}")
+        strat = own if own is not None and key in own.Params.model_fields else None
+        if strat is None:  # not this strategy's: the type of the name where one declares it
+            strat = next((s for s in STRATEGY_LIST if key in s.Params.model_fields), None)
+        if strat is not None:
+            found |= strat.problems({key: value})
+    problems = [f"strategy.{k}: expected {h}, got {short(params[k])}" for k, h in found.items()]
     if problems:
         raise ConfigError(f"{source}: " + "; ".join(problems))
 
 
-_PARAM_HINTS = {
-    "degree": "a positive integer or 'auto'",
-    "candidates": "a list of positive integers",
-    "tp": "a positive integer",
-    "group_size": "a positive integer",
-    "shadow": "'auto', 'none' or a list of expert ids",
-    "algo": "an algorithm name",
-    "order": "a name",
-    "parallel": "a name",
-    "reuse": "a name",
-    "schedule": "a name",
-    "saa": "true or false",
-    "esp": "a positive integer",
-}
+def strategy_schemas() -> dict[str, Any]:
+    """Each strategy's entry in a config as JSON Schema, from its `Params` model (types,
+    defaults, descriptions): what `moesim schema config` documents under `strategy`."""
+    from sim.strategies import STRATEGY_LIST
+
+    return {s.name: s.describe() for s in STRATEGY_LIST}
 
 
 def _listed(v: Any) -> Any:

@@ -15,9 +15,18 @@ INPUTS = ("config", "topology", "graph", "calibration", "sweep")
 
 def input_schema(name: str) -> dict[str, Any]:
     if name == "config":
-        from sim.config.schema import RunSpec
+        from sim.config.schema import RunSpec, strategy_schemas
 
-        return json_schema(RunSpec, "moesim run config")
+        schema = json_schema(RunSpec, "moesim run config")
+        # each strategy's parameters, from its Params model: one of them is the entry
+        spec = schema.get("$defs", {}).get("StrategySpec")
+        if spec is not None:
+            per = strategy_schemas()
+            for name, sub in per.items():
+                schema["$defs"] |= {f"strategy.{k}": v for k, v in sub.pop("$defs", {}).items()}
+                schema["$defs"][f"strategy.{name}"] = sub
+            spec["anyOf"] = [{"$ref": f"#/$defs/strategy.{n}"} for n in per]
+        return schema
     if name == "topology":
         from sim.hardware.topology_schema import TopologySpec
 

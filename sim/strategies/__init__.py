@@ -1,15 +1,18 @@
 """Strategies: builders from (MoE layer, params, cluster) to a TaskGraph. They never touch
 the engine.
 
-Each module exposes `NAME`, `DEFAULTS` (its parameters and their defaults) and
-`build(layer, params, passes, cluster=None) -> TaskGraph`; `cluster` (topology and cost
-model) is what a strategy's own selector reads (PipeMoE's Theorem 1), None where unknown.
+Each module defines `STRATEGY`, a `sim.strategies.base.Strategy`: its name, `Params` (a
+pydantic model: its parameters' types, defaults and help), `build(layer, params, passes,
+cluster=None) -> TaskGraph` and `real_layer` (the executor's layer by name, None: no real
+form); `cluster` (topology and cost model) is what a strategy's own selector reads
+(PipeMoE's Theorem 1), None where unknown. `STRATEGY_LIST` is the one list of them: every
+other part (config checks and schema, summaries, compare, sweep, the executor) reads it.
 
 Hooks for a model of many blocks (`build(..., blocks=...)`), all optional:
 - `plan(layer, params, blocks, cluster) -> params`: model-wide choices made before the layer
   graph is built (Lancet's partition DP);
 - `model_pass(graph, params, cluster) -> graph`: a pass over the spliced model (Lancet);
-- `BUILDS_MODEL = True` with `build_model(layer, params, blocks, passes, cluster) ->
+- `build_model(layer, params, blocks, passes, cluster) ->
   TaskGraph`: the strategy's graph is already the whole model or step (a schedule across
   layers and micro-batches: Megatron's merged 1F1B, DualPipe), so it is returned as it is,
   never spliced into `sim.strategies.model`'s per-layer model.
@@ -18,8 +21,8 @@ Hooks for a model of many blocks (`build(..., blocks=...)`), all optional:
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -38,29 +41,46 @@ from sim.strategies import (
     ted,
     tutel,
 )
+from sim.strategies.base import Strategy
 from sim.strategies.resolved import Resolved
 from sim.workload import dp_span
 from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
-STRATEGIES: dict[str, ModuleType] = {
-    m.NAME: m
-    for m in (
-        sequential,
-        pipelined,
-        pipemoe,
-        tutel,
-        ted,
-        fastermoe,
-        mpipemoe,
-        lancet,
-        parm,
-        deepep,
-        megatron_ep,
-        dualpipe,
-    )
-}
+STRATEGY_LIST: list[Strategy] = [
+    sequential.STRATEGY,
+    pipelined.STRATEGY,
+    pipemoe.STRATEGY,
+    tutel.STRATEGY,
+    ted.STRATEGY,
+    fastermoe.STRATEGY,
+    mpipemoe.STRATEGY,
+    lancet.STRATEGY,
+    parm.STRATEGY,
+    deepep.STRATEGY,
+    megatron_ep.STRATEGY,
+    dualpipe.STRATEGY,
+]
+
+
+class _ByName(Mapping[str, Strategy]):
+    """STRATEGY_LIST by name, read afresh on every access (a test may swap the list)."""
+
+    def _now(self) -> dict[str, Strategy]:
+        return {s.name: s for s in STRATEGY_LIST}
+
+    def __getitem__(self, k: str) -> Strategy:
+        return self._now()[k]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._now())
+
+    def __len__(self) -> int:
+        return len(self._now())
+
+
+STRATEGIES: Mapping[str, Strategy] = _ByName()
 
 
 @dataclass(frozen=True)
@@ -91,24 +111,25 @@ def pair_weight(
 ) -> int:
     """PAIR_BYTES units the run of strategy `name` keeps per rank pair of its group (at least
     1); an unknown strategy counts 1 (its own check names it)."""
-    mod = STRATEGIES.get(name)
-    fn = getattr(mod, "pair_weight", None)
+    strat = STRATEGIES.get(name)
+    fn = None if strat is None else strat.pair_weight
     if fn is None:
         return 1
-    return max(1, math.ceil(fn(layer, {**mod.DEFAULTS, **params}, tuple(passes), blocks)))
+    return max(1, math.ceil(fn(layer, {**strat.defaults, **params}, tuple(passes), blocks)))
 
 
 def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
-    mod = STRATEGIES.get(name)
-    if mod is None:
+    strat = STRATEGIES.get(name)
+    if strat is None:
         raise ConfigError(f"strategy.name: unknown strategy {name!r} (known: {sorted(STRATEGIES)})")
-    unknown = set(params) - set(mod.DEFAULTS)
+    defaults = strat.defaults
+    unknown = set(params) - set(defaults)
     if unknown:
         raise ConfigError(
             f"strategy: unknown parameter(s) {sorted(unknown)} for {name!r} "
-            f"(it takes {sorted(mod.DEFAULTS) or 'none'})"
+            f"(it takes {sorted(defaults) or 'none'})"
         )
-    return {**mod.DEFAULTS, **params}
+    return {**defaults, **params}
 
 
 def resolve_auto(
@@ -122,7 +143,7 @@ def resolve_auto(
     filled in and every `auto` replaced by its selector's choice on `cluster` (the executor
     runs these, so that it runs what the simulator builds)."""
     full = resolve_params(name, params)
-    fn = getattr(STRATEGIES[name], "resolve", None)
+    fn = STRATEGIES[name].resolve
     return Resolved(full) if fn is None else fn(layer, full, passes, cluster)
 
 
@@ -139,20 +160,20 @@ def build(
     every replica of `layout` (None or dp = 1: the replica is the world). With `blocks`, the
     graph of the whole model, its MoE layers the strategy's (`sim.strategies.model`)."""
     full = resolve_params(name, params)
-    mod = STRATEGIES[name]
-    if blocks is not None and getattr(mod, "BUILDS_MODEL", False):  # the graph is the model
-        graph = mod.build_model(layer, full, blocks, passes, cluster)
-        return _spread(_issued(_account(graph, name, layer, passes, blocks)), layout)
-    if blocks is not None and hasattr(mod, "plan"):  # model-wide choices (Lancet)
-        full = mod.plan(layer, full, blocks, cluster)
-    graph = mod.build(layer, full, passes, cluster)
+    strat = STRATEGIES[name]
+    if blocks is not None and strat.build_model is not None:  # the graph is the model
+        graph = strat.build_model(layer, full, blocks, passes, cluster)
+        return _spread(_issued(_account(graph, name, layer, passes, blocks, full)), layout)
+    if blocks is not None and strat.plan is not None:  # model-wide choices (Lancet)
+        full = strat.plan(layer, full, blocks, cluster)
+    graph = strat.build(layer, full, passes, cluster)
     if blocks is not None:
         from sim.strategies.model import build_model
 
         graph = build_model(blocks, layer, graph, passes)
-        if hasattr(mod, "model_pass"):  # passes over the whole model (Lancet)
-            graph = mod.model_pass(graph, full, cluster)
-    return _spread(_issued(_account(graph, name, layer, passes, blocks)), layout)
+        if strat.model_pass is not None:  # passes over the whole model (Lancet)
+            graph = strat.model_pass(graph, full, cluster)
+    return _spread(_issued(_account(graph, name, layer, passes, blocks, full)), layout)
 
 
 def _issued(graph: TaskGraph) -> TaskGraph:
@@ -187,10 +208,12 @@ def _account(
     layer: MoELayer,
     passes: tuple[str, ...],
     blocks: BlockModel | None,
+    full: dict[str, Any],
 ) -> TaskGraph:
     """The graph with what every strategy's summary reports on its meta (one place, so no
-    builder can leave it out): the layer's tokens routed / kept / dropped and the model-state
-    bytes per GPU (sim.workload.accounting)."""
+    builder can leave it out): the layer's tokens routed / kept / dropped, the model-state
+    bytes per GPU (sim.workload.accounting) and `params`, the strategy's parameters as
+    built (`resolved_params`)."""
     from sim.workload.accounting import model_states, token_counts
 
     meta = graph.meta
@@ -203,7 +226,21 @@ def _account(
     copies = int(tp) if name == "ted" else 1  # each TED EP group holds all E experts
     meta["tokens_per_layer"] = token_counts(layer, dropless=name in DROPLESS, shared_by=int(tp))
     meta["model_states"] = model_states(layer, passes, moe_layers, copies)
+    meta["params"] = resolved_params(full, meta)
     return graph
+
+
+def resolved_params(full: dict[str, Any], meta: dict[str, Any]) -> dict[str, Any]:
+    """The parameters a graph was built with: the given ones and the defaults, each `auto`
+    as the builder chose it (its meta's entry of the same name where it wrote one: a chosen
+    degree, Tutel's parallelism); a builder's private keys (`_plan`) left out."""
+    out = {}
+    for k, v in full.items():
+        if k.startswith("_"):
+            continue
+        chosen = meta.get(k)
+        out[k] = chosen if chosen is not None and not isinstance(chosen, dict) else v
+    return out
 
 
 def _spread(graph: TaskGraph, layout: ParallelLayout | None) -> TaskGraph:

@@ -7,12 +7,21 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Algo, Strategy, StrategyParams
 from sim.strategies.layer import build_layer
 from sim.workload.moe import MoELayer
 
 NAME = "sequential"
-DEFAULTS: dict[str, Any] = {"algo": None}  # all-to-all algorithm (sim.hardware.collectives)
+
+
+class Params(StrategyParams):
+    algo: Algo = Field(
+        None,
+        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
+    )
 
 
 def build(
@@ -21,3 +30,11 @@ def build(
     return build_layer(
         layer, degree=1, order="tutel", passes=passes, strategy=NAME, algo=params["algo"]
     )
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="sequential",
+)

@@ -34,8 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
+from sim.strategies.base import Algo, AName, Degree, StrategyParams
+from sim.strategies.base import Strategy as StrategyObject
 from sim.strategies.layer import build_layer
 from sim.strategies.resolved import Resolved
 from sim.strategies.steps import task_id
@@ -51,7 +55,21 @@ from sim.workload.slicing import (
 )
 
 NAME = "tutel"
-DEFAULTS: dict[str, Any] = {"degree": 1, "algo": "linear", "parallel": "auto"}
+
+
+class Params(StrategyParams):
+    degree: Degree = Field(
+        1, description="pipelining degree, or auto: Tutel's (degree, algo) search on the cluster"
+    )
+    algo: Algo = Field(
+        "linear", description="all-to-all algorithm: linear or 2dh, or auto with degree auto"
+    )
+    parallel: AName = Field(
+        "auto",
+        description="auto, p1, p2 or ep: how sliced experts run (Tutel's switchable parallelism)",
+    )
+
+
 PARALLEL = ("auto", "p1", "p2", "ep")
 CANDIDATES: tuple[tuple[int, str], ...] = tuple(
     (d, a) for d in (1, 2, 4, 8) for a in ("linear", "2dh")
@@ -250,3 +268,12 @@ class OnlineSearch:
                 for s, t in self.by_f[f].items():
                     sums.setdefault(s, []).append(t * b.lo / f)
             b.tried = {s: sum(v) / len(v) for s, v in sums.items()}
+
+
+STRATEGY = StrategyObject(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="sliced",
+    resolve=resolve,
+)

@@ -24,18 +24,29 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Strategy, StrategyParams
 from sim.strategies.deepep.builder import build_deepep
 from sim.workload.moe import MoELayer
 
 NAME = "deepep"
-DEFAULTS: dict[str, Any] = {
-    "max_nodes": None,  # node-limited routing: each token to at most M nodes (None: no limit)
-    "dispatch_dtype": "fp8",  # "fp8" (1 byte + a fp32 scale per 128) or "bf16"
-    "sms": 24,  # SMs the dispatch / combine kernels hold (DeepEP V1 tests: 24 of 132)
-    "gpus_per_node": None,  # None: the cluster's (one node when no cluster is given)
-}
+
+
+class Params(StrategyParams):
+    max_nodes: Any = Field(
+        None,
+        description="node-limited routing: each token to at most this many nodes; null: no limit",
+    )
+    dispatch_dtype: Any = Field("fp8", description="fp8 (1 byte + a fp32 scale per 128) or bf16")
+    sms: Any = Field(
+        24, description="SMs the dispatch / combine kernels hold (DeepEP V1 tests: 24 of 132)"
+    )
+    gpus_per_node: Any = Field(
+        None, description="GPUs per node of the kernels' NVLink domain; null: the cluster's"
+    )
 
 
 def pair_weight(
@@ -60,3 +71,12 @@ def build(
     if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
         raise ConfigError(f"strategy.sms: expected a positive integer, got {sms!r}")
     return build_deepep(layer, passes, G, params["max_nodes"], params["dispatch_dtype"], sms, NAME)
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="deepep",
+    pair_weight=pair_weight,
+)

@@ -27,9 +27,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import megatron_ep as mep
+from sim.strategies.base import Strategy, StrategyParams
 from sim.strategies.dualpipe.builder import build_pipeline
 from sim.strategies.dualpipe.schedule import Pipeline, table
 from sim.strategies.megatron_ep.nodes import layer_spec
@@ -38,26 +41,32 @@ from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "dualpipe"
-DEFAULTS: dict[str, Any] = {
-    "variant": "dualpipe",
-    "pp": 4,
-    "micro": None,
-    "layers": None,
-    "heads": None,
-    "shared": None,
-    "flash": None,
-    "mla": None,
-    "kv_heads": None,
-    "head_dim": None,
-    "dispatcher": "alltoall",
-    "shared_overlap": True,
-    "sms": 24,
-    "dispatch_dtype": "bf16",
-    "gpus_per_node": None,
-}
-BUILDS_MODEL = True  # as megatron_ep: with blocks, the step is the model's graph
 
-__all__ = ["NAME", "DEFAULTS", "BUILDS_MODEL", "build", "build_model", "table"]
+
+class Params(StrategyParams):
+    variant: Any = Field("dualpipe", description="dualpipe or dualpipev")
+    pp: Any = Field(4, description="pipeline devices (parallel.pp)")
+    micro: Any = Field(None, description="micro-batches; null: the schedule's default")
+    layers: Any = Field(None, description="transformer layers; null: the model's")
+    heads: Any = Field(None, description="attention heads; null: the model's")
+    shared: Any = Field(None, description="shared experts; null: the model's")
+    flash: Any = Field(None, description="flash attention; null: the model's")
+    mla: Any = Field(None, description="multi-head latent attention; null: the model's")
+    kv_heads: Any = Field(None, description="key/value heads (GQA); null: the model's")
+    head_dim: Any = Field(None, description="head dimension; null: the model's")
+    dispatcher: Any = Field(
+        "alltoall", description="the token dispatcher (Megatron-Core's: alltoall, allgather, flex)"
+    )
+    shared_overlap: Any = Field(True, description="shared experts overlapped with the dispatch")
+    sms: Any = Field(24, description="SMs the DeepEP kernels hold (DeepEP V1's tests: 24 of 132)")
+    dispatch_dtype: Any = Field(
+        "bf16",
+        description="dtype of the dispatched hidden states (Megatron-Core's fused_dispatch: bf16)",
+    )
+    gpus_per_node: Any = Field(None, description="GPUs per node; null: the cluster's")
+
+
+__all__ = ["NAME", "Params", "STRATEGY", "build", "build_model", "table"]
 
 
 def build(
@@ -130,3 +139,14 @@ def build_step(
         meta,
         mep.block_ids(blocks, m["layers"]),
     )
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="dualpipe",
+    # DualPipeV folds two stages onto each device
+    stages_per_device=lambda p: 2 if p["variant"] == "dualpipev" else 1,
+    build_model=build_model,
+)

@@ -34,8 +34,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.base import AName, PosInt, Shadow, Strategy, StrategyParams
 from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.builder import _RankBuilder
 from sim.strategies.fastermoe.layout import step_layout
@@ -45,17 +48,23 @@ from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
 from sim.workload.slicing import layer_meta
 
-__all__ = ["NAME", "DEFAULTS", "build", "group_layout", "parse_shadow", "resolve"]
+__all__ = ["NAME", "Params", "STRATEGY", "build", "group_layout", "parse_shadow", "resolve"]
 
 NAME = "fastermoe"
-DEFAULTS: dict[str, Any] = {
-    # Ranks per group of the group-wise exchange; FastMoE's default when
-    # FMOE_FASTER_GROUP_SIZE is unset is 4, clamped to the world size as FastMoE does
-    # (cuda/fastermoe/smart_schedule.cpp).
-    "group_size": 4,
-    "shadow": "auto",  # "auto" (the greedy rule), "none", or a list of expert ids
-    "order": "tutel",  # issue order of the steps (sim.strategies.chunking.ORDERS)
-}
+
+
+class Params(StrategyParams):
+    group_size: PosInt = Field(
+        4,
+        description="ranks per group of the group-wise exchange (FastMoE's 4, clamped to W)",
+    )
+    shadow: Shadow = Field(
+        "auto",
+        description="experts shadowed: auto (the greedy rule), none, or a list of expert ids",
+    )
+    order: AName = Field(
+        "tutel", description="issue order of the steps (sim.strategies.chunking.ORDERS)"
+    )
 
 
 def pair_weight(
@@ -115,3 +124,13 @@ def build(
                 graph.add(t)
     graph.validate()
     return graph
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="fastermoe",
+    resolve=resolve,
+    pair_weight=pair_weight,
+)

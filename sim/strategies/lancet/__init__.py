@@ -18,8 +18,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Algo, Degree, Strategy, StrategyParams
 from sim.strategies.lancet.capacity import partition_sizes
 from sim.strategies.lancet.dw_schedule import schedule_dw
 from sim.strategies.lancet.plan import GATES, MAX_PARTITIONS, Plan, choose
@@ -30,13 +33,23 @@ from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "lancet"
-DEFAULTS: dict[str, Any] = {
-    "degree": 1,
-    "algo": None,
-    "partition": "auto",
-    "dw": "on",
-    "gate": "switch",
-}
+
+
+class Params(StrategyParams):
+    degree: Degree = Field(1, description="pipelining degree of the layer's all-to-alls")
+    algo: Algo = Field(
+        None,
+        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
+    )
+    partition: Any = Field(
+        "auto", description="partitions of the extended pipeline, or auto (Lancet's DP)"
+    )
+    dw: Any = Field(
+        "on", description="on or off: weight-gradient GEMMs scheduled into the all-to-alls"
+    )
+    gate: Any = Field("switch", description="the gate's kind (sim.strategies.lancet.plan.GATES)")
+
+
 PLAN_KEY = "_plan"  # the partition plan, from `plan` to `build` and `model_pass`
 
 
@@ -122,3 +135,13 @@ def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGr
     graph.meta["lancet"] = info
     graph.validate()
     return graph
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="lancet",
+    plan=plan,
+    model_pass=model_pass,
+)

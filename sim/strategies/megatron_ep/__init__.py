@@ -29,7 +29,7 @@ Parameters:
 
 Tasks enter the graph in the order Megatron's host thread launches them (with one hardware
 queue, kernels of every stream start in that order). With `model.blocks` the strategy
-builds the whole stage itself (`BUILDS_MODEL`, `build_model`: the merged schedule runs
+builds the whole stage itself (`build_model` on its `STRATEGY`: the merged schedule runs
 across layers and micro-batches, so there is no per-layer graph to splice into the model;
 dense blocks are not modelled: the stage is its MoE layers).
 """
@@ -39,9 +39,12 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from pydantic import Field
+
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Strategy, StrategyParams
 from sim.strategies.megatron_ep.memory import place_moe
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
@@ -50,24 +53,34 @@ from sim.workload.blocks import MLA, BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "megatron_ep"
-DEFAULTS: dict[str, Any] = {
-    "dispatcher": "alltoall",
-    "overlap": True,
-    "shared_overlap": True,
-    "micro": 4,
-    "layers": None,
-    "heads": None,
-    "shared": None,
-    "flash": None,
-    "mla": None,
-    "kv_heads": None,
-    "head_dim": None,
-    "sms": 24,  # DeepEP V1's tests: 24 of 132 SMs
-    "dispatch_dtype": "bf16",  # Megatron-Core's fused_dispatch sends the BF16 hidden states
-    "gpus_per_node": None,
-}
+
+
+class Params(StrategyParams):
+    dispatcher: Any = Field(
+        "alltoall", description="the token dispatcher (Megatron-Core's: alltoall, allgather, flex)"
+    )
+    overlap: Any = Field(
+        True,
+        description="EP communication overlapped with another micro-batch's compute (1F1B)",
+    )
+    shared_overlap: Any = Field(True, description="shared experts overlapped with the dispatch")
+    micro: Any = Field(4, description="micro-batches")
+    layers: Any = Field(None, description="transformer layers; null: the model's")
+    heads: Any = Field(None, description="attention heads; null: the model's")
+    shared: Any = Field(None, description="shared experts; null: the model's")
+    flash: Any = Field(None, description="flash attention; null: the model's")
+    mla: Any = Field(None, description="multi-head latent attention; null: the model's")
+    kv_heads: Any = Field(None, description="key/value heads (GQA); null: the model's")
+    head_dim: Any = Field(None, description="head dimension; null: the model's")
+    sms: Any = Field(24, description="SMs the DeepEP kernels hold (DeepEP V1's tests: 24 of 132)")
+    dispatch_dtype: Any = Field(
+        "bf16",
+        description="dtype of the dispatched hidden states (Megatron-Core's fused_dispatch: bf16)",
+    )
+    gpus_per_node: Any = Field(None, description="GPUs per node; null: the cluster's")
+
+
 GQA = ("kv_heads", "head_dim")  # graph metadata only when given: older results keep theirs
-BUILDS_MODEL = True  # sim.strategies.build: with blocks, `build_model` is the whole graph
 
 
 def _int(params: dict[str, Any], key: str, low: int = 1) -> int:
@@ -242,3 +255,13 @@ def build_stage(
     place_moe(g, spec.tensors, passes)
     g.validate()
     return g
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="ep_overlap",
+    pair_weight=pair_weight,
+    build_model=build_model,
+)

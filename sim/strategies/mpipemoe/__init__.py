@@ -34,20 +34,32 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Algo, AName, Candidates, Degree, Strategy, StrategyParams
 from sim.strategies.mpipemoe.builder import NAME, build_graph
 from sim.strategies.mpipemoe.selector import choose
 from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
-__all__ = ["NAME", "DEFAULTS", "build", "resolve"]
+__all__ = ["NAME", "Params", "STRATEGY", "build", "resolve"]
 
-DEFAULTS: dict[str, Any] = {
-    "degree": "auto",  # n micro-batches, or "auto" (granularity search on the cost model)
-    "reuse": "auto",  # "none" | "S1" | "S2" | "S3" | "S4" | "auto" (Eq. 10 over S1-S4)
-    "candidates": None,  # degrees "auto" may pick (default DEGREES up to the capacity)
-    "algo": None,  # all-to-all algorithm (sim.hardware.collectives)
-}
+
+class Params(StrategyParams):
+    degree: Degree = Field(
+        "auto", description="micro-batches n, or auto (granularity search on the cost model)"
+    )
+    reuse: AName = Field(
+        "auto", description="memory reuse: none, S1, S2, S3, S4 or auto (Eq. 10 over S1-S4)"
+    )
+    candidates: Candidates = Field(
+        None, description="degrees auto may pick; default DEGREES up to the capacity"
+    )
+    algo: Algo = Field(
+        None,
+        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
+    )
 
 
 def resolve(
@@ -66,3 +78,12 @@ def build(
     g = build_graph(layer, res.params["degree"], res.params["reuse"], passes, params["algo"])
     g.meta["selector"] = res.info
     return g
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer="mpipemoe",
+    resolve=resolve,
+)

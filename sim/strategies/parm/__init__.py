@@ -19,15 +19,28 @@ from __future__ import annotations
 
 from typing import Any
 
+from pydantic import Field
+
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
+from sim.strategies.base import Algo, AName, Flag, PosInt, Strategy, StrategyParams
 from sim.strategies.parm.schedules import build_schedule
 from sim.strategies.parm.selector import choose
 from sim.strategies.parm.volumes import SCHEDULES, check, volumes
 from sim.workload.moe import MoELayer
 
 NAME = "parm"
-DEFAULTS: dict[str, Any] = {"schedule": "auto", "saa": True, "tp": 1, "esp": 1, "algo": None}
+
+
+class Params(StrategyParams):
+    schedule: AName = Field("auto", description="baseline, s1, s2 or auto (Parm's selector)")
+    saa: Flag = Field(True, description="overlap the all-to-all with the allgather (SAA)")
+    tp: PosInt = Field(1, description="model-parallel (tensor) group size")
+    esp: PosInt = Field(1, description="expert-sharding group size (ESP)")
+    algo: Algo = Field(
+        None,
+        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
+    )
 
 
 def build(
@@ -49,3 +62,12 @@ def build(
     if selector is not None:
         g.meta["selector"] = selector
     return g
+
+
+STRATEGY = Strategy(
+    name=NAME,
+    Params=Params,
+    build=build,
+    real_layer=None,
+    tp_overlay=True,
+)
