@@ -52,4 +52,4 @@ def test_walk_reaches_nested_models(capsys):
     paths = {p for p, _ in properties(printed_schema("config", capsys), "config")}
     assert "config.topology" in paths
     assert "config.$defs.ModelSpec.top_k" in paths
-    assert "config.$defs.RooflineParams.launch_s" in paths
+    assert "config.$defs.CostsRoofline.launch_s" in paths

@@ -22,11 +22,11 @@ from sim.core.schema import PosInt, Strict, short
 from sim.hardware.costs_schema import (
     Collectives,
     ComputeFits,
+    CostsRoofline,
     DispatchParams,
     Interference,
     Quantiles,
     ResourceParams,
-    RooflineParams,
     check_quantiles,
 )
 from sim.hardware.topology_schema import FABRIC_FIELDS
@@ -197,7 +197,7 @@ class CostsSpec(Strict):
         description="start-up seconds per message in flow mode; default: the topology's "
         "network.alpha",
     )
-    roofline: RooflineParams | None = Field(
+    roofline: CostsRoofline | None = Field(
         None, description="replaces fields of the topology's gpu.roofline"
     )
     alpha_beta: ComputeFits | None = Field(

@@ -46,6 +46,17 @@ class RooflineParams(Strict):
     )
 
 
+class CostsRoofline(RooflineParams):
+    """`costs.roofline`: the GPU's roofline parameters overridden for one run, and whether
+    GEMMs with a shape take the GPU's GEMM model (`gpu.gemm`: waves of output tiles)."""
+
+    gemm_model: bool | None = Field(
+        None,
+        description="false: GEMMs take the plain roofline too, not the GPU's GEMM model "
+        "(waves of output tiles over the SMs); default true where the GPU has one",
+    )
+
+
 class AlphaBeta(Strict):
     """t = alpha + beta * work (PipeMoE Eq. 13 for compute, Eq. 16 for collectives): alpha
     a start-up below a second, beta seconds per unit of work (a flop, a byte) below 1e-3

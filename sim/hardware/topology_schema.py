@@ -174,7 +174,7 @@ class FabricSpec(Strict):
     nodes_per_unit: Annotated[int, Field(gt=0, le=10**6)] | None = Field(
         None, description=FABRIC_FIELDS["nodes_per_unit"]
     )
-    oversubscription: Annotated[float, Field(gt=0, le=1e3, allow_inf_nan=False)] | None = Field(
+    oversubscription: Annotated[float, Field(ge=1, le=1e3, allow_inf_nan=False)] | None = Field(
         None, description=FABRIC_FIELDS["oversubscription"]
     )
     planes: Literal["single", "multi"] | None = Field(None, description=FABRIC_FIELDS["planes"])
