@@ -1,8 +1,9 @@
 """`moesim`: simulate MoE layers, inspect topologies, export task graphs.
 
 User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print
-`moesim: error: ...` (one line; a deadlock adds one line per blocked stream) and exit 2,
-without a traceback; outputs are written atomically, so nothing is left half-written.
+`moesim: error: ...` (one line; a deadlock adds its wait-for cycle, at most 8 lines) and exit
+2, without a traceback; outputs are written as sets swapped in whole (`sim.core.io`), so
+nothing is left half-written and a failed run keeps the previous set.
 """
 
 from __future__ import annotations
