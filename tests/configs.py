@@ -16,3 +16,19 @@ SMALL = {
     },
     "strategy": {"name": "pipelined", "degree": 2},
 }
+
+# One tiny forward layer on two flat-switch nodes: the cheapest run that has a network.
+TINY_FLAT = {
+    "topology": "flat-switch",
+    "nodes": 2,
+    "model": {
+        "batch": 1,
+        "seq_len": 128,
+        "model_dim": 128,
+        "hidden_dim": 256,
+        "experts_per_gpu": 1,
+        "top_k": 1,
+    },
+    "strategy": "sequential",
+    "passes": ["fwd"],
+}

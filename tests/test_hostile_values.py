@@ -9,21 +9,9 @@ import pytest
 import yaml
 
 from sim.cli import main
+from tests.configs import TINY_FLAT
 
-TINY = {
-    "topology": "flat-switch",
-    "nodes": 2,
-    "model": {
-        "batch": 1,
-        "seq_len": 128,
-        "model_dim": 128,
-        "hidden_dim": 256,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": "sequential",
-    "passes": ["fwd"],
-}
+TINY = TINY_FLAT
 
 
 def _exit(argv: list[str], capsys) -> tuple[int, str]:

@@ -13,21 +13,9 @@ from sim.analysis.sweep_spec import load
 from sim.analysis.sweep_store import Store
 from sim.cli import main
 from sim.core.errors import ConfigError
+from tests.configs import TINY_FLAT
 
-BASE = {
-    "topology": "flat-switch",
-    "nodes": 2,
-    "model": {
-        "batch": 1,
-        "seq_len": 128,
-        "model_dim": 128,
-        "hidden_dim": 256,
-        "experts_per_gpu": 1,
-        "top_k": 1,
-    },
-    "strategy": "sequential",
-    "passes": ["fwd"],
-}
+BASE = TINY_FLAT
 
 
 def _spec(**kw) -> dict:

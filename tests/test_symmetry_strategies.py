@@ -21,17 +21,9 @@ import pytest
 
 from sim import api
 from sim.strategies import STRATEGIES
+from tests.golden import outputs
 
-MODEL = {
-    "batch": 2,
-    "seq_len": 256,
-    "model_dim": 512,
-    "hidden_dim": 1024,
-    "experts_per_gpu": 2,
-    "top_k": 2,
-    "capacity_factor": 1.2,
-    "dtype": "bf16",
-}
+MODEL = {**outputs.MODEL, "dtype": "bf16"}  # the golden cases' layer
 PARAMS: dict[str, dict[str, Any]] = {  # the smallest graphs each strategy builds
     "ted": {"tp": 2},
     "megatron_ep": {"layers": 1, "micro": 2, "heads": 8},

@@ -10,6 +10,7 @@ import tempfile
 from pathlib import Path
 
 from sim.core.errors import ConfigError
+from sim.core.safeload import FILE_KINDS
 
 
 class OutputError(OSError):
@@ -43,15 +44,6 @@ def _shown(path: Path) -> tuple[Path, str]:
     return path, _NAMED.get(os.path.abspath(path), "output file")
 
 
-_KINDS = (
-    (stat.S_ISDIR, "a directory"),
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def check_replaceable(path: str | Path, what: str) -> None:
     """Refuse, in one line, an output path that holds anything but a regular file.
 
@@ -74,7 +66,7 @@ def check_replaceable(path: str | Path, what: str) -> None:
         raise ConfigError(
             f"{what} {p}: is a symbolic link (to {os.readlink(p)}); name the file itself"
         )
-    kind = next((k for test, k in _KINDS if test(st.st_mode)), "not a regular file")
+    kind = next((k for test, k in FILE_KINDS if test(st.st_mode)), "not a regular file")
     raise ConfigError(f"{what} {p}: is {kind}; only a regular file is replaced by an output")
 
 

@@ -21,7 +21,7 @@ MAX_INPUT_BYTES = 256 * 2**20  # larger inputs are refused (a 10^6-task graph is
 MAX_DEPTH = 64  # nesting of mappings / sequences in a YAML or JSON input
 MAX_NODES = 2_000_000  # YAML nodes after alias expansion (counted, never built)
 
-_KINDS = (
+FILE_KINDS = (  # what a path can be besides a regular file, as errors name it
     (stat.S_ISDIR, "a directory"),
     (stat.S_ISFIFO, "a FIFO (named pipe)"),
     (stat.S_ISCHR, "a character device"),
@@ -39,7 +39,7 @@ def read_bytes(path: str | Path, what: str = "input file", limit: int = MAX_INPU
         raise ConfigError(f"{what} {p}: not found") from None
     except OSError as e:
         raise ConfigError(f"{what} {p}: cannot be read ({e.strerror or e})") from None
-    for test, kind in _KINDS:
+    for test, kind in FILE_KINDS:
         if test(st.st_mode):
             raise ConfigError(f"{what} {p}: is {kind}, expected a regular file")
     if not stat.S_ISREG(st.st_mode):

@@ -196,12 +196,6 @@ def _issued(graph: TaskGraph) -> TaskGraph:
     return in_issue_order(graph)
 
 
-# Strategies whose experts compute every (token, expert) choice: DeepEP's normal kernels and
-# Megatron-Core's dispatchers (their builders count rows as T*k*share, "dropless"), and
-# DualPipe, whose chunks are Megatron's layers. The others drop beyond the capacity C.
-DROPLESS = frozenset({"deepep", "megatron_ep", "dualpipe"})
-
-
 def _account(
     graph: TaskGraph,
     name: str,
@@ -216,15 +210,17 @@ def _account(
     built (`resolved_params`)."""
     from sim.workload.accounting import model_states, token_counts
 
+    strat = STRATEGIES[name]
     meta = graph.meta
     par = meta.get("parallel")  # Parm's layout (a dict); Tutel's is a name ("p1")
     tp = meta.get("tp") or (par.get("tp") if isinstance(par, dict) else None) or 1  # TED, Parm
     if "layers" in meta:  # megatron_ep: its layers on every GPU; DualPipe: two chunks each
-        moe_layers = int(meta["layers"]) * (2 if name == "dualpipe" else 1)
+        moe_layers = int(meta["layers"]) * strat.layer_copies
     else:
         moe_layers = len(blocks.moe_blocks) if blocks is not None else 1
-    copies = int(tp) if name == "ted" else 1  # each TED EP group holds all E experts
-    meta["tokens_per_layer"] = token_counts(layer, dropless=name in DROPLESS, shared_by=int(tp))
+    # TED's TP groups lie inside the MoE layer: each of its EP groups holds all E experts
+    copies = int(tp) if strat.layout_tp else 1
+    meta["tokens_per_layer"] = token_counts(layer, dropless=strat.dropless, shared_by=int(tp))
     meta["model_states"] = model_states(layer, passes, moe_layers, copies)
     meta["params"] = resolved_params(full, meta)
     return graph

@@ -82,6 +82,12 @@ class Strategy:
     layout_tp: bool = False
     tp_overlay: bool = False
     stages_per_device: Callable[[dict[str, Any]], int] | None = None
+    # What its summary counts (sim.workload.accounting): `dropless`, its experts compute every
+    # (token, expert) choice (no capacity C: DeepEP, Megatron-Core's dispatchers); its graph
+    # holds `layer_copies` MoE layers per GPU for each of `meta["layers"]` (DualPipe: a
+    # forward and a backward chunk on every device).
+    dropless: bool = False
+    layer_copies: int = 1
 
     @property
     def defaults(self) -> dict[str, Any]:

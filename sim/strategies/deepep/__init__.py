@@ -79,4 +79,5 @@ STRATEGY = Strategy(
     build=build,
     real_layer="deepep",
     pair_weight=pair_weight,
+    dropless=True,
 )

@@ -32,7 +32,7 @@ from pydantic import Field
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import megatron_ep as mep
-from sim.strategies.base import Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.dualpipe.builder import build_pipeline
 from sim.strategies.dualpipe.schedule import Pipeline, table
 from sim.strategies.megatron_ep.nodes import layer_spec
@@ -43,27 +43,10 @@ from sim.workload.moe import MoELayer
 NAME = "dualpipe"
 
 
-class Params(StrategyParams):
+class Params(mep.LayerParams):
     variant: Any = Field("dualpipe", description="dualpipe or dualpipev")
     pp: Any = Field(4, description="pipeline devices (parallel.pp)")
     micro: Any = Field(None, description="micro-batches; null: the schedule's default")
-    layers: Any = Field(None, description="transformer layers; null: the model's")
-    heads: Any = Field(None, description="attention heads; null: the model's")
-    shared: Any = Field(None, description="shared experts; null: the model's")
-    flash: Any = Field(None, description="flash attention; null: the model's")
-    mla: Any = Field(None, description="multi-head latent attention; null: the model's")
-    kv_heads: Any = Field(None, description="key/value heads (GQA); null: the model's")
-    head_dim: Any = Field(None, description="head dimension; null: the model's")
-    dispatcher: Any = Field(
-        "alltoall", description="the token dispatcher (Megatron-Core's: alltoall, allgather, flex)"
-    )
-    shared_overlap: Any = Field(True, description="shared experts overlapped with the dispatch")
-    sms: Any = Field(24, description="SMs the DeepEP kernels hold (DeepEP V1's tests: 24 of 132)")
-    dispatch_dtype: Any = Field(
-        "bf16",
-        description="dtype of the dispatched hidden states (Megatron-Core's fused_dispatch: bf16)",
-    )
-    gpus_per_node: Any = Field(None, description="GPUs per node; null: the cluster's")
 
 
 __all__ = ["NAME", "Params", "STRATEGY", "build", "build_model", "table"]
@@ -149,4 +132,6 @@ STRATEGY = Strategy(
     # DualPipeV folds two stages onto each device
     stages_per_device=lambda p: 2 if p["variant"] == "dualpipev" else 1,
     build_model=build_model,
+    dropless=True,
+    layer_copies=2,
 )

@@ -55,16 +55,15 @@ from sim.workload.moe import MoELayer
 NAME = "megatron_ep"
 
 
-class Params(StrategyParams):
+class LayerParams(StrategyParams):
+    """What a Megatron-Core MoE layer takes, in its merged 1F1B (`megatron_ep`) and as
+    DualPipe's chunks (`dualpipe`): the model's shape where it overrides the blocks', the
+    token dispatcher and the DeepEP kernels' resources."""
+
     dispatcher: Any = Field(
         "alltoall", description="the token dispatcher (Megatron-Core's: alltoall, allgather, flex)"
     )
-    overlap: Any = Field(
-        True,
-        description="EP communication overlapped with another micro-batch's compute (1F1B)",
-    )
     shared_overlap: Any = Field(True, description="shared experts overlapped with the dispatch")
-    micro: Any = Field(4, description="micro-batches")
     layers: Any = Field(None, description="transformer layers; null: the model's")
     heads: Any = Field(None, description="attention heads; null: the model's")
     shared: Any = Field(None, description="shared experts; null: the model's")
@@ -78,6 +77,14 @@ class Params(StrategyParams):
         description="dtype of the dispatched hidden states (Megatron-Core's fused_dispatch: bf16)",
     )
     gpus_per_node: Any = Field(None, description="GPUs per node; null: the cluster's")
+
+
+class Params(LayerParams):
+    overlap: Any = Field(
+        True,
+        description="EP communication overlapped with another micro-batch's compute (1F1B)",
+    )
+    micro: Any = Field(4, description="micro-batches")
 
 
 GQA = ("kv_heads", "head_dim")  # graph metadata only when given: older results keep theirs
@@ -264,4 +271,5 @@ STRATEGY = Strategy(
     real_layer="ep_overlap",
     pair_weight=pair_weight,
     build_model=build_model,
+    dropless=True,
 )
