@@ -4,6 +4,7 @@
     r = sim.run("my.yaml", nodes=4, strategy="pipelined", params={"degree": 8})
     r.summary["makespan_s"], r.trace, r.graph
     sim.compare("my.yaml", ["sequential", "pipelined:degree=4"])   # a DataFrame
+    sim.predict("runs.csv")["mape"]   # whole training steps of a table of runs
 
 The names below are loaded on first use (module `__getattr__`), so `import sim` imports
 none of pandas, numpy, SimPy or torch: the CLI's start-up and `import sim` stay cheap.
@@ -22,6 +23,7 @@ __all__ = [
     "compare",
     "demo_config",
     "load_config",
+    "predict",
     "replay",
     "run",
     "sweep",

@@ -223,6 +223,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli_studies import add_parsers as add_study_parsers
 
     add_study_parsers(sub)  # replay, whatif
+    from sim.cli_predict import add_parsers as add_predict_parser
+
+    add_predict_parser(sub)  # predict (whole training steps of a table of runs)
     from sim.cli_report import add_parsers as add_report_parser
 
     add_report_parser(sub)

@@ -223,3 +223,18 @@ def replay(
     from sim.analysis.replay import replay as run_replay
 
     return run_replay(trace, graph=graph, topology=topology)
+
+
+def predict(table: str | Path | list[dict[str, Any]], rows: list[int] | None = None) -> dict:
+    """Whole training steps of a table of runs (a CSV path, or rows as mappings with the
+    columns of `moesim predict`): `{"rows": [...], "mape": {...}}`, each row its columns plus
+    the predictions, or a `reason` where it could not be built. `rows`: 1-based row numbers
+    to predict (default all)."""
+    from sim.training.predict import predict_rows, read_table
+
+    table_rows = read_table(table) if isinstance(table, (str, Path)) else [dict(r) for r in table]
+    picked = rows or list(range(1, len(table_rows) + 1))
+    for n in picked:
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(table_rows):
+            raise ConfigError(f"rows: {n!r} is not a row of the table (1..{len(table_rows)})")
+    return predict_rows([{**table_rows[n - 1], "_row": n} for n in picked])

@@ -64,7 +64,7 @@ def test_the_base_config_is_valid():
         ("fabric.oversubscription", 0.5, "fabric.oversubscription: must be >= 1"),
         ("costs.interference", "fast", "costs.interference: expected a mapping, got 'fast'"),
         ("output.dir", 0, "output.dir: expected a valid string, got 0"),
-        ("model.dtype", ["bf16"], "model.dtype: expected 'fp32', 'tf32', 'fp16', 'bf16' or"),
+        ("model.dtype", ["bf16"], "model.dtype: expected 'fp32', 'tf32', 'fp16', 'bf16', 'fp8' or"),
         ("costs.roofline.flops_efficiency", 0, "flops_efficiency: must be > 0, got 0"),
         ("costs.roofline.flops_efficiency", 5, "flops_efficiency: must be <= 1, got 5"),
         ("model.capacity_factor", float("inf"), "model.capacity_factor: must be"),

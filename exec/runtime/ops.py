@@ -60,14 +60,15 @@ _DTYPES = {
     "fp16": torch.float16,
     "bf16": torch.bfloat16,
     "fp8": torch.bfloat16,
+    "fp4": torch.bfloat16,  # no fp4 GEMM in eager torch: run as bf16, as fp8 is
 }
 
 
 # The graph dtype each device really runs a GEMM of a given graph dtype in, where that
 # differs (what a calibration measured stands in for the others: sim.hardware.costs.calibration)
 STAND_INS = {
-    "cpu": {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"},
-    "cuda": {"fp8": "bf16"},
+    "cpu": {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32", "fp4": "fp32"},
+    "cuda": {"fp8": "bf16", "fp4": "bf16"},
 }
 
 

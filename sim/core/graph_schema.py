@@ -30,7 +30,7 @@ from sim.core.kinds import (
 )
 
 SCHEMA_VERSION = 1
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8")  # == sim.hardware.costs.compute.DTYPE_BYTES
+DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")  # == sim.hardware.costs.compute.DTYPE_BYTES
 # how a GEMM's operands are stored: A then B, "n" as written, "t" a transposed view
 GEMM_LAYOUTS = ("nn", "nt", "tn", "tt")
 MAX_BYTES = 2.0**60  # one task's bytes (1 EiB): far past any buffer, far below overflow

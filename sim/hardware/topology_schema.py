@@ -56,6 +56,52 @@ class LinkClassSpec(Strict):
     )
 
 
+class KernelParams(Strict):
+    """What a training step's kernels reach on this GPU, as shares of the datasheet peaks
+    (`gpu.kernels`). Each field is optional: None (omitted) means unknown, and a cost model
+    that needs it falls back to its own defaults. Documentation of measured or published
+    figures (each with its source in the preset's comment), not fitted to step times."""
+
+    gemm: dict[Dtype, Fraction] | None = Field(
+        None,
+        description="dtype -> share of that dtype's dense peak (peak_flops) that large "
+        "training GEMMs reach in practice with cuBLAS / Transformer Engine (8192^3 and the "
+        "Llama / DeepSeek projection and FFN shapes, thousands of tokens), in (0, 1]; fp8 "
+        "covers FP8 and MXFP8, fp4 NVFP4",
+    )
+    grouped_gemm: Fraction | None = Field(
+        None,
+        description="share of the large-GEMM rate (gemm[dtype] x peak) that a grouped expert "
+        "GEMM reaches (Transformer Engine / CUTLASS grouped GEMM, a few thousand tokens per "
+        "expert, k and n of 1-8K), in (0, 1]",
+    )
+    attention_fwd: Fraction | None = Field(
+        None,
+        description="share of the bf16 dense peak that the training attention forward kernel "
+        "reaches (FlashAttention-3 / cuDNN on Hopper, cuDNN / FlashAttention-4 on Blackwell), "
+        "causal, head dim 128, sequence 4K-8K, in (0, 1]. FLOPs as FlashAttention's benchmarks "
+        "count them: 4 * L^2 * d per head for the full product (two GEMMs), halved for causal, "
+        "so a causal forward's FLOPs are 2 * L^2 * d per head",
+    )
+    attention_bwd: Fraction | None = Field(
+        None,
+        description="share of the bf16 dense peak that the training attention backward kernel "
+        "reaches, same kernels and shapes as attention_fwd, in (0, 1]. FLOPs as FlashAttention "
+        "counts them: 2.5x the forward's (five GEMMs to the forward's two), causal halved, so "
+        "5 * L^2 * d per head for a causal backward",
+    )
+    memory_bound: Fraction | None = Field(
+        None,
+        description="share of mem_bw that fused elementwise, normalisation and cast kernels "
+        "reach (bytes read plus written over the kernel time), in (0, 1]",
+    )
+    launch_s: Seconds | None = Field(
+        None,
+        description="per-kernel overhead in a training step run without CUDA graphs: the host "
+        "launch gap between consecutive kernels (framework dispatch + launch), seconds",
+    )
+
+
 class GpuSpec(Strict):
     model: str | None = Field(
         None,
@@ -69,7 +115,7 @@ class GpuSpec(Strict):
     peak_flops: Annotated[
         dict[Dtype, Annotated[float, Field(gt=0, le=1e21, allow_inf_nan=False)]],
         Field(min_length=1),
-    ] = Field(description="dense peak FLOP/s per dtype (fp32, tf32, fp16, bf16, fp8)")
+    ] = Field(description="dense peak FLOP/s per dtype (fp32, tf32, fp16, bf16, fp8, fp4)")
     roofline: RooflineParams | None = Field(
         None, description="roofline parameters of compute kernels (costs.roofline overrides them)"
     )
@@ -101,6 +147,12 @@ class GpuSpec(Strict):
         description="SM and HBM sharing, hardware queues and host launch cost "
         "(sim.hardware.costs.resources); omitted: SMs shared ideally, (S - k)/S, and no "
         "bandwidth term",
+    )
+    kernels: KernelParams | None = Field(
+        None,
+        description="what a training step's kernels reach on this GPU (GEMM, grouped GEMM, "
+        "attention and memory-bound shares of the peaks, launch gap); omitted or None per "
+        "field: unknown",
     )
 
 

@@ -113,7 +113,7 @@ class MoELayer:
         return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
 
     @property
-    def elem(self) -> int:
+    def elem(self) -> float:
         return DTYPE_BYTES[self.dtype]
 
     @property

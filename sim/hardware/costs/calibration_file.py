@@ -51,7 +51,7 @@ __all__ = [
     "cost_spec",
     "read",
 ]
-CPU_STAND_INS = {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32"}
+CPU_STAND_INS = {"bf16": "fp32", "fp16": "fp32", "tf32": "fp32", "fp8": "fp32", "fp4": "fp32"}
 
 
 class CalibrationWarning(UserWarning):

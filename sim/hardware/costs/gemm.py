@@ -34,7 +34,9 @@ from typing import Any
 from sim.core.errors import ConfigError
 
 LAYOUTS = ("nn", "nt", "tn", "tt")
-DTYPE_BYTES = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1}
+# bytes per element; fp8 covers FP8 and MXFP8, fp4 NVFP4 (4 bits: half a byte; its block
+# scales, one FP8 per 16 elements, are left out like fp8's)
+DTYPE_BYTES: dict[str, float] = {"fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp4": 0.5}
 PARTIAL_BYTES = 4  # split-K partial sums are fp32
 
 

@@ -1,0 +1,93 @@
+"""Seconds of a training step's collectives, simulated by the engine on the cluster's
+topology with every group of their dimension running at once.
+
+In a step, a collective of one kind runs on all of its groups together (every EP group
+dispatches in the same layer, every DP group reduces its gradients at the end), so their flows
+share NICs, rails and spines. `CommTimer.seconds` builds that one collective on every group
+(a graph of the whole world, one task per rank), runs it through `sim.engine` with the
+topology's network model and caches the result by (kind, dimension, bytes): a step asks for a
+few dozen distinct collectives, each simulated once.
+"""
+
+from __future__ import annotations
+
+from sim.core.graph import Task, TaskGraph
+from sim.engine.engine import simulate
+from sim.hardware.costs import CostModel
+from sim.hardware.topology import Topology
+from sim.training.layout import Layout
+
+BYTES_QUANTUM = 4096  # collectives within 4 KiB of each other share one simulation
+
+
+class CommTimer:
+    """`per_domain`: GPUs the job uses of each node (NVLink domain), None: all of them; rank
+    r runs on GPU `place(r)`."""
+
+    def __init__(
+        self, topo: Topology, costs: CostModel, layout: Layout, per_domain: int | None = None
+    ):
+        self.topo, self.costs, self.layout = topo, costs, layout
+        self.per_domain = per_domain or topo.gpus_per_node
+        self._cache: dict[tuple[str, str, int, str | None], float] = {}
+        self.simulations = 0
+
+    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
+        """One collective of `kind` over every `dim` group, `nbytes` per GPU (all-gather: the
+        shard; reduce-scatter and all-to-all: the whole buffer; send: to the next member of
+        the group's ring)."""
+        n = self.layout.size(dim) if dim != "pp" else 2
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        q = max(1, int(round(nbytes / BYTES_QUANTUM)))
+        key = (kind, dim, q, algo)
+        if key not in self._cache:
+            self._cache[key] = self._simulate(kind, dim, q * BYTES_QUANTUM, algo)
+            self.simulations += 1
+        return self._cache[key]
+
+    def place(self, rank: int) -> int:
+        return (rank // self.per_domain) * self.topo.gpus_per_node + rank % self.per_domain
+
+    def _simulate(self, kind: str, dim: str, nbytes: float, algo: str | None) -> float:
+        lay = self.layout
+        g = TaskGraph(self.topo.world_size, meta={"collective": kind, "dim": dim})
+        for gi, logical in enumerate(lay.groups(dim)):
+            members = [self.place(r) for r in logical]
+            if kind == "send":
+                ring = members if dim != "pp" else members[:2]
+                for j, r in enumerate(ring):
+                    if dim == "pp" and j == 1:
+                        break
+                    nxt, prev = ring[(j + 1) % len(ring)], ring[j - 1]
+                    g.add(
+                        Task(f"s{r}", r, "comm", "send", peer=nxt, bytes=nbytes, coll=f"p{gi}.{r}")
+                    )
+                    g.add(
+                        Task(
+                            f"r{r}",
+                            nxt if dim == "pp" else r,
+                            "comm.1",
+                            "recv",
+                            peer=r if dim == "pp" else prev,
+                            bytes=nbytes,
+                            coll=f"p{gi}.{r if dim == 'pp' else prev}",
+                        )
+                    )
+                continue
+            for r in members:
+                g.add(
+                    Task(
+                        f"c{r}",
+                        r,
+                        "comm",
+                        kind,
+                        bytes=float(nbytes),
+                        group=members,
+                        coll=f"c{gi}",
+                        algo=algo,
+                        tags={"dtype": "bf16"},
+                    )
+                )
+        g.validate()
+        return simulate(g, self.topo, self.costs).makespan

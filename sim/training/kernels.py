@@ -1,0 +1,109 @@
+"""Seconds of a training step's kernels on one GPU, from the GPU's figures in its topology
+preset: dense peaks per dtype (`gpu.peak_flops`), HBM bandwidth (`gpu.mem_bw`) and the shares of
+them the training kernels reach (`gpu.kernels`, each with its source in the preset).
+
+A GEMM takes the longer of its FLOPs at the dtype's GEMM rate and its bytes at the memory rate
+(a roofline: the small MoE GEMMs of fine-grained experts are bound by their weights); grouped
+expert GEMMs reach `grouped_gemm` of that rate; fused attention its forward and backward
+shares of the bf16 peak; everything else is memory-bound. Every kernel pays `launch_s` unless
+the recipe captures it in a CUDA graph.
+
+A GEMM's output is computed in tiles, a wave of them per SM at a time: one whose tiles
+leave SMs idle in its last wave runs at the share of the waves it fills (`wave_share`; a
+grouped GEMM schedules the tiles of all its experts together). TILE is the CTA tile the
+Hopper and Blackwell libraries favour for large GEMMs (the first of `dgx-h100`'s
+`gpu.gemm.tiles`, assumed for every GPU here).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.training.ops import Work
+
+TILE = (128, 256)  # rows x columns of a GEMM's output tile
+
+
+@dataclass(frozen=True)
+class GpuKernels:
+    name: str
+    peak: dict[str, float]
+    mem_bw: float
+    gemm: dict[str, float]
+    grouped_gemm: float
+    attention_fwd: float
+    attention_bwd: float
+    memory_bound: float
+    launch_s: float
+    memory_bytes: float
+    sms: int = 0
+
+    @classmethod
+    def from_gpu(cls, gpu: dict[str, Any], where: str) -> GpuKernels:
+        k = gpu.get("kernels")
+        if not k:
+            raise ConfigError(
+                f"{where}: the topology's gpu has no `kernels` section (the shares of peak "
+                "training kernels reach); a whole-step prediction needs one"
+            )
+        missing = [
+            f
+            for f in ("gemm", "attention_fwd", "attention_bwd", "memory_bound")
+            if k.get(f) is None
+        ]
+        if missing:
+            raise ConfigError(f"{where}: gpu.kernels lacks {', '.join(missing)}")
+        return cls(
+            name=str(gpu.get("model", where)),
+            peak={str(d): float(v) for d, v in gpu["peak_flops"].items()},
+            mem_bw=float(gpu["mem_bw"]),
+            gemm={str(d): float(v) for d, v in k["gemm"].items()},
+            grouped_gemm=float(k.get("grouped_gemm") or 1.0),
+            attention_fwd=float(k["attention_fwd"]),
+            attention_bwd=float(k["attention_bwd"]),
+            memory_bound=float(k["memory_bound"]),
+            launch_s=float(k.get("launch_s") or 0.0),
+            memory_bytes=float(gpu["memory_bytes"]),
+            sms=int(gpu.get("sms") or 0),
+        )
+
+    def rate(self, dtype: str) -> float:
+        """FLOP/s a large GEMM of `dtype` reaches."""
+        if dtype == "fp32":  # the router: fp32 on CUDA cores, at the roofline's share
+            return self.peak.get("fp32", self.peak["bf16"] / 16) * self.gemm.get("bf16", 0.7)
+        if dtype not in self.peak or dtype not in self.gemm:
+            raise ConfigError(
+                f"{self.name}: no {dtype} GEMMs (peak_flops has {sorted(self.peak)}, "
+                f"kernels.gemm {sorted(self.gemm)}): this precision does not run on this GPU"
+            )
+        return self.peak[dtype] * self.gemm[dtype]
+
+    def seconds(self, w: Work, backward: bool = False) -> float:
+        """One work item's forward (or backward) time, launches excluded."""
+        scale = w.bwd if backward else 1.0
+        mem = w.bytes * scale / (self.mem_bw * self.memory_bound)
+        if w.kind == "memory":
+            return mem
+        if w.kind == "attention":
+            share = self.attention_bwd if backward else self.attention_fwd
+            return max(w.flops * scale / (self.peak["bf16"] * share), mem)
+        rate = self.rate(w.dtype) * self.wave_share(w)
+        if w.kind == "grouped_gemm":
+            rate *= self.grouped_gemm
+        return max(w.flops * scale / rate, mem)
+
+    def wave_share(self, w: Work) -> float:
+        """Share of the SM-waves a GEMM's tiles fill (1: no idle SMs in its last wave)."""
+        if w.shape is None or self.sms < 1:
+            return 1.0
+        m, n, _ = w.shape
+        tiles = math.ceil(m / TILE[0]) * math.ceil(n / TILE[1]) * max(1, w.experts)
+        if tiles < 1:
+            return 1.0
+        return tiles / (math.ceil(tiles / self.sms) * self.sms)
+
+    def launches(self, w: Work, backward: bool = False) -> int:
+        return int(round(w.launches * (w.bwd if backward else 1.0)))

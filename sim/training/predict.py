@@ -1,0 +1,266 @@
+"""`moesim predict TABLE.csv`: every row of a table of training runs (the columns of
+Megatron-Bridge's performance summary) predicted from the model, the hardware and the layout.
+
+A row is parsed into a run (`Run`), simulated (`sim.training.step`), and returned as its input
+columns plus the predictions; a row that cannot be built keeps its columns and gets a `reason`
+(one line naming the row and the field), never a traceback. Where the table has a measured
+`tokens_per_s_per_gpu` the row gets its signed relative `error`, and the result the MAPE per
+system and overall.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sim.core.errors import ConfigError, MoesimError
+from sim.training.layout import Layout
+from sim.training.ops import PRECISIONS
+from sim.training.recipe import Recipe, recipe_for
+
+# The table's names -> presets (topologies/ and sim/workload/architectures.yaml)
+SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72"}
+# GPUs a job takes of each node: DGX-GB200 jobs use 64 of an NVL72 rack's 72 GPUs (16 of its 18
+# compute trays): the HybridEP recipes set NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN=64 with
+# NVLINK_DOMAIN_SIZE=72 (Megatron-Bridge v0.3.0, scripts/performance/perf_plugins.py, DeepSeek-V3
+# GB200), and every GB200 row's GPU count is a multiple of 64 or fits in one rack.
+GPUS_PER_DOMAIN = {"DGX-GB200": 64}
+MODELS = {
+    "DeepSeekV3": "deepseek-v3",
+    "Qwen3_30B_A3B": "qwen3-30b-a3b",
+    "Qwen3_235B_A22B": "qwen3-235b-a22b",
+    "GPT_OSS_120B": "gpt-oss-120b",
+    "LLAMA3_8B": "llama3-8b",
+    "LLAMA3_70B": "llama3-70b",
+    "LLAMA3.1_405B": "llama3.1-405b",
+}
+REQUIRED = (
+    "system",
+    "model",
+    "gpus",
+    "precision",
+    "gbs",
+    "mbs",
+    "seq_len",
+    "fsdp",
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "ep",
+    "ga",
+)
+MEASURED = "tokens_per_s_per_gpu"
+OUTPUT_FIELDS = (
+    "predicted_step_s",
+    "predicted_tokens_per_s_per_gpu",
+    "predicted_tflops_per_gpu",
+    "peak_memory_bytes",
+    "memory_margin_bytes",
+    "error",
+    "reason",
+)
+
+
+@dataclass
+class Run:
+    """One row, parsed."""
+
+    row: int
+    system: str
+    model: str
+    precision: str
+    layout: Layout
+    variant: str = ""
+    columns: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return (
+            f"row {self.row} ({self.system} {self.model} {self.precision}, {self.layout.gpus} GPUs)"
+        )
+
+
+def _lookup(table: dict[str, str], value: str, what: str, where: str) -> str:
+    if value in table:
+        return table[value]
+    if value in table.values():
+        return value
+    raise ConfigError(f"{where}: {what}: unknown {what} {value!r} (known: {', '.join(table)})")
+
+
+def _int(
+    cols: dict[str, Any], key: str, where: str, default: int | None = None, low: int = 1
+) -> int:
+    raw = str(cols.get(key, "") or "").strip()
+    if raw == "":
+        if default is None:
+            raise ConfigError(f"{where}: {key}: a value is required")
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(f"{where}: {key}: expected an integer, got {raw!r}") from None
+    if not v.is_integer() or v < low or v > 1e9:
+        raise ConfigError(f"{where}: {key}: expected an integer >= {low}, got {raw!r}")
+    return int(v)
+
+
+def parse_row(cols: dict[str, Any], row: int) -> Run:
+    where = f"row {row}"
+    missing = [k for k in REQUIRED if k not in cols]
+    if missing:
+        raise ConfigError(f"{where}: missing column(s) {', '.join(missing)}")
+    system = str(cols["system"]).strip()
+    model = str(cols["model"]).strip()
+    where = f"row {row} ({system} {model})"
+    _lookup(SYSTEMS, system, "system", where)
+    _lookup(MODELS, model, "model", where)
+    precision = str(cols["precision"]).strip().upper()
+    if precision not in PRECISIONS:
+        raise ConfigError(
+            f"{where}: precision: unknown {precision!r} (known: {', '.join(PRECISIONS)})"
+        )
+    fsdp = _int(cols, "fsdp", where, default=0, low=0)
+    lay = Layout(
+        gpus=_int(cols, "gpus", where),
+        tp=_int(cols, "tp", where, 1),
+        pp=_int(cols, "pp", where, 1),
+        cp=_int(cols, "cp", where, 1),
+        vp=_int(cols, "vp", where, 1),
+        ep=_int(cols, "ep", where, 1),
+        fsdp=fsdp,
+        mbs=_int(cols, "mbs", where),
+        gbs=_int(cols, "gbs", where),
+        seq=_int(cols, "seq_len", where),
+        where=where,
+    )
+    ga = _int(cols, "ga", where, default=0, low=0)
+    if ga and ga != lay.ga:
+        raise ConfigError(
+            f"{where}: ga: {ga} but gbs / (mbs x dp) = {lay.gbs} / ({lay.mbs} x {lay.dp}) "
+            f"= {lay.ga}"
+        )
+    return Run(
+        row, system, model, precision, lay, str(cols.get("variant") or "").strip(), dict(cols)
+    )
+
+
+def read_table(path: str | Path) -> list[dict[str, Any]]:
+    from sim.core.safeload import read_text
+
+    text = read_text(Path(path), "table")
+    rows = list(csv.DictReader(text.splitlines()))
+    if not rows:
+        raise ConfigError(f"{path}: no rows (expected a CSV header and at least one row)")
+    missing = [k for k in REQUIRED if k not in rows[0]]
+    if missing:
+        raise ConfigError(f"{path}: missing column(s) {', '.join(missing)}")
+    return rows
+
+
+def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
+    """Simulate one run; the prediction fields of its output row."""
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
+    from sim.training.comm import CommTimer
+    from sim.training.kernels import GpuKernels
+    from sim.training.step import precision_of, run_step
+    from sim.workload.architectures import architecture
+
+    arch = architecture(_lookup(MODELS, run.model, "model", run.where))
+    recipe = recipe or recipe_for(
+        run.model, run.system, run.precision, str(run.columns.get("release", "")).strip()
+    )
+    if "w/o mtp" in run.variant.lower():
+        arch = _with(arch, mtp=0)
+    elif recipe.mtp is not None:
+        arch = _with(arch, mtp=recipe.mtp)
+    lay = run.layout
+    if arch.moe and lay.ep == 1 and arch.experts > 1:
+        pass  # EP 1: every GPU holds every expert (allowed)
+    if arch.moe and arch.experts % lay.ep:
+        raise ConfigError(f"{run.where}: ep: {lay.ep} does not divide the {arch.experts} experts")
+    if not arch.moe and lay.ep > 1:
+        raise ConfigError(f"{run.where}: ep: {lay.ep} for the dense model {run.model}")
+    if recipe.etp != 1:
+        lay = Layout(**{**_fields(lay), "etp": recipe.etp})
+    preset = _lookup(SYSTEMS, run.system, "system", run.where)
+    probe = Topology.load(preset, nodes=1)
+    gpu = GpuKernels.from_gpu(probe.gpu, f"{run.where}: {preset}")
+    prec = precision_of(run.precision, recipe)
+    gpu.rate(prec.gemm)  # refuses a precision the GPU has no GEMMs for, with the row named
+    per_domain = GPUS_PER_DOMAIN.get(run.system)
+    nodes = math.ceil(lay.gpus / (per_domain or probe.gpus_per_node))
+    topo = Topology.load(preset, nodes=nodes)
+    comm = CommTimer(topo, CostModel.build(topo, {}), lay, per_domain)
+    costs = CostModel.build(topo, {"network": "collective"})
+    t0 = time.process_time()
+    res = run_step(arch, lay, prec, recipe, gpu, comm, topo, costs)
+    return {
+        "predicted_step_s": res.step_s,
+        "predicted_tokens_per_s_per_gpu": res.tokens_per_s_per_gpu,
+        "predicted_tflops_per_gpu": res.tflops_per_gpu,
+        "peak_memory_bytes": res.memory.peak_bytes,
+        "memory_margin_bytes": res.memory.margin_bytes,
+        "memory_parts": res.memory.parts,
+        "breakdown": res.breakdown,
+        "recipe": recipe.source,
+        "cpu_s": time.process_time() - t0,
+        **res.meta,
+    }
+
+
+def _fields(lay: Layout) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return asdict(lay)
+
+
+def _with(arch: Any, **kw: Any) -> Any:
+    from dataclasses import replace
+
+    return replace(arch, **kw)
+
+
+def predict_rows(rows: list[dict[str, Any]], progress: Any = None) -> dict[str, Any]:
+    """Every row predicted (or given its reason); MAPE per system and overall where measured."""
+    out = []
+    for i, cols in enumerate(rows, start=1):
+        rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
+        try:
+            run = parse_row(rec, int(cols.get("_row", i)))
+            rec.update(predict_run(run))
+            measured = _measured(cols.get(MEASURED))
+            if measured:
+                rec["error"] = rec["predicted_tokens_per_s_per_gpu"] / measured - 1.0
+        except MoesimError as e:
+            rec["reason"] = str(e)
+        out.append(rec)
+        if progress is not None:
+            progress(i, len(rows))
+    return {"rows": out, "mape": mape(out)}
+
+
+def _measured(raw: Any) -> float | None:
+    try:
+        v = float(str(raw).replace(",", ""))
+    except (TypeError, ValueError):
+        return None
+    return v if v > 0 and math.isfinite(v) else None
+
+
+def mape(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean absolute relative error of tokens/s/GPU, overall and per system, with the count
+    and the worst row."""
+    by: dict[str, list[float]] = {}
+    for r in rows:
+        if r.get("error") is None:
+            continue
+        by.setdefault("overall", []).append(abs(r["error"]))
+        by.setdefault(str(r.get("system")), []).append(abs(r["error"]))
+    return {k: {"mape": sum(v) / len(v), "worst": max(v), "rows": len(v)} for k, v in by.items()}

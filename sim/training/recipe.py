@@ -1,0 +1,126 @@
+"""How a run is executed beyond its layout: the settings of the Megatron-Bridge recipe that
+change its speed (dispatcher, overlaps, recomputation, CUDA graphs, FP8 recipe, ...).
+
+`recipes.yaml` records, per (model, system, precision) of the published table, what the
+recipe in NVIDIA-NeMo/Megatron-Bridge `scripts/performance/` sets, with the file it comes
+from. A row without an entry runs Megatron-Core's defaults as the performance scripts set them
+for every model (`Recipe()`'s defaults, below).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+DATA = Path(__file__).with_name("recipes.yaml")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    dispatcher: str = "alltoall"  # alltoall | allgather | deepep | hybridep
+    ep_overlap: bool = False  # --overlap-moe-expert-parallel-comm (merged 1F1B)
+    recompute_modules: tuple[str, ...] = ()  # --recompute-modules (selective)
+    recompute_full: bool = False  # --recompute-granularity full
+    recompute_layers: int | None = None  # full recompute of this many layers per stage
+    offload_layers: int = 0  # layers whose activations are offloaded to the host
+    gpus_per_domain: int | None = None  # GPUs a job uses per NVLink domain (None: all)
+    cuda_graph_scope: tuple[str, ...] = ()  # modules captured in CUDA graphs
+    tp_comm_overlap: bool = False  # TP all-gather / reduce-scatter overlapped with GEMMs
+    overlap_grad_reduce: bool = True
+    overlap_param_gather: bool = True
+    grad_reduce_bytes: int = 4  # fp32 gradient reduction (grad_reduce_in_fp32)
+    fp8_recipe: str = ""  # tensorwise | blockwise | mxfp8 | nvfp4 | "" (as the precision)
+    fp8_param_gather: bool = False
+    etp: int = 1  # expert tensor parallelism
+    mtp: int | None = None  # MTP modules; None: the architecture's
+    pipeline_layout: str = ""  # Megatron-Core's layout string (sim.training.stages)
+    account_for_embedding: bool = False
+    account_for_loss: bool = False
+    source: str = "defaults"
+    notes: dict[str, Any] = field(default_factory=dict)
+
+
+def _as_recipe(raw: dict[str, Any]) -> Recipe:
+    kw: dict[str, Any] = {}
+    if raw.get("dispatcher"):
+        kw["dispatcher"] = str(raw["dispatcher"])
+    for k in (
+        "ep_overlap",
+        "tp_comm_overlap",
+        "overlap_grad_reduce",
+        "overlap_param_gather",
+        "fp8_param_gather",
+        "account_for_embedding",
+        "account_for_loss",
+    ):
+        if isinstance(raw.get(k), bool):
+            kw[k] = raw[k]
+    rc = raw.get("recompute") or {}
+    if isinstance(rc, dict):  # a module list without granularity is inactive in Megatron-Core
+        if rc.get("granularity") == "full":
+            kw["recompute_full"] = True
+            if isinstance(rc.get("num_layers"), int):
+                kw["recompute_layers"] = rc["num_layers"]
+        if rc.get("granularity") == "selective":
+            kw["recompute_modules"] = tuple(str(m) for m in rc.get("modules") or ())
+    cg = raw.get("cuda_graphs") or {}
+    if isinstance(cg, dict) and cg.get("enable_cuda_graph") is True:
+        kw["cuda_graph_scope"] = ("full",)  # Megatron-Core's per-layer graphs: whole layers
+    elif isinstance(cg, dict) and cg.get("impl") not in (None, "none", False):
+        scope = cg.get("scope") or ["full"]
+        scopes = scope if isinstance(scope, list) else [scope]
+        kw["cuda_graph_scope"] = tuple(str(x) for x in scopes)
+    if raw.get("grad_reduce_dtype") == "bf16":
+        kw["grad_reduce_bytes"] = 2
+    if raw.get("fp8_recipe"):
+        kw["fp8_recipe"] = str(raw["fp8_recipe"])
+    other = raw.get("other") or {}
+    off = other.get("activation_cpu_offloading") if isinstance(other, dict) else None
+    if isinstance(off, dict) and isinstance(off.get("num_layers"), int):
+        kw["offload_layers"] = off["num_layers"]
+    domain = (
+        other.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN") if isinstance(other, dict) else None
+    )
+    if isinstance(domain, int) and domain > 0:
+        kw["gpus_per_domain"] = domain
+    etp = raw.get(
+        "etp", other.get("expert_tensor_parallel_size") if isinstance(other, dict) else None
+    )
+    if isinstance(etp, int) and etp >= 1:
+        kw["etp"] = etp
+    if isinstance(raw.get("pipeline_layout"), str):
+        kw["pipeline_layout"] = raw["pipeline_layout"]
+    if isinstance(raw.get("mtp_layers"), int):
+        kw["mtp"] = raw["mtp_layers"]
+    kw["source"] = str(raw.get("source", "recipes.yaml"))
+    known = {f.name for f in fields(Recipe)}
+    kw["notes"] = {k: v for k, v in raw.items() if k not in known}
+    return Recipe(**kw)
+
+
+@functools.cache
+def _recipes() -> dict[tuple[str, str, str, str], Recipe]:
+    if not DATA.exists():
+        return {}
+    import yaml
+
+    out = {}
+    for raw in yaml.safe_load(DATA.read_text()) or []:
+        if isinstance(raw, dict) and {"model", "system", "precision"} <= raw.keys():
+            releases = raw.get("release", "")
+            for rel in releases if isinstance(releases, list) else [releases]:
+                key = (str(raw["model"]), str(raw["system"]), str(raw["precision"]), str(rel))
+                out[key] = _as_recipe(raw)
+    return out
+
+
+def recipe_for(model: str, system: str, precision: str, release: str = "") -> Recipe:
+    """The recorded recipe of a table row (its release's, else the newest recorded for the
+    same model, system and precision), else Megatron-Core's defaults."""
+    table = _recipes()
+    if (model, system, precision, release) in table:
+        return table[(model, system, precision, release)]
+    same = sorted(k for k in table if k[:3] == (model, system, precision))
+    return table[same[-1]] if same else Recipe()

@@ -1,0 +1,394 @@
+"""One training step of a whole model at a production layout: its time and its memory.
+
+The step is built from three levels, each simulated once and reused where the structure
+repeats (a 1,024-GPU DeepSeek-V3 step would otherwise be ~10^7 kernels):
+1. kernels: each layer's forward and backward on one GPU (`sim.training.ops`), timed by the
+   GPU's kernel figures (`sim.training.kernels`);
+2. collectives: each distinct one (EP all-to-all, TP all-gather / reduce-scatter, CP ring,
+   PP send, DP reduce-scatter / all-gather) simulated by the engine on the topology with all
+   of its groups at once (`sim.training.comm`);
+3. the pipeline: the stages' passes in Megatron-Core's schedule, with the phases above as
+   timed tasks, simulated by the engine over one GPU per stage (`sim.training.pipeline`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from sim.training.comm import CommTimer
+from sim.training.kernels import GpuKernels
+from sim.training.layout import Layout
+from sim.training.memory import MemoryReport, step_memory
+from sim.training.ops import (
+    PRECISIONS,
+    LayerWork,
+    Precision,
+    embedding_work,
+    head_work,
+    layer_work,
+    mtp_work,
+)
+from sim.training.pipeline import Phase, StagePrograms, step_graph
+from sim.training.recipe import Recipe
+from sim.workload.architectures import Architecture
+
+OPTIMIZER_BYTES_PER_PARAM = 30.0  # Adam on a shard: fp32 master, m, v read and written (24),
+# the fp32 gradient read (4), the bf16 weight written (2)
+
+# SMs the EP dispatcher's kernels hold while they run beside compute: HybridEP's
+# `moe_hybridep_num_sms: 32` (Megatron-Bridge recipes, recipes.yaml), DeepEP's normal kernels
+# 24 (DeepEP's Buffer default, as `megatron_ep`'s `sms`), NCCL's all-to-all one block per
+# channel (assumed 32 channels, NCCL's maximum on NVSwitch systems)
+COMM_SMS = {"hybridep": 32, "deepep": 24, "alltoall": 32, "allgather": 32}
+
+# CUDA-graph scope names (Megatron-Core `--cuda-graph-scope`) -> the modules they capture
+GRAPH_SCOPES = {
+    "attn": {"attn", "core_attn", "layernorm", "mla_up_proj"},
+    "mlp": {"mlp"},
+    "moe_router": {"moe_router"},
+    "moe_preprocess": {"moe_preprocess"},
+    "moe": {"moe_router", "moe_preprocess", "moe", "moe_act", "shared_experts"},
+    "full": {
+        "attn",
+        "core_attn",
+        "layernorm",
+        "mla_up_proj",
+        "mlp",
+        "moe",
+        "moe_act",
+        "moe_router",
+        "moe_preprocess",
+        "shared_experts",
+        "embedding",
+        "head",
+        "mtp",
+    },
+}
+GRAPH_SCOPES["full_iteration"] = GRAPH_SCOPES["full"]
+
+
+@dataclass
+class StepResult:
+    step_s: float
+    tokens_per_s_per_gpu: float
+    tflops_per_gpu: float
+    memory: MemoryReport
+    breakdown: dict[str, float] = field(default_factory=dict)
+    meta: dict[str, Any] = field(default_factory=dict)
+
+
+def precision_of(name: str, recipe: Recipe) -> Precision:
+    by_recipe = {
+        "blockwise": "FP8-BLOCK",
+        "mxfp8": "MXFP8",
+        "tensorwise": "FP8-CS",
+        "nvfp4": "NVFP4",
+        "delayed": "FP8-CS",
+    }
+    if name != "BF16" and recipe.fp8_recipe in by_recipe:
+        return PRECISIONS[by_recipe[recipe.fp8_recipe]]
+    return PRECISIONS[name]
+
+
+class StepModel:
+    def __init__(
+        self,
+        arch: Architecture,
+        lay: Layout,
+        prec: Precision,
+        recipe: Recipe,
+        gpu: GpuKernels,
+        comm: CommTimer,
+    ):
+        self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
+        self.graphed: set[str] = set()
+        for scope in recipe.cuda_graph_scope:
+            self.graphed |= GRAPH_SCOPES.get(scope, set())
+        self.vstages = self._layout()
+        self._index_in_stage: dict[int, int] = {}
+        first = 0
+        layer_of: list[list[int]] = []
+        for sym in self.vstages:
+            n = sym.count("t")
+            layer_of.append(list(range(first, first + n)))
+            first += n
+        self.vstage_layers = layer_of
+        for s in range(lay.pp):
+            stage = [i for v in range(s, len(layer_of), lay.pp) for i in layer_of[v]]
+            self._index_in_stage.update({layer: k for k, layer in enumerate(stage)})
+        self.totals = {"compute_s": 0.0, "ep_comm_s": 0.0, "tp_comm_s": 0.0, "cp_comm_s": 0.0}
+
+    def _layout(self) -> list[str]:
+        """Each virtual stage's symbols (sim.training.stages): the recipe's layout string,
+        else the even split (with the embedding and loss counted where the recipe says)."""
+        from sim.training import stages
+
+        n = self.lay.pp * self.lay.vp
+        where = f"{self.lay.where}: pipeline layout"
+        if self.r.pipeline_layout and n > 1:
+            return stages.parse(self.r.pipeline_layout, n, self.a.layers, where)
+        return stages.even(
+            n,
+            self.a.layers,
+            self.r.account_for_embedding and n > 1,
+            self.r.account_for_loss and n > 1,
+            self.lay.where,
+        )
+
+    # -- one pass of one layer as phases ---------------------------------------------------
+    def _seconds(self, lw: LayerWork, names: list[str], backward: bool) -> float:
+        by_name = {w.name: w for w in lw.work}
+        t, launches = 0.0, 0
+        for n in names:
+            w = by_name[n]
+            t += self.gpu.seconds(w, backward)
+            if w.module not in self.graphed:
+                launches += self.gpu.launches(w, backward)
+            if backward and self._recomputed(w.module, lw.layer):
+                t += self.gpu.seconds(w)
+                launches += 0 if w.module in self.graphed else w.launches
+        # the host launches ahead of the GPU, except after a host sync (a dropless dispatcher
+        # reads the token counts before its all-to-all): then each stretch between syncs
+        # takes the longer of its kernels and their launches (the CPU thread is serial)
+        return max(t, launches * self.gpu.launch_s) if self.syncs(lw) else t
+
+    def syncs(self, lw: LayerWork) -> bool:
+        """Whether the layer's dispatcher waits on the host for the token counts: dropless
+        routing does; capacity-bound routing padded to capacity has static shapes."""
+        return lw.moe and not self.r.notes.get("moe_token_drop", False)
+
+    def _recomputed(self, module: str, layer: int = -1) -> bool:
+        """Whether the recipe recomputes this module of this layer in the backward (full
+        recomputation of `recompute_layers` layers per stage: the first ones of each)."""
+        if self.r.recompute_full and layer >= 0:
+            n = self.r.recompute_layers
+            return n is None or self._index_in_stage.get(layer, 0) < n
+        mods = self.r.recompute_modules
+        return module in mods or ("moe" in mods and module.startswith("moe"))
+
+    def phases(self, lw: LayerWork, backward: bool) -> list[Phase]:
+        """The layer's forward (or backward) as compute stretches cut by its EP collectives;
+        TP collectives add to the compute they sit in unless the recipe overlaps them; the CP
+        ring runs beside the attention kernel, exposed where it is longer."""
+        cuts = {c.after: c for c in lw.comm if c.dim == "ep"}
+        serial = {c.after: c for c in lw.comm if c.dim != "ep"}
+        segments: list[tuple[list[str], Any]] = [([], None)]
+        for w in lw.work:
+            segments[-1][0].append(w.name)
+            if w.name in cuts:
+                segments.append(([], cuts[w.name]))
+        out: list[Phase] = []
+        for names, before in segments:
+            if before is not None:
+                sec = self.comm.seconds(before.kind, "ep", before.bytes)
+                self.totals["ep_comm_s"] += sec
+                out.append(Phase("comm", sec, before.name, lw.layer, before.kind))
+            t = self._seconds(lw, names, backward)
+            self.totals["compute_s"] += t
+            for n in names:
+                c = serial.get(n)
+                if c is None:
+                    continue
+                kind = (c.bwd_kind or c.kind) if backward else c.kind
+                sec = self.comm.seconds(kind, c.dim, c.bytes * (2 if backward else 1))
+                if c.dim == "cp":  # per ring step, beside the attention kernel of that step
+                    steps = self.lay.cp - 1
+                    step_s = (
+                        self.comm.seconds("send", "cp", c.bytes * (2 if backward else 1) / steps)
+                        * steps
+                    )
+                    attn = self.gpu.seconds(
+                        next(w for w in lw.work if w.name == "core_attn"), backward
+                    )
+                    sec = max(0.0, step_s - attn)
+                    self.totals["cp_comm_s"] += sec
+                elif self.r.tp_comm_overlap:
+                    # split into TP chunks, each beside the GEMM of the one before: the first
+                    # chunk's transfer is exposed (Wang et al., ASPLOS'23 decomposition)
+                    sec /= self.lay.tp
+                    self.totals["tp_comm_s"] += sec
+                else:
+                    self.totals["tp_comm_s"] += sec
+                t += sec
+            out.append(
+                Phase("compute", t, "+".join(names[:1]) + ("…" if len(names) > 1 else ""), lw.layer)
+            )
+        if backward:
+            out.reverse()
+        return [p for p in out if p.seconds > 0 or p.stream == "comm"]
+
+    # -- per stage ---------------------------------------------------------------------------
+    def chunk_work(self) -> list[list[list[LayerWork]]]:
+        """Per stage, per chunk: the layer works of its virtual stage (embedding first, the
+        LM head and MTP last)."""
+        lay, a = self.lay, self.a
+        out: list[list[list[LayerWork]]] = [[[] for _ in range(lay.vp)] for _ in range(lay.pp)]
+        for v, (sym, layers) in enumerate(zip(self.vstages, self.vstage_layers)):
+            s, c = v % lay.pp, v // lay.pp
+            todo = iter(layers)
+            works: list[LayerWork] = []
+            for x in sym:
+                if x == "E":
+                    works.append(embedding_work(a, lay))
+                elif x == "t":
+                    works.append(layer_work(a, lay, self.p, next(todo)))
+                elif x == "m":
+                    works += mtp_work(a, lay, self.p)
+                elif x == "L":
+                    works.append(head_work(a, lay))
+            out[s][c] = works
+        return out
+
+    def params(self, lw: LayerWork) -> tuple[float, float]:
+        """(dense, expert) weights of a layer work on one GPU: dense ones split by TP,
+        experts by EP x ETP (an MTP module: its projection and its block)."""
+        a, lay = self.a, self.lay
+        names = {w.name for w in lw.work}
+        dense = expert = 0.0
+        if "embedding" in names:
+            dense += a.vocab * a.hidden / lay.tp
+        if "lm_head" in names:
+            dense += a.vocab * a.hidden / lay.tp
+        if "mtp.proj" in names:
+            dense += 2 * a.hidden * a.hidden / lay.tp
+        if "core_attn" in names:  # a transformer block (a layer's, or an MTP module's)
+            dense += a.attention_params() / lay.tp
+            if lw.moe:
+                dense += a.mlp_params(a.moe_ffn) * a.shared / lay.tp + a.hidden * a.experts
+                expert = a.mlp_params(a.moe_ffn) * a.experts / (lay.ep * lay.etp)
+            else:
+                dense += a.mlp_params(a.ffn) / lay.tp
+        return dense, expert
+
+    def dp_collectives(self, lw: LayerWork) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) seconds of one layer's parameters and gradients."""
+        dense, expert = self.params(lw)
+        lay, r = self.lay, self.r
+        pbytes = 1 if r.fp8_param_gather else 2
+        ag = self.comm.seconds("all_gather", "dpcp", dense * pbytes / lay.dpcp)
+        rs = self.comm.seconds("reduce_scatter", "dpcp", dense * r.grad_reduce_bytes)
+        if expert:
+            ag += self.comm.seconds("all_gather", "edp", expert * pbytes / lay.edp)
+            rs += self.comm.seconds("reduce_scatter", "edp", expert * r.grad_reduce_bytes)
+        return ag, rs
+
+    def stage_programs(self) -> tuple[list[StagePrograms], list[list[list[LayerWork]]]]:
+        works = self.chunk_work()
+        progs = []
+        for s in range(self.lay.pp):
+            fwd, bwd, gather, reduce = [], [], [], []
+            shard = 0.0
+            for c in range(self.lay.vp):
+                lws = works[s][c]
+                fwd.append([ph for lw in lws for ph in self.phases(lw, False)])
+                bwd.append([ph for lw in reversed(lws) for ph in self.phases(lw, True)])
+                g_c, r_c = [], []
+                for lw in lws:
+                    dense, expert = self.params(lw)
+                    shard += dense / self.lay.dpcp + expert / self.lay.edp
+                    if self.lay.fsdp:
+                        continue  # FSDP's collectives are per micro-batch (fsdp_phases)
+                    ag, rs = self.dp_collectives(lw)
+                    g_c.append((lw.layer, ag))
+                    r_c.append((lw.layer, rs))
+                gather.append(g_c)
+                reduce.append(r_c)
+            opt = shard * OPTIMIZER_BYTES_PER_PARAM / (self.gpu.mem_bw * self.gpu.memory_bound)
+            progs.append(StagePrograms(fwd, bwd, gather, reduce, opt))
+        if self.lay.fsdp:
+            self._fsdp(progs, works)
+        return progs, works
+
+    def _fsdp(self, progs: list[StagePrograms], works: list[list[list[LayerWork]]]) -> None:
+        """FSDP (ZeRO-3): every micro-batch gathers each layer's weights before its forward
+        and its backward and reduce-scatters its gradients after the backward, prefetched
+        beside the layer before: a layer's pass takes the longer of its compute and that
+        traffic."""
+        lay, r = self.lay, self.r
+        for s, prog in enumerate(progs):
+            for c in range(lay.vp):
+                for passes, backward in ((prog.fwd, False), (prog.bwd, True)):
+                    comm_s = 0.0
+                    for lw in works[s][c]:
+                        dense, expert = self.params(lw)
+                        p = dense + expert
+                        comm_s += self.comm.seconds("all_gather", "dpcp", p * 2 / lay.dpcp)
+                        if backward:
+                            comm_s += self.comm.seconds(
+                                "reduce_scatter", "dpcp", p * r.grad_reduce_bytes
+                            )
+                    compute = sum(ph.seconds for ph in passes[c])
+                    extra = max(0.0, comm_s - compute)
+                    if extra and passes[c]:
+                        last = passes[c][-1]
+                        passes[c][-1] = Phase(
+                            last.stream, last.seconds + extra, last.what, last.layer, last.kind
+                        )
+
+
+def run_step(
+    arch: Architecture,
+    lay: Layout,
+    prec: Precision,
+    recipe: Recipe,
+    gpu: GpuKernels,
+    comm: CommTimer,
+    topo: Any,
+    costs: Any,
+) -> StepResult:
+    """Simulate one steady-state step."""
+    from sim.core import limits
+    from sim.engine.engine import simulate
+
+    # every stage runs GA x VP forward and backward passes: bounded before anything is built
+    passes = 2 * lay.ga * lay.vp * lay.pp
+    limits.active().check("max_tasks", passes, f"{lay.where}: pipeline passes (2 x ga x vp x pp)")
+    model = StepModel(arch, lay, prec, recipe, gpu, comm)
+    progs, works = model.stage_programs()
+    phases = max(len(p) for prog in progs for p in prog.fwd + prog.bwd)
+    limits.active().check(
+        "max_tasks", passes * (phases + 2), f"{lay.where}: step graph tasks (passes x phases)"
+    )
+    ranks = [comm.place(s * lay.stage_size) for s in range(lay.pp)]
+    p2p_bytes = lay.mbs * lay.seq / lay.cp / lay.tp * arch.hidden * 2
+    p2p_s = comm.seconds("send", "pp", p2p_bytes) if lay.pp > 1 else 0.0
+    overlap = recipe.ep_overlap and arch.moe and lay.ep > 1
+    slowdown = 1.0
+    if overlap:
+        from sim.hardware.costs.resources import Resources
+
+        res_model = Resources.build(topo.gpu, None)
+        slowdown = 1.0 / res_model.sm_speed(COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"]))
+    g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
+    res = simulate(g, topo, costs)
+    step_s = res.makespan
+    tokens = lay.gbs * lay.seq
+    tps = tokens / step_s / lay.gpus
+    mem = step_memory(model, works)
+    bubble = _bubble(progs, lay, step_s)
+    return StepResult(
+        step_s=step_s,
+        tokens_per_s_per_gpu=tps,
+        tflops_per_gpu=tps * arch.model_flops_per_token(lay.seq) / 1e12,
+        memory=mem,
+        breakdown={
+            "pass_compute_s": sum(
+                sum(p.seconds for p in f if p.stream == "compute")
+                for f in progs[0].fwd + progs[0].bwd
+            ),
+            "bubble_share": bubble,
+            "p2p_s": p2p_s,
+            "optimizer_s": max(p.optimizer_s for p in progs),
+            **{k: v for k, v in model.totals.items()},
+        },
+        meta={"tasks": len(g), "collective_simulations": comm.simulations},
+    )
+
+
+def _bubble(progs: list[StagePrograms], lay: Layout, step_s: float) -> float:
+    """Share of the step the busiest stage's compute stream is not computing passes."""
+    busiest = max(
+        lay.ga * sum(sum(p.seconds for p in ph) for ph in prog.fwd + prog.bwd) for prog in progs
+    )
+    return max(0.0, 1.0 - busiest / step_s) if step_s > 0 else 0.0
