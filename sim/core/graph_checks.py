@@ -263,5 +263,5 @@ def _find_cycle(stuck: set[str], succ: dict[str, set[str]]) -> list[str]:
     while n not in order:
         order[n] = len(order)
         n = pred[n]
-    path = sorted(order, key=order.get)[order[n] :]
+    path = sorted(order, key=order.__getitem__)[order[n] :]
     return list(reversed(path))
