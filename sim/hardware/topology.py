@@ -18,6 +18,7 @@ incidence of 10^6 flows with numpy instead of a Python loop.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -203,7 +204,7 @@ class Topology:
                 self.out.append(path(g, nic) + [self.fabric_up[nic]])
                 self.inn.append([self.fabric_down[nic]] + path(nic, g))
 
-    def _nearest_nic(self, gpu: str, path) -> str:
+    def _nearest_nic(self, gpu: str, path: Callable[[str, str], list[int]]) -> str:
         attach = self.fabric.attach  # type: ignore[union-attr]
         return min(attach, key=lambda n: (sum(1.0 / self.local_cap[i] for i in path(gpu, n)), n))
 
