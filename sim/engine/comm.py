@@ -144,6 +144,8 @@ class Comm:
     # -- collectives -----------------------------------------------------------------------
     def _arrive(self, i: int) -> None:
         t = self.tasks[i]
+        # keyed by coll as given, as Engine.__init__ grouped them (set on every comm task of
+        # a checked graph: sim.core.graph_checks; the engine does not check it again)
         cid = t.coll
         self.coll_arrived[cid] += 1  # type: ignore[index]
         members = self.coll_members[cid]  # type: ignore[index]
