@@ -239,7 +239,9 @@ def check_layer(
         name = meta["strategy"]
         params = _graph_params(meta)
     spec = MoESpec.from_layer(layer, seed=seed)
-    resolved = {} if resolution is None else {"resolved": resolution.resolved.as_dict()}
+    resolved: dict[str, Any] = {}
+    if resolution is not None:
+        resolved["resolved"] = resolution.resolved.as_dict()
     if resolution is not None and resolution.notes:
         resolved["notes"] = resolution.notes
     if needs_layouts(name, params, spec):  # sliced experts, TP groups: the gate's own routing

@@ -105,8 +105,10 @@ def build_graph(config: Any) -> TaskGraph:
         lim.check_run(topo.world_size, cfg.source)  # a graph has a task list per rank
         costs = CostModel.build(topo, cfg.costs)
         wl = cfg.workload(topo)
-        kw = {"layout": wl.layout, "blocks": wl.blocks}  # blocks: a model around the layers
-        return build(cfg.strategy, wl.layer, wl.params, cfg.passes, Cluster(topo, costs), **kw)
+        cluster = Cluster(topo, costs)  # blocks: a model around the layers
+        return build(
+            cfg.strategy, wl.layer, wl.params, cfg.passes, cluster, wl.layout, wl.blocks
+        )
 
 
 def export_graph(config: Any, path: str | Path) -> TaskGraph:

@@ -21,11 +21,12 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
 
+from exec.layers.grads import grad_of
 from exec.layers.moe import (
     ACTIVATIONS,
     Comms,
@@ -44,6 +45,12 @@ from sim.workload.blocks import MLA
 
 EXPERT_PARAMS = ("w1", "b1", "w2", "b2")
 SHARED_PARAMS = ("sh_w1", "sh_b1", "sh_w2", "sh_b2")
+
+
+class Weights(Protocol):
+    """A block's weights by name: the layer's ParameterDict, or a reference's plain dict."""
+
+    def __getitem__(self, key: str, /) -> torch.Tensor: ...
 
 
 @dataclass(frozen=True)
@@ -125,13 +132,13 @@ def make_shared(spec: BlockSpec) -> dict[str, torch.Tensor]:
     }
 
 
-def shared_ffn(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
+def shared_ffn(z: torch.Tensor, w: Weights, spec: BlockSpec) -> torch.Tensor:
     """The shared experts on every token of z (the experts' activation function)."""
     act = ACTIVATIONS[spec.moe.activation]
     return act(z @ w["sh_w1"] + w["sh_b1"]) @ w["sh_w2"] + w["sh_b2"]
 
 
-def attention(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec) -> torch.Tensor:
+def attention(x: torch.Tensor, w: Weights, spec: BlockSpec) -> torch.Tensor:
     """Causal multi-head self-attention of LN1(x), the op sequence the simulator models:
     QKV projection (MLA's down / norm / up projections), scores, softmax, context, output
     projection."""
@@ -156,7 +163,7 @@ def _attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     return (p @ v).permute(0, 2, 1, 3).reshape(B * L, H * v.shape[-1])
 
 
-def _mla(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec, a: MLA) -> torch.Tensor:
+def _mla(z: torch.Tensor, w: Weights, spec: BlockSpec, a: MLA) -> torch.Tensor:
     B, L, H = spec.batch, spec.seq_len, spec.heads
     nope, r, c, dv = a.qk_nope_head_dim, a.qk_rope_head_dim, a.kv_lora_rank, a.v_head_dim
     if a.q_lora_rank is None:
@@ -171,7 +178,7 @@ def _mla(z: torch.Tensor, w: dict[str, Any], spec: BlockSpec, a: MLA) -> torch.T
     return _attend(q, k.transpose(1, 2), v.transpose(1, 2)) @ w["wo"]
 
 
-def block(x: torch.Tensor, w: dict[str, Any], spec: BlockSpec, moe: Any) -> torch.Tensor:
+def block(x: torch.Tensor, w: Weights, spec: BlockSpec, moe: Any) -> torch.Tensor:
     """The block with `moe(z) -> y` as its FFN (beside the shared experts, if any)."""
     h = x + attention(x, w, spec)
     z = F.layer_norm(h, (spec.moe.model_dim,), w["ln2_w"], w["ln2_b"])
@@ -225,9 +232,10 @@ def block_job(
         x = x0.clone().requires_grad_(True)
         y = blk(x, name, params)
         (y * dy).sum().backward()
-        grads = {n: p.grad.numpy().copy() for n, p in blk.named_parameters()}
-        out[name + repr(sorted(params.items()))] = {"y": y.detach().numpy(), "x": x.grad.numpy()}
-        out[name + repr(sorted(params.items()))]["grads"] = grads
+        grads = {n: grad_of(p).numpy().copy() for n, p in blk.named_parameters()}
+        key = name + repr(sorted(params.items()))
+        out[key] = {"y": y.detach().numpy(), "x": grad_of(x).numpy()}
+        out[key]["grads"] = grads
     return {"rank": rank, "variants": out}
 
 
@@ -259,19 +267,19 @@ def reference(spec: BlockSpec) -> list[dict[str, Any]]:
         h = act(buf @ stacked["w1"] + stacked["b1"].unsqueeze(1))
         return decode(h @ stacked["w2"] + stacked["b2"].unsqueeze(1), r)
 
-    outs = []
+    outs: list[dict[str, Any]] = []
     for rank in range(s.world):
         for t in [*w.values(), gate]:
             t.grad = None
         x = make_tokens(s, rank).double().requires_grad_(True)
         y = block(x, w, spec, moe)
         (y * make_output_grad(s, rank).double()).sum().backward()
-        grads = {f"attn.{k}": v.grad.numpy().copy() for k, v in w.items()}
-        grads["moe.gate"] = gate.grad.numpy().copy()
-        outs.append({"y": y.detach().numpy(), "x": x.grad.numpy(), "grads": grads})
+        grads = {f"attn.{k}": grad_of(v).numpy().copy() for k, v in w.items()}
+        grads["moe.gate"] = grad_of(gate).numpy().copy()
+        outs.append({"y": y.detach().numpy(), "x": grad_of(x).numpy(), "grads": grads})
     El = s.experts // s.world
     for rank, o in enumerate(outs):
         for k, v in stacked.items():
-            g = v.grad[rank * El : (rank + 1) * El].numpy()
+            g = grad_of(v)[rank * El : (rank + 1) * El].numpy()
             o["grads"][f"moe.{k}"] = g[:, None, :] if k.startswith("b") else g  # DistMoE's
     return outs

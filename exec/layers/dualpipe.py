@@ -29,6 +29,7 @@ import torch.distributed as dist
 
 from exec.layers.block import BlockSpec, block, make_attention, make_shared
 from exec.layers.ep_overlap import layer_spec, micro_spec
+from exec.layers.grads import grad_of
 from exec.layers.moe import (
     ACTIVATIONS,
     decode,
@@ -146,6 +147,7 @@ class Device:
     def backward(self, phase: int, mb: int, g: torch.Tensor, zero_bubble: bool) -> torch.Tensor:
         node = self.nodes.pop((phase, mb))
         (gx,) = node.backward((g,))
+        assert gx is not None  # a stage's output depends on its input
         if zero_bubble:
             self.wq.append(node)
         else:
@@ -199,7 +201,7 @@ def dualpipe_job(rank: int, world: int, spec: BlockSpec, params: dict[str, Any],
     grads = {}
     for (_, s), ws in zip(d.where, d.weights):
         for i, w in enumerate(ws):
-            grads.update({f"{s}.{i}.{k}": v.grad.numpy().copy() for k, v in w.items()})
+            grads.update({f"{s}.{i}.{k}": grad_of(v).numpy().copy() for k, v in w.items()})
     ys = {f"{dr}/{mb}": y.numpy() for (dr, mb), y in d.outputs.items()}
     return {"rank": rank, "y": ys, "grads": grads, "ops": ran}
 
@@ -229,6 +231,6 @@ def sequential(spec: BlockSpec, params: dict[str, Any]) -> dict[str, Any]:
             x = stage_forward(x, ws, spec)
         (x * dy).sum().backward()
         ys[f"{m // pipe.per_phase}/{m % pipe.per_phase}"] = x.detach().numpy()
-    grads = {f"{s}.{i}.{k}": v.grad.numpy() for s, ws in enumerate(stages)
+    grads = {f"{s}.{i}.{k}": grad_of(v).numpy() for s, ws in enumerate(stages)
              for i, w in enumerate(ws) for k, v in w.items()}  # fmt: skip
     return {"y": ys, "grads": grads}

@@ -194,7 +194,8 @@ def dispatcher(params: dict[str, Any]) -> AllToAll | AllGather | Flex:
 
 def moe_layer(moe: DistMoE, x: torch.Tensor, r: Routing, params: dict[str, Any]) -> torch.Tensor:
     """One MoE layer through the dispatcher's nodes in a row (the plain schedule's layer)."""
-    d, ctx = dispatcher(params), {}
+    d = dispatcher(params)
+    ctx: dict[str, Any] = {}
     t = d.send(moe, x, r, ctx)
     for step in (d.dispatch, d.experts, d.combine):
         t = step(moe, t, ctx)

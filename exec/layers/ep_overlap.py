@@ -43,6 +43,7 @@ import torch.nn.functional as F
 from exec.errors import ExecError
 from exec.layers.block import SHARED_PARAMS, BlockSpec, DistBlock, attention, shared_ffn
 from exec.layers.ep_dispatch import Tensors, dispatcher
+from exec.layers.grads import grad_of
 from exec.layers.moe import Comms, make_output_grad, make_tokens, route
 from exec.layers.nodes import CommStream, Node
 from exec.layers.registry import register_schedule
@@ -61,6 +62,11 @@ class _Layer:
     fut: Future | None = None  # the comm node in flight
     z: torch.Tensor | None = None  # LN2's output: the shared experts' input
     shared: Any = None  # the shared node's result, or its Future on the side stream
+
+    def pending(self) -> Future:
+        """The comm node in flight (the schedule waits on one only after launching it)."""
+        assert self.fut is not None
+        return self.fut
 
 
 class Stage:
@@ -138,6 +144,7 @@ class Stage:
         st, blk = self.state[(mb, lid)], self.blocks[lid]
         node = st.nodes["shared"] = Node([blk.attn[k] for k in SHARED_PARAMS])
         z = st.z
+        assert z is not None  # attn_fwd set it
         return lambda: node.forward(lambda t: (shared_ffn(t, blk.attn, blk.spec),), (z,))
 
     def shared_fwd(self, mb: int, lid: int) -> None:
@@ -148,7 +155,7 @@ class Stage:
 
     def mlp_fwd(self, mb: int, lid: int) -> None:
         st, moe = self.state[(mb, lid)], self.blocks[lid].moe
-        got = self.comm.wait(st.fut, f"dispatch of micro-batch {mb}, layer {lid}")
+        got = self.comm.wait(st.pending(), f"dispatch of micro-batch {mb}, layer {lid}")
         self._launch("compute", "mlp", "fwd", mb, lid)
         node = st.nodes["mlp"] = Node([moe.w1, moe.b1, moe.w2, moe.b2])
         y = node.forward(lambda *t: self.disp.experts(moe, t, st.ctx), got)
@@ -158,7 +165,8 @@ class Stage:
 
     def combine_wait(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
-        st.out = (*st.out, *self.comm.wait(st.fut, f"combine of micro-batch {mb}, layer {lid}"))
+        got = self.comm.wait(st.pending(), f"combine of micro-batch {mb}, layer {lid}")
+        st.out = (*st.out, *got)
         if self.shared:
             s = self._side(st.shared, f"shared experts of micro-batch {mb}, layer {lid}")
             st.out, st.shared = (*st.out, *s), None
@@ -189,7 +197,7 @@ class Stage:
 
     def mlp_bwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
-        g = self.comm.wait(st.fut, f"combine gradient of micro-batch {mb}, layer {lid}")
+        g = self.comm.wait(st.pending(), f"combine gradient of micro-batch {mb}, layer {lid}")
         self._launch("compute", "mlp", "bwd", mb, lid)
         gin = st.nodes["mlp"].backward(g)
         if self.shared and self.side is None:
@@ -207,7 +215,7 @@ class Stage:
 
     def attn_bwd(self, mb: int, lid: int) -> None:
         st = self.state[(mb, lid)]
-        g_send = self.comm.wait(st.fut, f"dispatch gradient of micro-batch {mb}, layer {lid}")
+        g_send = self.comm.wait(st.pending(), f"dispatch gradient of micro-batch {mb}, layer {lid}")
         self._launch("compute", "attn", "bwd", mb, lid)
         g_z: tuple = ()
         if self.shared:
@@ -348,7 +356,7 @@ def ep_overlap_job(rank: int, world: int, spec: BlockSpec, layers: int, micro: i
             res = plain_stage(blocks, comms, spec, micro)
         else:
             res = run_stage(blocks, comms, spec, resolve_params("megatron_ep", params), micro)
-        grads = {f"{i}.{n}": p.grad.numpy().copy()
+        grads = {f"{i}.{n}": grad_of(p).numpy().copy()
                  for i, b in enumerate(blocks) for n, p in b.named_parameters()}  # fmt: skip
         out[label] = {"y": [y.numpy() for y in res["y"]], "x": [g.numpy() for g in res["x"]],
                       "grads": grads, "log": res.get("log", [])}  # fmt: skip

@@ -230,8 +230,8 @@ def lancet_block(
     ys = []
     for j in range(k):
         token, choice, _send, _recv = plans[j]
-        y_rows, p = back[j]
-        ret = _Landed.apply(y_rows, p, None)
+        y_rows, pending = back[j]
+        ret = _Landed.apply(y_rows, pending, None)
         wts = rt[j].weight[token, choice].unsqueeze(1)
         dec = ret.new_zeros(h[j].shape[0], M).index_add(0, token, ret * wts)
         ys.append(h[j] + dec)

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from exec.errors import ExecError
+from exec.layers.grads import grad_of
 from exec.layers.group_comms import LayoutComms
 from exec.layers.moe import (
     ACTIVATIONS,
@@ -97,7 +98,8 @@ def layout_job(
                 "y": y.detach().cpu().numpy(),
                 "slot": routing.slot.cpu().numpy(),
                 "grads": {
-                    k: p.grad.detach().cpu().numpy() for k, p in [("x", x), *moe.named_parameters()]
+                    k: grad_of(p).detach().cpu().numpy()
+                    for k, p in [("x", x), *moe.named_parameters()]
                 },
             }
     return {"rank": rank, "cases": out}
@@ -136,13 +138,13 @@ def reference(spec: MoESpec, sets: int) -> dict[str, Any]:
         y = decode(out, routing)
         (y * make_output_grad(spec, s)).sum().backward()
         ys.append(y.detach().numpy())
-        gx.append(x.grad.numpy())
-        ggate.append(g.grad.numpy())
+        gx.append(grad_of(x).numpy())
+        ggate.append(grad_of(g).numpy())
     return {
         "y": ys,
         "x": gx,
         "gate": ggate,
-        "experts": [{k: v.grad.numpy() for k, v in w.items()} for w in experts],
+        "experts": [{k: grad_of(v).numpy() for k, v in w.items()} for w in experts],
     }
 
 

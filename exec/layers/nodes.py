@@ -18,7 +18,7 @@ from exec.layers.ep_dispatch import Tensors
 class Node:
     """One node's autograd graph: inputs become leaves, outputs are handed on detached."""
 
-    def __init__(self, params: list[torch.nn.Parameter]):
+    def __init__(self, params: list[torch.Tensor]):  # leaf weights (Parameters or not)
         self.params = params
         self.pending: tuple[list[torch.Tensor], list[torch.Tensor]] | None = None
 

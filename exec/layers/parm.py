@@ -29,6 +29,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from exec.layers.grads import grad_of
 from exec.layers.group_comms import GroupComms
 from exec.layers.moe import (
     ACTIVATIONS,
@@ -263,7 +264,7 @@ def parm_job(rank: int, world: int, cases: list[dict], timeout_s: float) -> dict
             t0 = time.perf_counter()
             y, _ = moe(x, schedule, saa)
             (y * make_output_grad(spec, s)).sum().backward()
-            grads = {"x": x.grad.numpy()}
+            grads = {"x": grad_of(x).numpy()}
             grads |= {k: p.grad.numpy() for k, p in moe.named_parameters() if p.grad is not None}
             out[label] = {"set": s, "y": y.detach().numpy(), "grads": grads,
                           "seconds": time.perf_counter() - t0}  # fmt: skip

@@ -4,7 +4,7 @@ and PipeMoE and Tutel as pipelined at their chosen degree."""
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -39,8 +39,19 @@ def tutel(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tens
     return pipelined(moe, buf, {**params, "order": "tutel"})
 
 
+class Chunked(Protocol):
+    """What pipelining uses of a layer: the exchange of a chunk of slots and the experts
+    (`exec.layers.moe.DistMoE`, or a sliced layout's stand-in)."""
+
+    def exchange(
+        self, x: torch.Tensor, lo: int, back: bool, stream: str, what: str, key: Any
+    ) -> torch.Tensor: ...
+
+    def experts(self, received: torch.Tensor) -> torch.Tensor: ...
+
+
 @register("pipelined")
-def pipelined(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
+def pipelined(moe: Chunked, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     r, order = params["degree"], params["order"]
     C = buf.shape[1]
     if not isinstance(r, int) or not 1 <= r <= C:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable, Iterator, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from exec.errors import ExecError
 from sim.strategies import STRATEGIES as BY_NAME  # read afresh on every access
@@ -18,21 +18,23 @@ from sim.strategies import resolve_params
 if TYPE_CHECKING:
     import torch
 
-    from exec.layers.moe import DistMoE
-
-Strategy = Callable[["DistMoE", "torch.Tensor", dict[str, Any]], "torch.Tensor"]
+# A layer: (moe, x, params) -> y over capacity slots, or, marked `token_level` (DeepEP:
+# it moves tokens and decodes itself), (moe, x, routing, params) -> y; DistMoE.forward reads
+# the mark, so the two signatures share one type
+Strategy = Callable[..., "torch.Tensor"]
 # Layers whose real form is a schedule over micro-batches or pipeline stages, not one MoE
 # layer call (`megatron_ep`: exec.layers.ep_overlap, `dualpipe`: exec.layers.dualpipe); kept
 # apart from LAYERS, whose every entry is a `DistMoE` layer checked against `sequential`.
 Schedule = Callable[..., Any]
 LAYERS: dict[str, Strategy] = {}
 SCHEDULE_LAYERS: dict[str, Schedule] = {}
+L = TypeVar("L", bound=Strategy)
 
 
-def register(name: str) -> Callable[[Strategy], Strategy]:
-    """Add a real layer under `name` (a strategy's `real_layer`)."""
+def register(name: str) -> Callable[[L], L]:
+    """Add a real layer under `name` (a strategy's `real_layer`); it keeps its own signature."""
 
-    def add(fn: Strategy) -> Strategy:
+    def add(fn: L) -> L:
         LAYERS[name] = fn
         return fn
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from exec.errors import ExecError
+from exec.layers.grads import grad_of
 from exec.layers.moe import Comms, DistMoE, MoESpec, make_output_grad, make_tokens
 
 
@@ -69,7 +70,7 @@ def moe_job(
             (y * dy).sum().backward()
             rec["backward_s"] = time.perf_counter() - t1
             rec["grads"] = {
-                n: p.grad.detach().cpu().numpy() for n, p in [("x", x), *moe.named_parameters()]
+                n: grad_of(p).detach().cpu().numpy() for n, p in [("x", x), *moe.named_parameters()]
             }
         rec["splits"] = moe.splits.snapshot()  # rows per peer of every all-to-allv (sparse)
         results[v.label] = rec

@@ -35,6 +35,7 @@ def graph_splits(
         if t.kind != "all_to_allv":
             continue
         key = f"{t.tags['phase']}/{t.tags['step']}/{t.tags.get('chunk', 0)}"
+        assert t.group is not None and t.split is not None  # an all_to_allv has both (checks)
         rows = {int(m): int(round(b / row_bytes)) for m, b in zip(t.group, t.split) if b}
         out.setdefault(t.rank, {})[key] = rows
     return out

@@ -12,6 +12,7 @@ from exec.errors import ExecError
 def wait_work(work: Any, rank: int, what: str, peers: list[int], timeout_s: float) -> None:
     """Wait for an async collective within the timeout; fail naming the rank, the operation
     and its peers, never hang."""
+    err: RuntimeError | None
     try:
         ok = work.wait(timeout=timedelta(seconds=timeout_s))
     except RuntimeError as e:

@@ -272,7 +272,7 @@ def _overlap_sizes(cal: Calibration, target_s: float, dtype: str) -> dict[str, d
             lo, hi = (mid, hi) if pred is not None and pred < target_s else (lo, mid)
         return hi
 
-    world = max((f["ranks"] for f in cal.collectives.get("all_to_all", [])), default=2)
+    world = max((int(f["ranks"]) for f in cal.collectives.get("all_to_all", [])), default=2)
     side = int(round(invert("gemm", 1, 1e3, 1e13, dtype) ** (1 / 3)))
     elem = 2 if dtype in ("bf16", "fp16") else 4
     return {

@@ -130,7 +130,8 @@ def memory_series(
     """Per rank, (ns, bytes in use) from its first task on, at every change."""
     row = {tid: j for j, tid in enumerate(col_list(df, "id"))}
     start, end, rank = lay.start.tolist(), lay.end.tolist(), lay.pid.tolist()
-    changes = []  # (ns, order at that instant, row, buffer, bytes or None for a free)
+    # (ns, order at that instant, row, buffer, bytes or None for a free)
+    changes: list[tuple[int, int, int, str, float | None]] = []
     for t in graph:
         j = row.get(t.id)
         if j is None or not (t.allocs or t.frees):
@@ -150,11 +151,11 @@ def memory_series(
     live: dict[tuple[int, str], float] = {}
     used: dict[int, float] = defaultdict(float)
     series: dict[int, list[tuple[int, float]]] = {}
-    for ns, _, j, name, nbytes in changes:
+    for ns, _, j, name, size in changes:
         r = rank[j]
-        if nbytes is not None:
-            used[r] += nbytes - live.get((r, name), 0.0)
-            live[(r, name)] = nbytes
+        if size is not None:
+            used[r] += size - live.get((r, name), 0.0)
+            live[(r, name)] = size
         elif (r, name) in live:
             used[r] -= live.pop((r, name))
         else:
@@ -192,14 +193,14 @@ def counter_events(
     top = np.round(np.asarray(links["max"]) * 100.0, 6)
     for c, name in enumerate(links["classes"]):
         for series, values in (("all links", mean[:, c]), ("busiest link", top[:, c])):
-            pts: list[tuple[float, float]] = []
+            samples: list[tuple[float, float]] = []
             for t, v in zip(ts, values.tolist()):
-                if pts and pts[-1][0] == t:  # samples closer than 1 ns: the last one holds
-                    pts[-1] = (t, v)
-                elif not pts or pts[-1][1] != v:
-                    pts.append((t, v))
+                if samples and samples[-1][0] == t:  # closer than 1 ns: the last one holds
+                    samples[-1] = (t, v)
+                elif not samples or samples[-1][1] != v:
+                    samples.append((t, v))
             # one counter per series: chrome://tracing would stack two series of one counter
-            for t, v in pts:
+            for t, v in samples:
                 events.append(
                     {"ph": "C", "name": f"{name} {series}", "pid": net, "ts": t, "args": {"%": v}}
                 )

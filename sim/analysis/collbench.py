@@ -95,7 +95,7 @@ def sizes(lo: int, hi: int, factor: int) -> list[int]:
 
 def run(
     topo: Topology, costs: CostModel, kind: str, algo: str | None, size_list: list[int]
-) -> tuple[list[Row], dict]:
+) -> tuple[list[Row], dict[str, int]]:
     if kind not in KINDS:
         raise ConfigError(f"collective {kind!r}: expected one of {KINDS}")
     if algo is not None and kind == "sendrecv":  # one algorithm: an ignored --algo misleads
@@ -107,7 +107,8 @@ def run(
     n = topo.world_size
     if n < 2:
         raise ConfigError(f"{topo.name}: a collective benchmark needs at least 2 GPUs")
-    rows, fidelity = [], {}
+    rows: list[Row] = []
+    fidelity: dict[str, int] = {}
     for size in size_list:
         res = simulate(graph_for(kind, algo, n, size), topo, costs)
         t = res.makespan

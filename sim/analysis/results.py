@@ -26,6 +26,7 @@ import hashlib
 import io
 import math
 import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +53,7 @@ NUMERIC = ("makespan_s", "time_per_token_s", "tokens", "gpus", "measured_s")
 DIR_FILES = ("results.parquet", "results.csv", "validation.json")
 
 
-def load_results(paths: list[str | Path]) -> pd.DataFrame:
+def load_results(paths: Sequence[str | Path]) -> pd.DataFrame:
     """Every file's rows in the shared schema, plus `source` (the path they came from)."""
     if not paths:
         raise ConfigError("results: name at least one results file or directory")

@@ -189,6 +189,8 @@ def work_note(rows: list[dict[str, Any]], names: list[str]) -> str | None:
     seen = []
     for r, name in zip(rows, names):
         t = r.get("tokens_per_layer")
+        kept: Any  # numbers as the rows hold them (checked by _known)
+        frac: Any
         kept = t.get("kept") if isinstance(t, dict) else r.get("tokens_kept")
         frac = t.get("dropped_fraction") if isinstance(t, dict) else r.get("dropped_fraction")
         if _known(kept) and _known(frac):

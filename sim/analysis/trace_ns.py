@@ -19,6 +19,7 @@ def to_ns(seconds: Any) -> np.ndarray:
     return np.rint(np.asarray(seconds, dtype=float) * 1e9).astype(np.int64)
 
 
-def us(ns: Any) -> list[float]:
-    """Integer nanoseconds as the microsecond numbers a trace holds."""
+def us(ns: Any) -> list[Any]:
+    """Integer nanoseconds as the microsecond numbers a trace holds (nested lists for an
+    array of more than one dimension)."""
     return (np.asarray(ns, dtype=np.int64).astype(float) / 1000.0).tolist()

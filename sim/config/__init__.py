@@ -21,7 +21,7 @@ from sim.core.limits import DEFAULT as DEFAULT_LIMITS
 from sim.core.limits import Limits
 from sim.core.schema import check
 from sim.hardware.topology import Topology
-from sim.strategies import DERIVED_FIT_WEIGHT, STRATEGIES, pair_weight, resolve_params
+from sim.strategies import DERIVED_FIT_WEIGHT, STRATEGIES, named, pair_weight, resolve_params
 from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
@@ -227,9 +227,7 @@ class RunConfig:
     def _workload_for(self, W: int, G: int | None = None) -> Workload:
         params = dict(self.strategy_params)
         name = self.strategy
-        strat = STRATEGIES.get(name)
-        if strat is None:  # names it, as from_dict does
-            resolve_params(name, params)
+        strat = named(name)  # an unknown name is refused as from_dict does
         if strat.tp_overlay:  # Parm's placement: MP groups laid over the MoE ranks
             return self._parm_workload(W, G, params)
         if self.parallel is None:  # the old meaning: one EP group of the whole world

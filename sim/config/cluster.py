@@ -56,7 +56,8 @@ def resolve_for(cfg: RunConfig, world: int) -> Resolution:
 
     wl = cfg.workload_for(world)
     full = resolve_params(cfg.strategy, wl.params)
-    cluster, notes = None, []
+    cluster: Cluster | None = None
+    notes: list[str] = []
     if any(isinstance(v, str) and v == "auto" for v in full.values()):
         cluster, notes = cluster_for(cfg, world)
     return Resolution(

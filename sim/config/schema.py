@@ -38,17 +38,28 @@ class FabricSpec(Strict):
     the override is merged into the topology's fabric as given, where a null would reach the
     arithmetic (the fields are typed without `| None`, the default None standing for absent)."""
 
+    # a None default outside the field's type, on purpose (above): hence the type ignores
     type: Literal["switch", "fat_tree", "rail"] = Field(
-        None, description=FABRIC_FIELDS["type"]
+        None, description=FABRIC_FIELDS["type"]  # type: ignore[arg-type]
     )
-    class_: str = Field(default=None, alias="class", description=FABRIC_FIELDS["class"])
-    attach: list[str] = Field(None, description=FABRIC_FIELDS["attach"])
-    nodes_per_leaf: PosInt = Field(None, description=FABRIC_FIELDS["nodes_per_leaf"])
-    nodes_per_unit: PosInt = Field(None, description=FABRIC_FIELDS["nodes_per_unit"])
-    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] = Field(
+    class_: str = Field(  # type: ignore[assignment]
+        default=None, alias="class", description=FABRIC_FIELDS["class"]
+    )
+    attach: list[str] = Field(
+        None, description=FABRIC_FIELDS["attach"]  # type: ignore[arg-type]
+    )
+    nodes_per_leaf: PosInt = Field(  # type: ignore[assignment]
+        None, description=FABRIC_FIELDS["nodes_per_leaf"]
+    )
+    nodes_per_unit: PosInt = Field(  # type: ignore[assignment]
+        None, description=FABRIC_FIELDS["nodes_per_unit"]
+    )
+    oversubscription: Annotated[float, Field(ge=1, allow_inf_nan=False)] = Field(  # type: ignore[assignment]
         None, description=FABRIC_FIELDS["oversubscription"]
     )
-    planes: Literal["single", "multi"] = Field(None, description=FABRIC_FIELDS["planes"])
+    planes: Literal["single", "multi"] = Field(
+        None, description=FABRIC_FIELDS["planes"]  # type: ignore[arg-type]
+    )
 
 
 class ParallelSpec(Strict):
@@ -271,19 +282,21 @@ CostsSpec.model_rebuild()
 
 
 class OutputSpec(Strict):
-    # omitted, not null: a null dir or format would be taken as given (see FabricSpec)
-    dir: Annotated[str, Field(min_length=1)] = Field(
+    # omitted, not null: a null dir or format would be taken as given (see FabricSpec; the
+    # type ignores are the None defaults, as there)
+    dir: Annotated[str, Field(min_length=1)] = Field(  # type: ignore[assignment]
         None,
         description="where `moesim simulate` writes its output set when --out is not given; "
         "omitted: nothing is written",
     )
     trace_format: Literal["csv", "parquet"] = Field(
-        None, description="format of the trace table: csv or parquet (needs pyarrow); default csv"
+        None,  # type: ignore[arg-type]
+        description="format of the trace table: csv or parquet (needs pyarrow); default csv",
     )
-    chrome_trace: bool = Field(
+    chrome_trace: bool = Field(  # type: ignore[assignment]
         None, description="also write trace.chrome.json (for ui.perfetto.dev); default true"
     )
-    max_trace_ranks: PosInt = Field(
+    max_trace_ranks: PosInt = Field(  # type: ignore[assignment]
         None, description="the Chrome trace shows the ranks below this number; default: all"
     )
 
@@ -366,15 +379,16 @@ class RunSpec(Strict):
         "fields given beside it win"
     )
     # strategy and passes may be omitted (the defaults) but not null: a null is a mistake
-    # (an emptied key), refused rather than silently read as the default
-    strategy: Annotated[StrategySpec, BeforeValidator(_named)] = Field(
+    # (an emptied key), refused rather than silently read as the default (hence the type
+    # ignores: a None default outside the type, as in FabricSpec)
+    strategy: Annotated[StrategySpec, BeforeValidator(_named)] = Field(  # type: ignore[assignment]
         None,
         description="the strategy: {name, its parameters} or a bare name; default sequential",
     )
     passes: Annotated[
         list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)
     ] = Field(
-        None,
+        None,  # type: ignore[arg-type]
         description="the passes built: fwd, bwd or both (a bare string is one); default [fwd]",
     )
     costs: CostsSpec | None = Field(

@@ -81,7 +81,7 @@ def _check_task(t: Task, world: int, checked_groups: set[int]) -> None:
 def _check_collectives(tasks: Iterable[Task]) -> None:
     by_coll: dict[str, list[Task]] = defaultdict(list)
     for t in tasks:
-        if t.kind in COLLECTIVE_KINDS:
+        if t.kind in COLLECTIVE_KINDS:  # coll is set: _check_task refused a collective without
             by_coll[t.coll].append(t)  # type: ignore[index]
     for cid, members in by_coll.items():
         first = members[0]
@@ -163,7 +163,7 @@ def _check_p2p(tasks: Iterable[Task]) -> None:
             table = sends if t.kind == "send" else recvs
             if t.coll in table:
                 raise GraphError(f"task {t.id!r}: {t.kind} id {t.coll!r} used twice")
-            table[t.coll] = t  # type: ignore[index]
+            table[t.coll] = t  # type: ignore[index]  # set: _check_task refused a p2p without
     for cid, t in [*sends.items(), *recvs.items()]:
         # the engine would merge the pair into the collective's rendezvous (no cost for it)
         c = collectives.get(cid)
@@ -263,5 +263,5 @@ def _find_cycle(stuck: set[str], succ: dict[str, set[str]]) -> list[str]:
     while n not in order:
         order[n] = len(order)
         n = pred[n]
-    path = sorted(order, key=order.get)[order[n] :]
+    path = sorted(order, key=order.__getitem__)[order[n] :]
     return list(reversed(path))

@@ -8,6 +8,7 @@ import os
 import stat
 import tempfile
 from pathlib import Path
+from types import TracebackType
 
 from sim.core.errors import ConfigError
 from sim.core.safeload import FILE_KINDS
@@ -265,7 +266,12 @@ class OutputSet:
     def __enter__(self) -> OutputSet:
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         if exc_type is None:
             try:
                 self.close()

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sized
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -115,7 +115,7 @@ class Bar:
 
 def iterate(items: Iterable[T], desc: str, unit: str = "it") -> Iterator[T]:
     """`items`, one bar step per item (the total is known where `items` has a length)."""
-    total = len(items) if hasattr(items, "__len__") else None  # type: ignore[arg-type]
+    total = len(items) if isinstance(items, Sized) else None
     with Bar(total, desc, unit) as bar:
         for item in items:
             yield item

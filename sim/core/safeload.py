@@ -13,9 +13,12 @@ import json
 import os
 import stat
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import ConfigError, yaml_problem
+
+if TYPE_CHECKING:
+    from yaml import SafeLoader  # imported where a file is read: `import sim` stays light
 
 MAX_INPUT_BYTES = 256 * 2**20  # larger inputs are refused (a 10^6-task graph is ~200 MB)
 MAX_DEPTH = 64  # nesting of mappings / sequences in a YAML or JSON input
@@ -146,6 +149,7 @@ def _check_depth(events: Any, source: str) -> None:
             depth += 1
             if depth > MAX_DEPTH:
                 mark = ev.start_mark
+                assert mark is not None  # the parser marks every event it emits
                 raise ConfigError(
                     f"{source}: nested more than {MAX_DEPTH} levels deep "
                     f"(at line {mark.line + 1})"
@@ -206,7 +210,7 @@ def _make_loader() -> type:
     import yaml
 
     class Loader(yaml.SafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> dict:
+        def construct_mapping(self, node: Any, deep: bool = False) -> dict[Any, Any]:
             seen: dict[Any, Any] = {}
             for key_node, _ in node.value:
                 key = self.construct_object(key_node, deep=True)
@@ -226,7 +230,7 @@ def _make_loader() -> type:
     return Loader
 
 
-def _mapping(loader: Any, node: Any) -> dict:
+def _mapping(loader: SafeLoader, node: Any) -> dict[Any, Any]:
     loader.flatten_mapping(node)
     return loader.construct_mapping(node)
 

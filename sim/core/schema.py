@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic_core import ErrorDetails
 
 from sim.core.errors import ConfigError, MoesimError
 
@@ -36,7 +37,7 @@ class Strict(BaseModel):
 
 
 def check(
-    model: type[M] | TypeAdapter,
+    model: type[M] | TypeAdapter[Any],
     raw: Any,
     source: str,
     prefix: str = "",
@@ -76,7 +77,7 @@ def _merge(path: str, found: list[tuple[str, str]]) -> str:
 
 
 def _describe(
-    err: dict[str, Any],
+    err: ErrorDetails,
     prefix: str,
     locate: Callable[[Sequence[Any]], tuple[str, list[str]]] | None,
     known_keys: Callable[[list[str]], list[str]] | None,
@@ -124,7 +125,7 @@ def _is_union_tag(part: str) -> bool:
 
 def _model_names() -> set[str]:
     names: set[str] = set()
-    todo: list[type] = [BaseModel]
+    todo: list[type[BaseModel]] = [BaseModel]
     while todo:
         cls = todo.pop()
         for sub in cls.__subclasses__():
@@ -134,7 +135,7 @@ def _model_names() -> set[str]:
     return names
 
 
-def _message(err: dict[str, Any]) -> str:
+def _message(err: ErrorDetails) -> str:
     msg = str(err["msg"]).removeprefix("Value error, ")
     ctx = err.get("ctx") or {}
     if err["type"] in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
@@ -191,7 +192,7 @@ def _model_in(annotation: Any) -> Any:
     return None
 
 
-def json_schema(model: type[BaseModel] | TypeAdapter, title: str) -> dict[str, Any]:
+def json_schema(model: type[BaseModel] | TypeAdapter[Any], title: str) -> dict[str, Any]:
     """JSON Schema of an input model, for editors (`moesim schema ...`)."""
     schema = (
         model.json_schema(by_alias=True)

@@ -29,8 +29,21 @@ from sim.hardware.network import (
     product_layout,
 )
 
-if TYPE_CHECKING:
-    from sim.engine.engine import Engine
+if TYPE_CHECKING:  # the engine state's types (annotations only)
+    from collections.abc import Callable
+    from typing import TypeVarTuple, Unpack
+
+    import simpy
+
+    from sim.core.graph import TaskGraph
+    from sim.engine.symmetry import Symmetry
+    from sim.engine.watch import Watch
+    from sim.hardware.costs import CostModel
+    from sim.hardware.costs.jitter import JitterSampler
+    from sim.hardware.network import FlowNetwork
+    from sim.hardware.topology import Topology
+
+    Ts = TypeVarTuple("Ts")
 
 
 class _CollRun:
@@ -54,7 +67,7 @@ class _CollRun:
         self,
         members: list[int],
         rank_task: dict[int, int],
-        phases: list,
+        phases: list[coll_algos.Phase],
         kind: str,
         size: int,
         copies: float = 1.0,
@@ -70,9 +83,48 @@ class _CollRun:
 
 
 class Comm:
-    """Communication for `Engine` (see the module docstring)."""
+    """Communication for `Engine` (see the module docstring).
 
-    def _flow_scale(self: Engine, m: BundleBatch, owners: np.ndarray) -> np.ndarray:
+    The annotations below are the engine state this mixin reads and writes: `Engine.__init__`
+    sets every one of them (they are declarations only, no class attributes), and mypy checks
+    that the engine's values agree with them. The three methods under TYPE_CHECKING are the
+    engine's, which the mixin calls back.
+    """
+
+    graph: TaskGraph
+    topo: Topology
+    costs: CostModel
+    sym: Symmetry | None
+    jitter: JitterSampler | None
+    env: simpy.Environment
+    tasks: list[Task]
+    start: np.ndarray
+    end: np.ndarray
+    sync_wait: np.ndarray
+    done: int
+    coll_members: dict[str, list[int]]
+    coll_arrived: dict[str, int]
+    busy: dict[int, dict[str, int]]
+    flow_mode: bool
+    net: FlowNetwork
+    owners: list[_CollRun | None]  # by owner id; None once the run's last bundle is done
+    _ending: set[int]
+    _net_version: int
+    _net_dirty: bool
+    fidelity_used: dict[str, int]
+    watch: Watch
+
+    if TYPE_CHECKING:
+
+        def _finish(self, i: int) -> None: ...
+
+        def _local(self, i: int, kind: str, duration: float) -> None: ...
+
+        def _after(
+            self, delay: float, fn: Callable[[Unpack[Ts]], None], *args: Unpack[Ts]
+        ) -> None: ...
+
+    def _flow_scale(self, m: BundleBatch, owners: np.ndarray) -> np.ndarray:
         # A bundle's speed follows the interference on its first source rank (bundles are
         # symmetric, so any member stands for all); copies are `copy` work, the rest `comm`.
         first = np.full(len(m.count), -1, dtype=np.int64)
@@ -90,8 +142,10 @@ class Comm:
         return out
 
     # -- collectives -----------------------------------------------------------------------
-    def _arrive(self: Engine, i: int) -> None:
+    def _arrive(self, i: int) -> None:
         t = self.tasks[i]
+        # keyed by coll as given, as Engine.__init__ grouped them (set on every comm task of
+        # a checked graph: sim.core.graph_checks; the engine does not check it again)
         cid = t.coll
         self.coll_arrived[cid] += 1  # type: ignore[index]
         members = self.coll_members[cid]  # type: ignore[index]
@@ -104,7 +158,7 @@ class Comm:
         rank_task = {self.tasks[m].rank: m for m in members}
         if t.kind in P2P_KINDS:
             snd = next(x for x in tasks if x.kind == "send")
-            phases = [
+            phases: list[coll_algos.Phase] = [
                 coll_algos.ExplicitPhase(
                     np.array([snd.rank]), np.array([snd.peer]), np.array([snd.bytes])
                 )
@@ -112,6 +166,7 @@ class Comm:
             kind, size = "send", 2
         else:
             phases = coll_algos.phases(tasks, self.topo) if self.flow_mode else []
+            # a collective's group is set (sim.core.graph_checks refuses one without)
             kind, size = t.kind, len(t.group)  # type: ignore[arg-type]
         copies = 1.0 if self.sym is None else self.sym.copies(list(rank_task), size)
         run = _CollRun(members, rank_task, phases, kind, size, copies)
@@ -131,13 +186,13 @@ class Comm:
             return
         self._start_phase(run)
 
-    def _sm_floor(self: Engine, m: int) -> float:
+    def _sm_floor(self, m: int) -> float:
         """Seconds member m's kernel needs at least on the SMs it reserves (`comm_sm_bw`;
         only a task's own `sms`, DeepEP's kernels: NCCL's `comm_sms` take SMs from the
         compute beside them, but their send rate per SM is not known here)."""
         return self.costs.resources.comm_floor(self.tasks[m].sms, self.tasks[m].bytes)
 
-    def _done(self: Engine, run: _CollRun, m: int) -> None:
+    def _done(self, run: _CollRun, m: int) -> None:
         """Member m's part of the collective is over: it ends now, or once the SMs its
         kernel holds could have sent its bytes, whichever is later."""
         if not math.isnan(self.end[m]) or m in self._ending:
@@ -149,7 +204,7 @@ class Comm:
         else:
             self._finish(m)
 
-    def _start_phase(self: Engine, run: _CollRun) -> None:
+    def _start_phase(self, run: _CollRun) -> None:
         if run.k >= len(run.phases):
             for m in run.members:
                 self._done(run, m)
@@ -183,7 +238,7 @@ class Comm:
                     self._done(run, m)
         self._send(batch, run)
 
-    def _send(self: Engine, batch: BundleBatch, run: _CollRun) -> None:
+    def _send(self, batch: BundleBatch, run: _CollRun) -> None:
         """Put a batch on the network, each group of equal latency once that has passed."""
         if self.sym is not None:
             batch = self.sym.fold(batch, run.copies)
@@ -193,11 +248,11 @@ class Comm:
             sub = batch.select(batch.latency == lat)
             self._after(float(lat), self._net_add, sub, owner)
 
-    def _next_phase(self: Engine, run: _CollRun) -> None:
+    def _next_phase(self, run: _CollRun) -> None:
         run.k += 1
         self._start_phase(run)
 
-    def _bundle(self: Engine, phase: Any, group_size: int) -> BundleBatch:
+    def _bundle(self, phase: Any, group_size: int) -> BundleBatch:
         """Flows of one phase, bundled where that is exact and asked for (counted per phase)."""
         alpha = self.costs.alpha
         if isinstance(phase, coll_algos.UniformPhase):
@@ -227,7 +282,7 @@ class Comm:
         self.fidelity_used["flow"] += 1
         return per_flow(self.topo, phase.src, phase.dst, phase.nbytes, alpha, phase.relay)
 
-    def _copy(self: Engine, i: int) -> None:
+    def _copy(self, i: int) -> None:
         t = self.tasks[i]
         fitted = getattr(self.costs.compute, "params", {}).get(t.kind)
         if not self.flow_mode and fitted is not None:  # a calibrated copy engine
@@ -259,11 +314,11 @@ class Comm:
         self._send(batch, run)
 
     # -- network event loop ------------------------------------------------------------------
-    def _net_add(self: Engine, batch: BundleBatch, owner: int) -> None:
+    def _net_add(self, batch: BundleBatch, owner: int) -> None:
         self.net.add(batch, owner)
         self._net_touch()
 
-    def _net_touch(self: Engine) -> None:
+    def _net_touch(self) -> None:
         """Recompute rates once per instant, after every change made at this instant."""
         if self._net_dirty:
             return
@@ -272,7 +327,7 @@ class Comm:
         ev.callbacks.append(self._net_resolve)
         ev.succeed()
 
-    def _net_resolve(self: Engine, _ev: Any = None) -> None:
+    def _net_resolve(self, _ev: Any = None) -> None:
         self._net_dirty = False
         t0 = clock()
         self.net.recompute()
@@ -283,12 +338,13 @@ class Comm:
             v = self._net_version
             self._after(t - self.env.now, self._net_fire, v)
 
-    def _net_fire(self: Engine, version: int) -> None:
+    def _net_fire(self, version: int) -> None:
         if version != self._net_version:
             return
         finished = self.net.pop_finished()
         for owner, n_bundles, ranks in finished:
-            run: _CollRun = self.owners[owner]
+            run = self.owners[owner]
+            assert run is not None  # an owner is cleared only once its last bundle is done
             run.bundles_left -= n_bundles
             assert run.pending is not None
             np.subtract.at(run.pending, ranks, 1)

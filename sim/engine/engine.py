@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 import simpy
@@ -42,6 +43,11 @@ from sim.engine.watch import Watch
 from sim.hardware.costs import CostModel
 from sim.hardware.network import FlowNetwork
 from sim.hardware.topology import Topology
+
+if TYPE_CHECKING:
+    from typing import TypeVarTuple, Unpack
+
+    Ts = TypeVarTuple("Ts")
 
 __all__ = ["Engine", "SimResult", "simulate"]
 
@@ -102,6 +108,7 @@ class Engine(Comm):
         self.coll_members: dict[str, list[int]] = defaultdict(list)
         for i, t in enumerate(self.tasks):
             if t.kind in COLLECTIVE_KINDS or t.kind in P2P_KINDS:
+                # a comm task's coll is set (sim.core.graph_checks refuses one without)
                 self.coll_members[t.coll].append(i)  # type: ignore[index]
         self.coll_arrived: dict[str, int] = defaultdict(int)
         # interference: busy stream kinds per rank
@@ -141,7 +148,7 @@ class Engine(Comm):
         )
         if record_links:  # for a trace's counter tracks; a pass over the links per solve
             self.net.record(None if symmetry is None else symmetry.orbit)
-        self.owners: list[Any] = []
+        self.owners = []  # running collectives by owner id (Comm.owners)
         self._ending: set[int] = set()  # comm tasks waiting out their SMs' send time (comm)
         self._net_version = 0
         self._net_dirty = False
@@ -265,7 +272,9 @@ class Engine(Comm):
         if self.launch is not None and t.host_sync:  # the host was waiting for this one
             self.launch.finished(i, t.rank, self.env.now)
 
-    def _after(self, delay: float, fn, *args) -> None:
+    def _after(
+        self, delay: float, fn: Callable[[Unpack[Ts]], None], *args: Unpack[Ts]
+    ) -> None:
         ev = self.env.timeout(max(delay, 0.0))
         ev.callbacks.append(lambda _e: fn(*args))
 

@@ -104,7 +104,8 @@ def node_classes(graph: TaskGraph, gpus_per_node: int) -> str | None:
     for (r, s), seq in streams.items():
         for k, t in enumerate(seq):
             pos[t.id] = (r, s, k)
-    by_coll: dict[str, dict[int, str]] = defaultdict(dict)
+    # keyed by t.coll as it is (looked up for comm tasks, whose coll graph_checks requires)
+    by_coll: dict[str | None, dict[int, str]] = defaultdict(dict)
     for t in graph:
         if t.coll is not None:
             by_coll[t.coll][t.rank] = t.id
@@ -115,7 +116,7 @@ def node_classes(graph: TaskGraph, gpus_per_node: int) -> str | None:
     spans: dict[tuple[int, str, str | None], Any] = {}
     nodes = world // G
     try:
-        sigs: list[tuple] = [() for _ in range(world)]
+        sigs: list[tuple[Any, ...]] = [() for _ in range(world)]
         for (r, s), seq in sorted(streams.items(), key=lambda kv: kv[0][1]):
             sigs[r] += ((s, tuple(_sig(t, G, nodes, pos, by_coll, spans) for t in seq)),)
     except _Refused as e:
@@ -129,9 +130,16 @@ def node_classes(graph: TaskGraph, gpus_per_node: int) -> str | None:
     return None
 
 
-def _sig(t: Task, G: int, nodes: int, pos: dict, by_coll: dict, spans: dict) -> tuple:
+def _sig(
+    t: Task,
+    G: int,
+    nodes: int,
+    pos: dict[str, tuple[int, str, int]],
+    by_coll: dict[str | None, dict[int, str]],
+    spans: dict[tuple[int, str, str | None], Any],
+) -> tuple[Any, ...]:
     node = t.rank // G
-    deps = []
+    deps: list[tuple[int | str, ...]] = []
     for d in t.deps:
         r, s, k = pos[d]
         if r == t.rank:
@@ -140,7 +148,7 @@ def _sig(t: Task, G: int, nodes: int, pos: dict, by_coll: dict, spans: dict) -> 
             deps.append((r % G, s, k))
         else:
             raise _Refused(f"task {t.id!r} depends on {d!r} on another node")
-    comm: tuple = ()
+    comm: tuple[Any, ...] = ()
     if t.kind in COLLECTIVE_KINDS:
         group = t.group or []
         key = (id(group), t.kind, t.algo)
@@ -196,7 +204,7 @@ def _span(t: Task, G: int, nodes: int) -> Any:
     return tuple(locs.tolist())
 
 
-def _first_difference(a: tuple, b: tuple) -> str:
+def _first_difference(a: tuple[Any, ...], b: tuple[Any, ...]) -> str:
     for (sa, ta), (sb, tb) in zip(a, b):
         if sa != sb:
             return f"streams {sa!r} / {sb!r}"
@@ -204,8 +212,8 @@ def _first_difference(a: tuple, b: tuple) -> str:
             return f"{len(ta)} / {len(tb)} tasks on {sa!r}"
         for k, (x, y) in enumerate(zip(ta, tb)):
             if x != y:
-                names = ("kind", "flops", "bytes", "shape", "algo", "split", "recv_split")
-                names += ("allocs", "frees", "tags", "deps", "communicator")
+                names: tuple[str, ...] = ("kind", "flops", "bytes", "shape", "algo", "split")
+                names += ("recv_split", "allocs", "frees", "tags", "deps", "communicator")
                 what = next(n for n, u, v in zip(names, x, y) if u != v)
                 return f"task {k} on {sa!r} differs in {what}"
     return f"{len(a)} / {len(b)} streams"

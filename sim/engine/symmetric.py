@@ -100,7 +100,8 @@ def simulate_replicas(
         D = 1 if replicas is None else len(replicas)
         if D > 1 and full is None:
             raise ValueError(f"symmetry does not hold ({p}) and no full graph was given")
-        res = simulate(full() if D > 1 else graph, topo, costs, record_links)  # type: ignore[misc]
+        whole = full() if D > 1 and full is not None else graph  # (given where D > 1)
+        res = simulate(whole, topo, costs, record_links)
         if not p.startswith(_NOT_TRIED):  # small or switched off: the plain run, as before
             res.stats["symmetry"] = {"used": False, "reason": p}
         return res

@@ -66,4 +66,5 @@ class Symmetry:
 
     def expand_links(self, carried: np.ndarray) -> np.ndarray:
         """Bytes per link instance of the whole cluster: each as its orbit's representative."""
-        return carried[self.link_rep]
+        out: np.ndarray = carried[self.link_rep]
+        return out

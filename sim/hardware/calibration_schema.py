@@ -10,7 +10,7 @@ The writer runs the same model before writing, so a file moesim writes is one it
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -30,7 +30,7 @@ from sim.hardware.costs_schema import (
     Interference as CostsInterference,
 )
 
-FORMAT = 2
+FORMAT: Final = 2
 # interference speeds below this are measuring accidents, not slowdowns: the fit drops them
 SPEED_FLOOR = 0.05
 Speed = Annotated[float, Field(ge=SPEED_FLOOR, le=1, allow_inf_nan=False)]

@@ -61,6 +61,12 @@ def _group(t: Task) -> np.ndarray:
     return np.asarray(t.group, dtype=np.int64)
 
 
+def _size(t: Task) -> int:
+    """Members of the task's group (every collective has one: sim.core.graph_checks)."""
+    assert t.group is not None
+    return len(t.group)
+
+
 def _layout(t: Task, topo: Topology) -> tuple[int, int]:
     return _layout_of(t, topo.gpus_per_node)
 
@@ -80,14 +86,14 @@ def _layout_of(t: Task, G: int) -> tuple[int, int]:
 
 def all_to_all_linear(tasks: list[Task], topo: Topology) -> list[Phase]:
     t = tasks[0]
-    n = len(t.group)  # type: ignore[arg-type]
+    n = _size(t)
     # task.bytes is the whole send buffer, the rank's own chunk included (stays local).
     return [UniformPhase(_group(t), t.bytes / n)]
 
 
 def all_to_all_rail_relay(tasks: list[Task], topo: Topology) -> list[Phase]:
     t = tasks[0]
-    return [UniformPhase(_group(t), t.bytes / len(t.group), relay=True)]  # type: ignore[arg-type]
+    return [UniformPhase(_group(t), t.bytes / _size(t), relay=True)]
 
 
 def all_to_all_pairwise(tasks: list[Task], topo: Topology) -> list[Phase]:
@@ -104,7 +110,7 @@ def all_to_all_2dh(tasks: list[Task], topo: Topology) -> list[Phase]:
     all-to-all among same-local-rank GPUs (n/m - 1 messages of m*S/n each)."""
     t = tasks[0]
     nodes, m = _layout(t, topo)
-    n, S, g = len(t.group), t.bytes, _group(t)  # type: ignore[arg-type]
+    n, S, g = _size(t), t.bytes, _group(t)
     phases: list[Phase] = [LocalPhase(S)]
     if m > 1:
         phases.append(UniformPhase(g, S / m, pairs="intra"))
@@ -210,17 +216,17 @@ def _ring(tasks: list[Task], steps: int, chunk: float) -> list[Phase]:
 
 
 def all_gather_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
-    n = len(tasks[0].group)  # type: ignore[arg-type]
+    n = _size(tasks[0])
     return _ring(tasks, n - 1, tasks[0].bytes)  # bytes = this rank's input shard
 
 
 def reduce_scatter_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
-    n = len(tasks[0].group)  # type: ignore[arg-type]
+    n = _size(tasks[0])
     return _ring(tasks, n - 1, tasks[0].bytes / n)  # bytes = the full input buffer
 
 
 def all_reduce_ring(tasks: list[Task], topo: Topology) -> list[Phase]:
-    n = len(tasks[0].group)  # type: ignore[arg-type]
+    n = _size(tasks[0])
     return _ring(tasks, 2 * (n - 1), tasks[0].bytes / n)
 
 

@@ -9,7 +9,7 @@ speeds in (0, 1], fits with the group sizes they were measured at.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
@@ -21,13 +21,22 @@ STREAM_KINDS = ("compute", "comm", "copy")
 MAX_JITTER_FACTOR = 1e3  # a run 1000x its median is a broken measurement, not noise
 
 Seconds = Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)]  # a latency, a launch
-CollectiveKind = Literal[tuple(sorted(COLLECTIVE_KINDS))]  # type: ignore[valid-type]
-Dtype = Literal[DTYPES]  # type: ignore[valid-type]
-# the task kinds a compute model costs (alpha_beta keys): compute kernels and copies
-ComputeKind = Literal[tuple(sorted(COMPUTE_KINDS | COPY_KINDS))]  # type: ignore[valid-type]
-# jitter quantiles: per task kind, or per stream kind as the fallback of its kinds
-JitterKind = Literal[tuple(sorted(ALL_KINDS | set(STREAM_KINDS)))]  # type: ignore[valid-type]
-Layout = Literal[GEMM_LAYOUTS]  # type: ignore[valid-type]
+# Literals built from the kinds' one definition (sim.core.kinds): pydantic checks them at run
+# time; a type checker cannot evaluate a Literal of a computed tuple, so to it they are str.
+if TYPE_CHECKING:
+    CollectiveKind = str
+    Dtype = str
+    ComputeKind = str
+    JitterKind = str
+    Layout = str
+else:
+    CollectiveKind = Literal[tuple(sorted(COLLECTIVE_KINDS))]
+    Dtype = Literal[DTYPES]
+    # the task kinds a compute model costs (alpha_beta keys): compute kernels and copies
+    ComputeKind = Literal[tuple(sorted(COMPUTE_KINDS | COPY_KINDS))]
+    # jitter quantiles: per task kind, or per stream kind as the fallback of its kinds
+    JitterKind = Literal[tuple(sorted(ALL_KINDS | set(STREAM_KINDS)))]
+    Layout = Literal[GEMM_LAYOUTS]
 
 
 class RooflineParams(Strict):

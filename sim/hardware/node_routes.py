@@ -31,7 +31,7 @@ def add_edge(succ: Adjacency, pred: Adjacency, u: Any, v: Any, weight: float) ->
 
 
 def cheapest_path(
-    succ: Adjacency, pred: Adjacency, source: Any, target: Any, blocked: Container = ()
+    succ: Adjacency, pred: Adjacency, source: Any, target: Any, blocked: Container[Any] = ()
 ) -> list[Any]:
     """The nodes of the cheapest path from `source` to `target` through no `blocked` node;
     NoPath where there is none. (`pred` is the reverse adjacency; the search runs forward.)"""

@@ -18,6 +18,7 @@ incidence of 10^6 flows with numpy instead of a Python loop.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -136,7 +137,7 @@ class Topology:
         for dev in self.fabric_up:
             for u, v in ((dev, "fabric"), ("fabric", dev)):
                 names.append((u, v))
-                lcs.append(self.fabric_class)  # type: ignore[arg-type]
+                lcs.append(self.fabric_class)  # type: ignore[arg-type]  # set with fabric_up
         caps = [lc.eff_bw for lc in lcs]
         lats = [lc.latency for lc in lcs]
         classes = [lc.name for lc in lcs]
@@ -197,14 +198,14 @@ class Topology:
                     f"node per GPU ({G}), got {nic_of}"
                 )
             self.nic_of_gpu = list(nic_of)
-            attach = self.fabric.attach  # type: ignore[union-attr]
+            attach = self.fabric.attach  # type: ignore[union-attr]  # nic_of: fabric NICs
             self.attach_of_gpu = [attach.index(n) for n in nic_of]
             for g, nic in zip(self.gpu_names, nic_of):
                 self.out.append(path(g, nic) + [self.fabric_up[nic]])
                 self.inn.append([self.fabric_down[nic]] + path(nic, g))
 
-    def _nearest_nic(self, gpu: str, path) -> str:
-        attach = self.fabric.attach  # type: ignore[union-attr]
+    def _nearest_nic(self, gpu: str, path: Callable[[str, str], list[int]]) -> str:
+        attach = self.fabric.attach  # type: ignore[union-attr]  # called with a fabric only
         return min(attach, key=lambda n: (sum(1.0 / self.local_cap[i] for i in path(gpu, n)), n))
 
     # -- queries ----------------------------------------------------------------------------
@@ -275,7 +276,7 @@ class Topology:
         node, lid = divmod(link, self.links_per_node)
         u, v = self.local_names[lid]
 
-        def full(x: str, other: str) -> str:
+        def full(x: str, other: str) -> str:  # a "fabric" end exists with a fabric only
             if x != "fabric":
                 return f"n{node}/{x}"
             ia = self.fabric.attach.index(other)  # type: ignore[union-attr]

@@ -12,9 +12,9 @@ if TYPE_CHECKING:
     from sim.hardware.topology import Topology
 
 
-def cluster_graph(topo: Topology) -> nx.DiGraph:
+def cluster_graph(topo: Topology) -> nx.DiGraph[str]:
     """The whole cluster as a networkx graph (for drawing, printing and reference routing)."""
-    g = nx.DiGraph()
+    g: nx.DiGraph[str] = nx.DiGraph()
     for n in range(topo.nodes):
         for d, t in topo.devices.items():
             g.add_node(f"n{n}/{d}", type=t, node=n)

@@ -112,17 +112,22 @@ def pair_weight(
     """PAIR_BYTES units the run of strategy `name` keeps per rank pair of its group (at least
     1); an unknown strategy counts 1 (its own check names it)."""
     strat = STRATEGIES.get(name)
-    fn = None if strat is None else strat.pair_weight
-    if fn is None:
+    if strat is None or strat.pair_weight is None:
         return 1
-    return max(1, math.ceil(fn(layer, {**strat.defaults, **params}, tuple(passes), blocks)))
+    weight = strat.pair_weight(layer, {**strat.defaults, **params}, tuple(passes), blocks)
+    return max(1, math.ceil(weight))
 
 
-def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+def named(name: str) -> Strategy:
+    """The strategy called `name`; a ConfigError naming the known ones where there is none."""
     strat = STRATEGIES.get(name)
     if strat is None:
         raise ConfigError(f"strategy.name: unknown strategy {name!r} (known: {sorted(STRATEGIES)})")
-    defaults = strat.defaults
+    return strat
+
+
+def resolve_params(name: str, params: dict[str, Any]) -> dict[str, Any]:
+    defaults = named(name).defaults
     unknown = set(params) - set(defaults)
     if unknown:
         raise ConfigError(

@@ -29,7 +29,7 @@ fc1 chunk, ...) sit on one stream, which runs them in the order given.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 
 from sim.core.graph import Task
 from sim.workload.memory import BACKWARD, FORWARD
@@ -56,7 +56,7 @@ def place(
     tasks: Iterable[Task],
     nbytes: dict[str, float],
     passes: Iterable[str],
-    roles: dict[str, tuple[Steps, Steps]] | None = None,
+    roles: Mapping[str, tuple[Steps, Steps]] | None = None,
     release: Steps = RELEASE,
     buffer: Namer | None = None,
     prefix: str = "",
@@ -66,7 +66,7 @@ def place(
     the buffer a task writes or reads of `tensor` (default the tensor itself; MPipeMoE's
     ring slots otherwise); `roles`: a builder's own step names where they differ from ROLES;
     `prefix`: put before every buffer name (a layer's buffers apart from another's)."""
-    roles = ROLES | (roles or {})
+    roles = {**ROLES, **(roles or {})}
     namer: Namer = buffer or (lambda tensor, _t: tensor)
     todo = list(tasks)
     fwd = [t for t in todo if t.tags.get("phase") == "fwd"]

@@ -113,7 +113,12 @@ class Strategy:
         schema = self.Params.model_json_schema()
         props = {"name": {"const": self.name, "description": "the strategy"}}
         props |= schema.get("properties", {})
-        out = {"type": "object", "title": self.name, "properties": props, "required": ["name"]}
+        out: dict[str, Any] = {
+            "type": "object",
+            "title": self.name,
+            "properties": props,
+            "required": ["name"],
+        }
         out["additionalProperties"] = False
         if "$defs" in schema:
             out["$defs"] = schema["$defs"]

@@ -17,6 +17,7 @@ under the one rule of `sim.strategies.activations` (every chunk writes a slice o
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
@@ -129,7 +130,7 @@ class _RankBuilder(ComputeSteps):
         """One all-to-all chunk; `reverse` sends expert outputs back to their token owners."""
         tid = self._id(phase, step, j)
         coll = f"L{self.lid}/{phase}/{step}.{j}"
-        common = dict(
+        common: dict[str, Any] = dict(
             deps=deps,
             group=self.group,
             coll=coll,

@@ -167,7 +167,8 @@ class _Weaver:
         )
         if not self.drop:
             return [new]
-        step, phase = t.tags.get("step"), t.tags.get("phase")
+        step = t.tags.get("step")
+        phase: str = t.tags.get("phase", "")  # set on every task with a step (step_tags)
         if step in ("encode", "decode", "decode_grad", "encode_grad"):
             new.bytes += self.extra  # these touch the full (aligned) [E, C, M] buffer
         if step in ("encode", "decode_grad"):
@@ -176,8 +177,8 @@ class _Weaver:
             cut = self._local(rank, phase, what, [new.id])
             return [new, cut]
         if step in ("dispatch", "combine_grad"):
-            cut = "drop_tokens" if phase == "fwd" else "gather_tokens_grad"
-            new.deps = [task_id(rank, 0, phase, cut)]
+            src = "drop_tokens" if phase == "fwd" else "gather_tokens_grad"
+            new.deps = [task_id(rank, 0, phase, src)]
         if step in ("combine", "dispatch_grad"):
             # forward: gather_tokens; backward: the gradient of drop_tokens (an all-gather)
             what = "gather_tokens" if step == "combine" else "drop_tokens_grad"

@@ -200,10 +200,10 @@ def from_spec(
         if pp > 1:
             raise ConfigError(f"{source}.pp: Parm's layout has no pipeline stages; use pp: 1")
         return _overlaid(source, world, tp, esp, ep, dp, gpus_per_node)
-    if ep is None and dp is None:
-        dp = 1
     xpp = f" x pp {pp}" if pp > 1 else ""
     if ep is None:
+        if dp is None:
+            dp = 1
         ep, rem = divmod(world, dp * tp * esp * pp)
         if rem or ep < 1:
             raise ConfigError(
@@ -274,20 +274,23 @@ def replicate(graph: TaskGraph, layout: ParallelLayout) -> TaskGraph:
     return out
 
 
+def _cofactor(source: str, world: int, esp: int, name: str, known: int) -> int:
+    """The size that `known` (the ep or dp given) x esp leaves of the world."""
+    other, rem = divmod(world, known * esp)
+    if rem or other < 1:
+        raise ConfigError(f"{source}: {name} {known} x esp {esp} does not divide the {world} GPUs")
+    return other
+
+
 def _overlaid(
     source: str, world: int, tp: int, esp: int, ep: int | None, dp: int | None, G: int | None
 ) -> ParallelLayout:
     """from_spec for Parm's placement: ep x dp x esp = world, MP groups of tp laid over."""
-    if ep is None and dp is None:
-        dp = 1
-    if ep is None or dp is None:
-        name, known = ("ep", ep) if ep is not None else ("dp", dp)
-        other, rem = divmod(world, known * esp)  # type: ignore[operator]
-        if rem or other < 1:
-            raise ConfigError(
-                f"{source}: {name} {known} x esp {esp} does not divide the {world} GPUs"
-            )
-        ep, dp = (ep, other) if ep is not None else (other, dp)
+    if ep is None:
+        dp = 1 if dp is None else dp
+        ep = _cofactor(source, world, esp, "dp", dp)
+    elif dp is None:
+        dp = _cofactor(source, world, esp, "ep", ep)
     if ep * dp * esp != world:
         raise ConfigError(
             f"{source}: ep {ep} x dp {dp} x esp {esp} = {ep * dp * esp}, but the cluster has "

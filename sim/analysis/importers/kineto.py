@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +74,7 @@ def read(path: str | Path) -> dict[str, Any]:
 
 
 def load(
-    paths: list[str | Path], step: int | None = None
+    paths: Sequence[str | Path], step: int | None = None
 ) -> tuple[TaskGraph, dict[str, tuple[float, float]]]:
     docs = [(Path(p), read(p)) for p in paths]
     ranks = []
@@ -240,8 +241,9 @@ class RankTrace:
                 suffix = f"#{j}" if cuts else ""
                 op = self._op(f"{lane}/{n}{suffix}", stream_c, kn.compute_kind(name), s, t, e)
                 op.lane = lane
-                if j > 0 and cuts[j - 1][2] is not None:
-                    op.deps.append(cuts[j - 1][2])
+                awaited = cuts[j - 1][2] if j > 0 else None
+                if awaited is not None:
+                    op.deps.append(awaited)
                 if prev is not None:
                     self.prev[op.id] = prev
                 prev = op
@@ -257,7 +259,7 @@ class RankTrace:
 
     def _waits(self, e, kids, waits_on) -> list[tuple[float, float, str | None]]:
         """(from, to, awaited task id or None) of the waits inside host op `e`."""
-        cuts = []
+        cuts: list[tuple[float, float, str | None]] = []
         for x in kids:
             g = waits_on.get(id(x))
             a = x["ts"] + x["dur"]
@@ -269,7 +271,8 @@ class RankTrace:
             elif x.get("cat") == "cuda_runtime" and x["name"] in kn.SYNC_CALLS:
                 cuts.append((x["ts"], a, None))  # what it waited for: timeline's inference
         cuts.sort()
-        out, last = [], e["ts"]
+        out: list[tuple[float, float, str | None]] = []
+        last = e["ts"]
         for a, b, d in cuts:  # nested or overlapping waits: keep the first
             if a >= last:
                 out.append((a, b, d))

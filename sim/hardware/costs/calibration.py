@@ -257,7 +257,8 @@ class Calibration:
     ) -> float | None:
         p = self.fit_of(op, dtype)
         if p is not None:
-            return p["alpha"] + p["beta"] * x
+            t: float = p["alpha"] + p["beta"] * x
+            return t
         fits = self.collectives.get(op)
         if not fits:
             if missing:

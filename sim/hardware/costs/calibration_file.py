@@ -69,7 +69,7 @@ def read(path: str | Path) -> dict[str, Any]:
     from sim.core.safeload import load_yaml  # regular file, UTF-8, no alias bombs
 
     p = Path(path)
-    raw = load_yaml(p, "calibration file")
+    raw: object = load_yaml(p, "calibration file")
     if not isinstance(raw, dict):
         raise ConfigError(f"calibration file {p}: expected a mapping with 'compute' and/or "
                           f"'collectives', got {type(raw).__name__}")  # fmt: skip
@@ -199,7 +199,8 @@ def _set(raw: Any, loc: tuple[Any, ...], value: float) -> str | None:
     """Set the number at a pydantic error location (skipping the names pydantic adds for
     union members and validators); its dotted path, or None where the path is not in
     `raw`."""
-    node, path = raw, []
+    node: Any = raw
+    path: list[Any] = []
     for i, key in enumerate(loc):
         present = (isinstance(node, dict) and key in node) or (
             isinstance(node, list) and isinstance(key, int) and 0 <= key < len(node)
@@ -250,7 +251,7 @@ def cost_spec(raw: dict[str, Any]) -> dict[str, Any]:
     shapes = list(raw.get("gemm_shapes") or [])
     if shapes:
 
-        def key(r: dict[str, Any], dt: Any) -> tuple:
+        def key(r: dict[str, Any], dt: Any) -> tuple[Any, ...]:
             return (r.get("batch", 1), r["m"], r["n"], r["k"], dt, r.get("layout", "nn"))
 
         have = {key(r, r.get("dtype")) for r in shapes}

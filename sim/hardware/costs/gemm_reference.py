@@ -22,6 +22,7 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
@@ -89,7 +90,7 @@ class Score:
     worst_pct: float
     worst: str
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"rows": self.rows, "mape_pct": self.mape_pct, "worst_pct": self.worst_pct,
                 "worst": self.worst}  # fmt: skip
 

@@ -16,11 +16,14 @@ then ends exactly when it ended in the measurement (see sim.analysis.replay).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import Task
 from sim.core.kinds import COMPUTE_KINDS
+
+if TYPE_CHECKING:
+    from sim.hardware.costs.compute import ComputeModel
 
 MEASURED_TAG = "measured_s"
 GAP_TAG = "gap_s"
@@ -60,7 +63,7 @@ class _Delegate:
 class MeasuredCompute(_Delegate):
     """Measured durations where a task has one, the wrapped model's elsewhere."""
 
-    inner: Any
+    inner: ComputeModel
 
     def duration(self, task: Task) -> float:
         m = measured(task)
@@ -72,7 +75,7 @@ class ScaledCompute(_Delegate):
     """Compute kinds at `speed` times the wrapped model's speed (what-if `compute.speed`):
     durations divided by `speed`. Copies (d2d phases of collectives) are not compute."""
 
-    inner: Any
+    inner: ComputeModel
     speed: float
 
     def __post_init__(self) -> None:

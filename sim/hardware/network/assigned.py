@@ -56,6 +56,7 @@ def solve_assigned(
     if np.bincount(inc_b, minlength=n).min() == 0:
         return None  # a bundle that crosses no link: leave it to the filling
     a = _valid(n, inc_b, inc_l, inc_m, spare, guess, warm)
+    lam: np.ndarray | None
     lam = np.zeros(nl) if warm is None else np.where(np.isfinite(warm), warm, 0.0)
     for _ in range(MAX_REPAIRS):
         lam = _levels(inc_b, inc_l, inc_m, spare, a, lam)

@@ -8,6 +8,7 @@ layouts) groups the flows of a collective that are equivalent under permutations
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -63,7 +64,7 @@ class BundleAccumulator:
         count: np.ndarray | float,
         nbytes: np.ndarray | float,
         lat: np.ndarray | float,
-        links: list[tuple[np.ndarray, np.ndarray | float]],
+        links: Sequence[tuple[np.ndarray, np.ndarray | float]],
         ranks: np.ndarray,
         rank_b: np.ndarray | None = None,
     ) -> None:

@@ -57,7 +57,8 @@ class FlowNetwork:
         self.now = now
         self.cap = topo.link_cap
         self.carried = np.zeros(topo.num_links)
-        self._scaled_usage = np.zeros(topo.num_links)  # bytes/s per link under a rate scale
+        # bytes/s per link under a rate scale
+        self._scaled_usage: np.ndarray = np.zeros(topo.num_links)
         self.rate_scale = rate_scale
         self.local_min = local_min  # below: always from scratch (tests set 0 to force local)
         self.local_max_share = local_max_share

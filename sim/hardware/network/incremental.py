@@ -66,7 +66,8 @@ class MaxMinState:
 
     def __init__(self, cap: np.ndarray) -> None:
         self.cap = cap
-        self.used = np.zeros(len(cap))  # sum of multiplicity x base rate over live bundles
+        # sum of multiplicity x base rate over live bundles
+        self.used: np.ndarray = np.zeros(len(cap))
         self.top = np.zeros(len(cap))  # largest base rate of a live bundle on the link
         self.assigned = 0  # solves above the floor settled from the previous bottlenecks
         self.filled = 0  # ... and those that fell back to filling
@@ -103,7 +104,7 @@ class MaxMinState:
         rate, froze = progressive_filling(
             len(live), local[t.inc_s[keep]], il, t.inc_m[keep], self.cap[links]
         )
-        moved = live[rate != t.base[live]]
+        moved: np.ndarray = live[rate != t.base[live]]
         t.base[live] = rate
         t.froze[live] = np.where(froze >= 0, links[froze], -1)
         self.refresh_all(t)
@@ -143,7 +144,8 @@ class MaxMinState:
         top = np.zeros(len(links))
         np.maximum.at(top, il, rate[owner])
         self.top[links] = top
-        return var[ch]
+        out: np.ndarray = var[ch]
+        return out
 
     def _fill(
         self,
@@ -223,9 +225,10 @@ class MaxMinState:
             again = np.zeros(len(lf))
             np.maximum.at(again, fseg, t.base[t.inc_s[fpos]])
             self.top[lf] = again
-        return links[
+        out: np.ndarray = links[
             (delta < -self.cap[links] * BOTTLENECK_RTOL) | (rise > top * (1 + BOTTLENECK_RTOL))
         ]
+        return out
 
     def _solve_var(self, t: FlowTable, var: np.ndarray) -> tuple[np.ndarray, ...]:
         """Progressive filling over `var`, every other bundle's load held. Returns the

@@ -63,12 +63,12 @@ def per_flow(
         if same[grp[0]]:
             loc = np.asarray(topo.intra[a][b], dtype=np.int64)
             lat, over = route_cost(topo, topo.intra[a][b], False, alpha)
-            links = na[grp, None] * L + loc[None, :]
+            own = na[grp, None] * L + loc[None, :]
             acc.add(
                 np.ones(len(grp)),
                 nbytes[grp] + over,
                 lat,
-                [(links, 1.0)],
+                [(own, 1.0)],
                 np.stack([src[grp], dst[grp]], axis=1),
             )
             continue
@@ -118,11 +118,14 @@ def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.
 def pair_mask(topo: Topology, src: np.ndarray, dst: np.ndarray, pairs: str) -> np.ndarray:
     """Which (src, dst) pairs a uniform exchange covers: all, same node, or same local index."""
     G = topo.gpus_per_node
+    mask: np.ndarray
     if pairs == "all":
-        return src != dst
-    if pairs == "intra":
-        return (src // G == dst // G) & (src != dst)
-    return (src % G == dst % G) & (src != dst)
+        mask = src != dst
+    elif pairs == "intra":
+        mask = (src // G == dst // G) & (src != dst)
+    else:
+        mask = (src % G == dst % G) & (src != dst)
+    return mask
 
 
 def bundled_uniform(
@@ -182,7 +185,7 @@ def bundled_uniform(
                     continue
                 lat, over = route_cost(topo, sp + dp, trunk, alpha)
                 spa, dpa = np.asarray(sp, dtype=np.int64), np.asarray(dp, dtype=np.int64)
-                links = [
+                links: list[tuple[np.ndarray, np.ndarray | float]] = [
                     (base[None, :, None] + spa, float(n_rel)),
                     (base[None, :, None] + dpa, float(m_rel)),
                 ]

@@ -60,6 +60,13 @@ class FlowTable:
     t0: np.ndarray
     fin: np.ndarray
     key: np.ndarray
+    # the solver's incidences (links where `binding` is set) and their CSR row pointers: the
+    # all_* arrays themselves while every link binds (set by `rebind`)
+    binding: np.ndarray
+    inc_s: np.ndarray
+    inc_l: np.ndarray
+    inc_m: np.ndarray
+    b_ptr: np.ndarray
 
     def __init__(self, num_links: int) -> None:
         self.num_links = num_links
@@ -174,7 +181,8 @@ class FlowTable:
         return pos[live], seg[live]
 
     def ranks_of(self, slots: np.ndarray) -> np.ndarray:
-        return self.rank_r[ranges(self.r_ptr, slots)[0]]
+        ranks: np.ndarray = self.rank_r[ranges(self.r_ptr, slots)[0]]
+        return ranks
 
     def view(self, slots: np.ndarray) -> BundleBatch:
         """`slots` as a BundleBatch (bundle i is slots[i]); what a rate scale reads."""

@@ -9,6 +9,8 @@ asked for (`FlowNetwork.record`): a plain simulation does not pay for it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 
@@ -38,7 +40,10 @@ class ClassTimeline:
 
     def sample(self, t: float, usage: np.ndarray) -> None:
         """The loads (bytes/s per link) in force from time `t` on."""
-        mean = np.bincount(self.cls, weights=usage * self.weight, minlength=len(self.names))
+        # float with weights (the stubs type bincount as integer whatever its arguments)
+        mean: np.ndarray = np.bincount(
+            self.cls, weights=usage * self.weight, minlength=len(self.names)
+        )
         mean /= self.capacity
         share = (usage / self.cap)[self.order]
         top = np.zeros(len(self.names))
@@ -53,7 +58,7 @@ class ClassTimeline:
         self.mean.append(mean)
         self.max.append(top)
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         """{"classes": names, "t": [T] seconds, "mean": [T, C], "max": [T, C]} (fractions)."""
         c = len(self.names)
         return {

@@ -3,7 +3,7 @@ set (fixed, or FasterMoE's greedy rule on the layer's token counts)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from sim.core.errors import ConfigError
 from sim.strategies.fastermoe.rule import greedy_shadow, param_bytes, rule_costs
@@ -23,7 +23,7 @@ def group_layout(world: int, group_size: Any) -> tuple[int, int]:
     return g, world // g
 
 
-def parse_shadow(value: Any, experts: int) -> str | tuple[int, ...]:
+def parse_shadow(value: Any, experts: int) -> Literal["auto"] | tuple[int, ...]:
     """'auto', or the shadowed expert ids (sorted, unique); 'none' / None / [] mean none."""
     if value == "auto":
         return "auto"
@@ -49,7 +49,7 @@ def choose_shadow(
     """The shadow set to build with, and what the rule saw (for reports)."""
     shadow = parse_shadow(params["shadow"], layer.experts)
     if shadow != "auto":
-        return shadow, {"selector": "fixed", "shadow": list(shadow)}  # type: ignore[arg-type]
+        return shadow, {"selector": "fixed", "shadow": list(shadow)}
     costs = rule_costs(layer, cluster)
     chosen, trail = greedy_shadow(
         layer.tokens_matrix,

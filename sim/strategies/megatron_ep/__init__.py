@@ -109,7 +109,7 @@ def model_fields(
 ) -> dict[str, Any]:
     """layers, heads, kv_heads, head_dim, shared, flash, mla: the parameters, else `blocks`,
     else defaults."""
-    base = {"layers": 2, "heads": max(1, layer.model_dim // 128), "kv_heads": None,
+    base: dict[str, Any] = {"layers": 2, "heads": max(1, layer.model_dim // 128), "kv_heads": None,
             "head_dim": None, "shared": 0, "flash": True, "mla": None}  # fmt: skip
     if blocks is not None:
         base = {

@@ -53,7 +53,7 @@ def moe_tensors(
             sent = float(T)
         else:
             kw, sent = {"received_rows": float(P * T)}, float(T)
-        out.append(layer_tensors(sent, m, M, H, e, **kw))  # type: ignore[arg-type]
+        out.append(layer_tensors(sent, m, M, H, e, **kw))
     return out
 
 

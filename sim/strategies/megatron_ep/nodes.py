@@ -58,6 +58,9 @@ from sim.workload.blocks import (
 )
 from sim.workload.moe import MoELayer
 
+# a node's memory: (allocs of its first task, frees of its last)
+_Mem = tuple[dict[str, float], list[str]]
+
 DISPATCHERS = ("alltoall", "allgather", "flex")
 COMM = "comm"  # the EP communication stream (Megatron's one comm stream)
 COPY = "copy"  # the counts' copy to the host
@@ -324,7 +327,7 @@ class Emitter:
     # their operators' backward reads (`Op.kept`) until their weight gradients; the MoE part's
     # tensors are every MoE builder's (`sim.strategies.megatron_ep.memory.place_moe`).
     def attn_fwd(self, mb: int, lid: int, deps: list[str]) -> str:
-        mem = ({self._buf(mb, lid, "attn"): kept_bytes(self.s.attn)}, [])
+        mem: _Mem = ({self._buf(mb, lid, "attn"): kept_bytes(self.s.attn)}, [])
         return self._compute(mb, lid, "fwd", "attn", self._fwd_items(self.s.attn), deps, mem=mem)
 
     def dispatch_fwd(self, mb: int, lid: int, attn: str) -> str:
@@ -355,13 +358,14 @@ class Emitter:
         """The shared experts on their own stream (overlap on), else None (they are in mlp)."""
         if not self.s.shared or not self.shared_overlap:
             return None
-        mem = ({self._buf(mb, lid, "shared"): kept_bytes(self.s.shared)}, [])
+        mem: _Mem = ({self._buf(mb, lid, "shared"): kept_bytes(self.s.shared)}, [])
         return self._compute(
             mb, lid, "fwd", "shared", self._fwd_items(self.s.shared), [attn], SHARED, mem=mem
         )
 
     def mlp_fwd(self, mb: int, lid: int, dispatched: str, attn: str) -> str:
-        ops, mem = self._mlp_ops(), None
+        ops = self._mlp_ops()
+        mem: _Mem | None = None
         if self.s.shared and not self.shared_overlap:  # the shared experts run in this node
             mem = ({self._buf(mb, lid, "shared"): kept_bytes(self.s.shared)}, [])
         return self._compute(mb, lid, "fwd", "mlp", self._fwd_items(ops), [dispatched], mem=mem)
@@ -384,7 +388,7 @@ class Emitter:
     def shared_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str | None:
         if not self.s.shared or not self.shared_overlap:
             return None
-        mem = ({}, [self._buf(mb, lid, "shared")])
+        mem: _Mem = ({}, [self._buf(mb, lid, "shared")])
         return self._compute(
             mb, lid, "bwd", "shared_dw", _bwd(self.s.shared, "dW"), deps, SHARED, "dW", mem
         )
@@ -396,7 +400,7 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "mlp", _bwd(self._mlp_ops(), "dX"), [got], role="dX")
 
     def mlp_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        mem = None
+        mem: _Mem | None = None
         if self.s.shared and not self.shared_overlap:
             mem = ({}, [self._buf(mb, lid, "shared")])
         return self._compute(
@@ -410,7 +414,7 @@ class Emitter:
         return self._compute(mb, lid, "bwd", "attn", _bwd(self.s.attn, "dX"), deps, role="dX")
 
     def attn_bwd_dw(self, mb: int, lid: int, deps: list[str]) -> str:
-        mem = ({}, [self._buf(mb, lid, "attn")])
+        mem: _Mem = ({}, [self._buf(mb, lid, "attn")])
         return self._compute(
             mb, lid, "bwd", "attn_dw", _bwd(self.s.attn, "dW"), deps, role="dW", mem=mem
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -291,7 +292,8 @@ class _Rank:
         CG, DG, RD = ids("combine_grad"), ids("dispatch_grad"), ids("redispatch")
         HDI, HM, RC = ids("restore_di"), ids("restore_m"), ids("fc1_recompute")
         F2W, F1D, F1W = ids("fc2_wgrad"), ids("fc1_dgrad"), ids("fc1_wgrad")
-        di_ready = {"offload": HDI, "comm": RD}.get(di_how)  # type: ignore[arg-type]
+        ready: dict[str | None, Callable[[int], str]] = {"offload": HDI, "comm": RD}
+        di_ready = ready.get(di_how)  # None: T_DI stays resident
         head = self._compute(
             P,
             "decode_grad",
@@ -317,7 +319,10 @@ class _Rank:
             j = j_of[p]
             fc1, fc2 = self.plan[j].shapes(self.rank)
             if m_how == "recompute" and p >= 1:
-                rdeps = [di_ready(p)] if p >= self.double else []  # else T_DI is resident
+                rdeps = []  # T_DI is resident
+                if p >= self.double:  # T_DI is offloaded or re-sent: restored before
+                    assert di_ready is not None
+                    rdeps = [di_ready(p)]
                 self._gemm(P, "fc1_recompute", j, fc1, rdeps)
             d2 = self._gemm(P, "fc2_dgrad", j, _dgrad(fc2), [CG(p)])
             deps = [d2.id]
