@@ -218,3 +218,14 @@ def test_bad_changes(base, sets, kw, match):
     with pytest.raises(ConfigError, match=match) as e:
         whatif(b, sets, **kw)
     assert "\n" not in str(e.value)
+
+
+def test_a_graph_object_with_measured_times_is_a_replay():
+    """An in-memory graph whose tasks carry measured times is replayed (its times kept), as
+    the same graph read from a file is; one without them is a plain graph."""
+    from sim.analysis.whatif import load_base
+
+    g = _gemms([1e12])
+    assert load_base(g) == ("graph", g)
+    g.tasks["g0"].tags["measured_s"] = 0.25
+    assert load_base(g) == ("replay", g)

@@ -100,9 +100,7 @@ def load_base(base: Any) -> tuple[str, Any]:
     if isinstance(base, RunConfig):
         return "config", base
     if isinstance(base, TaskGraph):
-        # BUG, kept as it is (a typing change changes no behaviour): this nests the pair, so
-        # a TaskGraph object is never taken for a replay; `return _graph_kind(base)` is meant
-        return _graph_kind(base), base  # type: ignore[return-value]
+        return _graph_kind(base)
     if isinstance(base, dict):
         if "tasks" in base and "schema_version" in base:
             return _graph_kind(TaskGraph.from_dict(base))

@@ -98,13 +98,16 @@ class _Emitter:
         seconds: float,
         deps: list[str],
         tags: dict | None = None,
-        **kw: object,
+        peer: int | None = None,
+        coll: str | None = None,
     ) -> str:
+        """A timed task; a collective of one member (its time measured already) or a
+        send / receive to `peer`."""
         self.n += 1
         tid = f"s{self.stage}.{name}#{self.n}"
         group = None
         if kind in ("all_to_all", "all_gather", "reduce_scatter"):
-            group, kw = [self.rank], {**kw, "coll": tid}
+            group, coll = [self.rank], tid
         self.g.add(
             Task(
                 tid,
@@ -113,10 +116,12 @@ class _Emitter:
                 kind,
                 deps=[d for d in deps if d],
                 group=group,
+                coll=coll,
+                peer=peer,
+                bytes=1.0 if peer is not None else 0.0,
                 tags={"measured_s": float(seconds), **(tags or {})},
-                **kw,
             )
-        )  # type: ignore[arg-type]
+        )
         return tid
 
 
@@ -254,7 +259,6 @@ def _post_transfers(
                 p2p_s,
                 [],
                 peer=ranks[src_stage],
-                bytes=1.0,
                 coll=f"p2p.{pk}.{m}.{src}",
             )
     return out
@@ -284,6 +288,5 @@ def _send(
         p2p_s,
         [done[(pk, m, v, 0)]],
         peer=ranks[dst % pp],
-        bytes=1.0,
         coll=f"p2p.{pk}.{m}.{v}",
     )

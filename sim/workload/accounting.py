@@ -74,7 +74,7 @@ def token_counts(layer: MoELayer, dropless: bool = False, shared_by: int = 1) ->
     }
 
 
-def bytes_per_param(dtype_bytes: int, training: bool) -> dict[str, int]:
+def bytes_per_param(dtype_bytes: float, training: bool) -> dict[str, float]:
     """Weights, gradients and optimizer states per parameter (module doc)."""
     if not training:
         return {"weights": dtype_bytes, "gradients": 0, "optimizer": 0}

@@ -259,7 +259,7 @@ def kept_bytes(ops: list[Op]) -> float:
     return float(sum(op.kept for op in ops))
 
 
-def gemm(name: str, b: int, m: int, n: int, k: int, e: int, params: int = 0) -> Op:
+def gemm(name: str, b: int, m: int, n: int, k: int, e: float, params: int = 0) -> Op:
     """y[b, m, n] = x[b, m, k] @ w[b, k, n]: 2bmnk flops, each operand read or written once.
     Its backward keeps x for the weight gradient, or both operands when w is an activation
     (attention's scores and context)."""
@@ -279,7 +279,7 @@ def attention_ops(
     L: int,
     M: int,
     heads: int,
-    e: int,
+    e: float,
     flash: bool,
     mla: MLA | None = None,
     *,
@@ -322,7 +322,7 @@ def attention_ops(
     return ops
 
 
-def _mla_projections(T: int, M: int, heads: int, e: int, a: MLA) -> list[Op]:
+def _mla_projections(T: int, M: int, heads: int, e: float, a: MLA) -> list[Op]:
     """MLA's query and key/value projections: down, RMSNorm, up (the latent's RoPE part
     goes straight to the keys)."""
     def norm(name: str, d: int) -> Op:  # RMSNorm: weight only
@@ -341,12 +341,12 @@ def _mla_projections(T: int, M: int, heads: int, e: int, a: MLA) -> list[Op]:
     return q + kv
 
 
-def residual(name: str, T: int, M: int, e: int) -> Op:
+def residual(name: str, T: int, M: int, e: float) -> Op:
     """x + f(x): two reads and a write of T x M; its backward keeps nothing (an add)."""
     return Op(name, "elementwise", float(T * M), float(3 * e * T * M), saved=0.0)
 
 
-def dense_ffn_ops(prefix: str, T: int, M: int, F: int, e: int) -> list[Op]:
+def dense_ffn_ops(prefix: str, T: int, M: int, F: int, e: float) -> list[Op]:
     """fc1 -> GELU -> fc2 with F hidden units (`prefix` names a shared expert's)."""
     return [
         gemm(f"{prefix}fc1", 1, T, F, M, e, params=M * F + F),

@@ -218,5 +218,5 @@ class GemmModel:
                 out.append(Candidate((tm, tn), s, waves, compute, memory, total))
         return out
 
-    def aligned(self, elem: int, m: int, n: int, k: int, layout: str) -> bool:
+    def aligned(self, elem: float, m: int, n: int, k: int, layout: str) -> bool:
         return all(ld * elem % self.alignment_bytes == 0 for ld in leading_dims(m, n, k, layout))

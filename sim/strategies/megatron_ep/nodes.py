@@ -82,7 +82,7 @@ class LayerSpec:
     ag_bytes: float = 0.0  # allgather: one rank's tokens (bf16)
     count_bytes: float = 0.0  # the counts one rank sends before a forward dispatch (0: none)
     host_count_bytes: float = 0.0  # the counts it then copies to the host
-    elem: int = 2  # bytes of an activation element
+    elem: float = 2  # bytes of an activation element
     tensors: list[dict[str, float]] = field(default_factory=list)  # per rank (place_moe)
 
 
@@ -156,7 +156,7 @@ def layer_spec(
     return spec
 
 
-def _order_attention(att: list[Op], T: int, M: int, E: int, e: int) -> list[Op]:
+def _order_attention(att: list[Op], T: int, M: int, E: int, e: float) -> list[Op]:
     """res2 (the previous layer's residual), LN1 .. output projection (`att`), res1, LN2,
     router."""
     ln = att[0]

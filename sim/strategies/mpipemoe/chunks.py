@@ -98,7 +98,7 @@ def _flops(s: dict) -> float:
     return 2.0 * s["batch"] * s["m"] * s["n"] * s["k"]
 
 
-def _gemm_bytes(s: dict, elem: int) -> float:
+def _gemm_bytes(s: dict, elem: float) -> float:
     b, m, n, k = s["batch"], s["m"], s["n"], s["k"]
     return float(elem * b * (m * k + m * n + k * n))
 

@@ -272,6 +272,6 @@ def _d(dep: Dep) -> list[str]:
     return [dep] if isinstance(dep, str) else list(dep)
 
 
-def _gb(e: int, s: dict) -> float:
+def _gb(e: float, s: dict) -> float:
     b, m, n, k = s["batch"], s["m"], s["n"], s["k"]
     return float(e * b * (m * k + m * n + k * n))
