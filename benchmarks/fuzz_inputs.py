@@ -41,8 +41,16 @@ from benchmarks.common import cpu_model  # noqa: E402
 from tests import bad_inputs as B  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "results"
-VERDICTS = ("traceback", "hang", "nonsense_accepted", "nonfinite_output", "memory_error",
-            "messy_rejection", "clean_rejection", "accepted")  # fmt: skip
+VERDICTS = (
+    "traceback",
+    "hang",
+    "nonsense_accepted",
+    "nonfinite_output",
+    "memory_error",
+    "messy_rejection",
+    "clean_rejection",
+    "accepted",
+)
 BAD = VERDICTS[:6]
 
 
@@ -86,6 +94,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, B.Case]]:
     out += [("extreme", c) for c in B.extreme_cases()]
     out += [("faults", c) for c in B.fault_cases()]
     out += [("exec", c) for c in B.exec_cases()]
+    out += [("predict", c) for c in B.predict_cases()]
     return out
 
 
@@ -194,16 +203,25 @@ class Pool:
 
 def _row(fc: tuple[str, B.Case], verdict: str, detail: str, wall: float) -> dict[str, Any]:
     family, case = fc
-    return {"family": family, "case": case.name, "argv": case.argv, "expect": case.expect,
-            "verdict": verdict, "detail": detail, "wall_s": round(wall, 3)}  # fmt: skip
+    return {
+        "family": family,
+        "case": case.name,
+        "argv": case.argv,
+        "expect": case.expect,
+        "verdict": verdict,
+        "detail": detail,
+        "wall_s": round(wall, 3),
+    }
 
 
 # -- report -----------------------------------------------------------------------------------
 
 
 def machine() -> str:
-    return (f"{cpu_model()}, {os.cpu_count()} cores (shared), {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}")  # fmt: skip
+    return (
+        f"{cpu_model()}, {os.cpu_count()} cores (shared), {platform.system()} "
+        f"{platform.release()}, Python {platform.python_version()}"
+    )
 
 
 def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:

@@ -60,20 +60,41 @@ def split(df: pd.DataFrame) -> dict[str, pd.DataFrame]:
 
 
 # -- the fit (in-sample rows only) -----------------------------------------------------------
-FITTED = ("eff_tc", "eff_tf32", "eff_fp32", "tile_overhead_k", "launch_s", "read_efficiency",
-          "write_efficiency", "split_k_s")  # fmt: skip
-BOUNDS = [(0.5, 1.0), (0.4, 1.0), (0.4, 1.0), (0.0, 256.0), (2e-6, 25e-6), (0.4, 1.0),
-          (0.3, 1.0), (0.0, 1e-5)]  # fmt: skip
+FITTED = (
+    "eff_tc",
+    "eff_tf32",
+    "eff_fp32",
+    "tile_overhead_k",
+    "launch_s",
+    "read_efficiency",
+    "write_efficiency",
+    "split_k_s",
+)
+BOUNDS = [
+    (0.5, 1.0),
+    (0.4, 1.0),
+    (0.4, 1.0),
+    (0.0, 256.0),
+    (2e-6, 25e-6),
+    (0.4, 1.0),
+    (0.3, 1.0),
+    (0.0, 1e-5),
+]
 
 
 def with_params(base: GemmModel, x: list[float]) -> GemmModel:
     p = dict(zip(FITTED, x))
     eff = {"bf16": p["eff_tc"], "fp16": p["eff_tc"], "tf32": p["eff_tf32"], "fp32": p["eff_fp32"]}
     return replace(
-        base, efficiency=eff, tile_overhead_k=p["tile_overhead_k"], launch_s=p["launch_s"],
-        read_efficiency=p["read_efficiency"], write_efficiency=p["write_efficiency"],
-        split_k_s=p["split_k_s"], _cache={},
-    )  # fmt: skip
+        base,
+        efficiency=eff,
+        tile_overhead_k=p["tile_overhead_k"],
+        launch_s=p["launch_s"],
+        read_efficiency=p["read_efficiency"],
+        write_efficiency=p["write_efficiency"],
+        split_k_s=p["split_k_s"],
+        _cache={},
+    )
 
 
 def fit(base: GemmModel, rows: pd.DataFrame) -> GemmModel:
@@ -143,8 +164,12 @@ def exec_trace_aside(model: GemmModel) -> list[dict]:
     if not path.is_file():
         return []
     c, m, h = 19661, 4096, 14336
-    shapes = {"fc1": (c, h, m, "nn"), "fc2": (c, m, h, "nn"), "fc2_dgrad": (c, h, m, "nt"),
-              "fc1_dgrad": (c, m, h, "nt")}  # fmt: skip
+    shapes = {
+        "fc1": (c, h, m, "nn"),
+        "fc2": (c, m, h, "nn"),
+        "fc2_dgrad": (c, h, m, "nt"),
+        "fc1_dgrad": (c, m, h, "nt"),
+    }
     t = pd.read_csv(path)
     out = []
     for r in t[t["kind"] == "gemm"].itertuples():
@@ -153,8 +178,14 @@ def exec_trace_aside(model: GemmModel) -> list[dict]:
             continue  # the materialised wgrads: see unaligned_from_exec_trace
         mm, nn, kk, lay = shapes[step]
         pred = model.seconds("bf16", 2, mm, nn, kk, lay)
-        out.append({"task": r.id, "measured_s": r.measured_s, "predicted_s": pred,
-                    "error_pct": 100 * (pred / r.measured_s - 1)})  # fmt: skip
+        out.append(
+            {
+                "task": r.id,
+                "measured_s": r.measured_s,
+                "predicted_s": pred,
+                "error_pct": 100 * (pred / r.measured_s - 1),
+            }
+        )
     return out
 
 
@@ -170,10 +201,13 @@ def main(argv: list[str] | None = None) -> int:
     parts = split(df)
     if a.fit:
         model = fit(model, parts["in_sample"])
-        print("fitted:", {k: round(v, 4) for k, v in model.efficiency.items()},
-              f"tile_overhead_k {model.tile_overhead_k:.1f} launch_s {model.launch_s:.3g} "
-              f"read {model.read_efficiency:.3f} write {model.write_efficiency:.3f} "
-              f"split_k_s {model.split_k_s:.3g}")  # fmt: skip
+        print(
+            "fitted:",
+            {k: round(v, 4) for k, v in model.efficiency.items()},
+            f"tile_overhead_k {model.tile_overhead_k:.1f} launch_s {model.launch_s:.3g} "
+            f"read {model.read_efficiency:.3f} write {model.write_efficiency:.3f} "
+            f"split_k_s {model.split_k_s:.3g}",
+        )
         print("unaligned_efficiency from exec_trace_big_layer.csv:", unaligned_from_exec_trace())
     scored = {k: predict(model, v) for k, v in parts.items()}
     scores = {k: score(v).as_dict() for k, v in scored.items()}
@@ -192,8 +226,10 @@ def main(argv: list[str] | None = None) -> int:
         atomic_write_text(OUT / "gpu_model_h100.json", json.dumps(result, indent=1))
         atomic_write_text(OUT / "gpu_model_h100.md", report(result))
     for k, s in scores.items():
-        print(f"{k:10s} {s['rows']:3d} rows  MAPE {s['mape_pct']:5.1f}%  worst "
-              f"{s['worst_pct']:5.1f}%  {s['worst']}")  # fmt: skip
+        print(
+            f"{k:10s} {s['rows']:3d} rows  MAPE {s['mape_pct']:5.1f}%  worst "
+            f"{s['worst_pct']:5.1f}%  {s['worst']}"
+        )
     return 0
 
 
@@ -249,9 +285,13 @@ def report(r: dict) -> str:
             "higher on data that toggles fewer bits, a likely cause (not measured here). The "
             "model follows the randn files.",
         ]
-    lines += ["", "## Every row", "", "| part | bench | dtype | b | m | n | k | layout | "
-              "measured (us) | model (us) | error |", "|---|---|---|---:|---:|---:|---:|---|"
-              "---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "## Every row",
+        "",
+        "| part | bench | dtype | b | m | n | k | layout | measured (us) | model (us) | error |",
+        "|---|---|---|---:|---:|---:|---:|---|---:|---:|---:|",
+    ]
     for x in r["rows"]:
         lines.append(
             f"| {x['part']} | {x['bench']} | {x['dtype']} | {x['batch']} | {x['m']} | {x['n']} "

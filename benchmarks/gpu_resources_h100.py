@@ -112,9 +112,13 @@ def fit(spin: pd.DataFrame, cont: pd.DataFrame, S: int = 132, mem_bw: float = 3.
             pred = sm * np.maximum(0.05, 1 - mu * np.maximum(0, u - u0))
             e = float(np.sum((pred / yc - 1) ** 2))
             best = min(best, (e, u0, mu))
-    return {"sm_penalty": round(float(p), 3), "sm_share": round(float(b), 3),
-            "sm_bw": float(f"{sm_bw:.3g}"), "mem_knee": round(float(best[1]), 3),
-            "mem_slope": round(float(best[2]), 3)}  # fmt: skip
+    return {
+        "sm_penalty": round(float(p), 3),
+        "sm_share": round(float(b), 3),
+        "sm_bw": float(f"{sm_bw:.3g}"),
+        "mem_knee": round(float(best[1]), 3),
+        "mem_slope": round(float(best[2]), 3),
+    }
 
 
 # -- score -----------------------------------------------------------------------------------
@@ -125,26 +129,53 @@ def score() -> dict:
     rows = []
     for _, r in spin.iterrows():
         k = int(r["sms_spinning"])
-        rows.append({"file": "sm_spin.csv", "case": f"spin on {k} SMs", "sms": k,
-                     "measured": float(r["gemm_speed"]), "simulated": beside_spin(k)})  # fmt: skip
+        rows.append(
+            {
+                "file": "sm_spin.csv",
+                "case": f"spin on {k} SMs",
+                "sms": k,
+                "measured": float(r["gemm_speed"]),
+                "simulated": beside_spin(k),
+            }
+        )
     for _, r in cont.iterrows():
         k = int(r["sms"])
         nbytes = 2 * 256 * 2**20 * 400.0  # outlasts the GEMM at any k
         sp, t_both, t_alone = beside_copy(k, nbytes)
-        rows.append({"file": "sm_contention.csv", "case": f"copy kernel on {k} SMs", "sms": k,
-                     "measured": float(r["gemm_speed"]), "simulated": sp,
-                     "copy_alone_GBps_measured": float(r["copy_alone_GBps"]),
-                     "copy_alone_GBps_simulated": nbytes / t_alone / 1e9,
-                     "copy_with_gemm_GBps_measured": float(r["copy_with_gemm_GBps"]),
-                     "copy_with_gemm_GBps_simulated": nbytes / t_both / 1e9})  # fmt: skip
+        rows.append(
+            {
+                "file": "sm_contention.csv",
+                "case": f"copy kernel on {k} SMs",
+                "sms": k,
+                "measured": float(r["gemm_speed"]),
+                "simulated": sp,
+                "copy_alone_GBps_measured": float(r["copy_alone_GBps"]),
+                "copy_alone_GBps_simulated": nbytes / t_alone / 1e9,
+                "copy_with_gemm_GBps_measured": float(r["copy_with_gemm_GBps"]),
+                "copy_with_gemm_GBps_simulated": nbytes / t_both / 1e9,
+            }
+        )
     g_d2h, c_d2h, _ = beside_d2h()
     m_alone = float(micro.loc["alone_gemm", "t_med_s"])
     m_d2h = micro.loc["overlap_gemm_with_d2h"]
-    rows.append({"file": "h100_micro.csv", "case": "pinned d2h 512 MiB (copy engine): GEMM",
-                 "sms": 0, "measured": m_alone / float(m_d2h["t_med_s"]), "simulated": g_d2h})  # fmt: skip
-    rows.append({"file": "h100_micro.csv", "case": "pinned d2h 512 MiB (copy engine): d2h",
-                 "sms": 0, "measured": float(micro.loc["alone_d2h", "t_med_s"]) / float(m_d2h["t_min_s"]),
-                 "simulated": c_d2h})  # fmt: skip
+    rows.append(
+        {
+            "file": "h100_micro.csv",
+            "case": "pinned d2h 512 MiB (copy engine): GEMM",
+            "sms": 0,
+            "measured": m_alone / float(m_d2h["t_med_s"]),
+            "simulated": g_d2h,
+        }
+    )
+    rows.append(
+        {
+            "file": "h100_micro.csv",
+            "case": "pinned d2h 512 MiB (copy engine): d2h",
+            "sms": 0,
+            "measured": float(micro.loc["alone_d2h", "t_med_s"]) / float(m_d2h["t_min_s"]),
+            "simulated": c_d2h,
+        }
+    )
     m_d2d = micro.loc["overlap_gemm_with_d2d"]
     d2d_bytes = 2.0 * MIB512  # read + write
     slow_meas = float(m_d2d["t_min_s"]) / float(micro.loc["alone_d2d", "t_med_s"])
@@ -152,16 +183,34 @@ def score() -> dict:
     while k < 132 and beside_copy(k, d2d_bytes)[1] > float(m_d2d["t_min_s"]):
         k += 1
     sp, t_both, t_alone = beside_copy(k, d2d_bytes)
-    rows.append({"file": "h100_micro.csv", "case": f"device copy 512 MiB (kernel, inferred {k} SMs): GEMM",
-                 "sms": k, "measured": m_alone / float(m_d2d["t_med_s"]), "simulated": sp})  # fmt: skip
-    rows.append({"file": "h100_micro.csv", "case": f"device copy 512 MiB (kernel, inferred {k} SMs): copy slowdown x",
-                 "sms": k, "measured": slow_meas, "simulated": t_both / gemm_copy_alone(d2d_bytes),
-                 "fitted": True})  # fmt: skip
+    rows.append(
+        {
+            "file": "h100_micro.csv",
+            "case": f"device copy 512 MiB (kernel, inferred {k} SMs): GEMM",
+            "sms": k,
+            "measured": m_alone / float(m_d2d["t_med_s"]),
+            "simulated": sp,
+        }
+    )
+    rows.append(
+        {
+            "file": "h100_micro.csv",
+            "case": f"device copy 512 MiB (kernel, inferred {k} SMs): copy slowdown x",
+            "sms": k,
+            "measured": slow_meas,
+            "simulated": t_both / gemm_copy_alone(d2d_bytes),
+            "fitted": True,
+        }
+    )
     for r in rows:
         r["error_pct"] = 100.0 * (r["simulated"] / r["measured"] - 1)
-    return {"machine": MACHINE, "preset": "dgx-h100",
-            "resources": Topology.load("dgx-h100", nodes=1).gpu.get("resources"),
-            "fit": fit(spin, cont), "rows": rows}  # fmt: skip
+    return {
+        "machine": MACHINE,
+        "preset": "dgx-h100",
+        "resources": Topology.load("dgx-h100", nodes=1).gpu.get("resources"),
+        "fit": fit(spin, cont),
+        "rows": rows,
+    }
 
 
 def gemm_copy_alone(nbytes: float) -> float:
@@ -173,35 +222,52 @@ def write(data: dict) -> None:
     atomic_write_text(OUT / "gpu_resources_h100.json", json.dumps(data, indent=2) + "\n")
     errs = [abs(r["error_pct"]) for r in data["rows"] if not r.get("fitted")]
     inside = [abs(r["error_pct"]) for r in data["rows"] if not r.get("fitted") and r["sms"] <= 48]
-    md = ["# GPU-internal resources: simulated vs measured GEMM slowdown on an H100 SXM", "",
-          f"Machine: {MACHINE}. Data: `shared/reference/measurements/h100-sxm-2026-11-23`. "
-          "Model: `dgx-h100` `gpu.resources` (sim.hardware.costs.resources). "
-          "`python benchmarks/gpu_resources_h100.py`.", "",
-          f"Preset parameters: `{data['resources']}`; a refit today gives `{data['fit']}`.", "",
-          f"Mean |error| over the GEMM speeds: {np.mean(inside):.1f}% (worst {max(inside):.1f}%) over the "
-          f"{len(inside)} rows with at most 48 SMs reserved (the fit's range); {np.mean(errs):.1f}% "
-          f"(worst {max(errs):.1f}%) over all {len(errs)}.", "",
-          "| file | case | measured | simulated | error |", "|---|---|---:|---:|---:|"]  # fmt: skip
+    md = [
+        "# GPU-internal resources: simulated vs measured GEMM slowdown on an H100 SXM",
+        "",
+        f"Machine: {MACHINE}. Data: `shared/reference/measurements/h100-sxm-2026-11-23`. "
+        "Model: `dgx-h100` `gpu.resources` (sim.hardware.costs.resources). "
+        "`python benchmarks/gpu_resources_h100.py`.",
+        "",
+        f"Preset parameters: `{data['resources']}`; a refit today gives `{data['fit']}`.",
+        "",
+        f"Mean |error| over the GEMM speeds: {np.mean(inside):.1f}% (worst {max(inside):.1f}%) over the "
+        f"{len(inside)} rows with at most 48 SMs reserved (the fit's range); {np.mean(errs):.1f}% "
+        f"(worst {max(errs):.1f}%) over all {len(errs)}.",
+        "",
+        "| file | case | measured | simulated | error |",
+        "|---|---|---:|---:|---:|",
+    ]
     for r in data["rows"]:
         tag = " (fitted)" if r.get("fitted") else ""
         md.append(
             f"| {r['file']} | {r['case']}{tag} | {r['measured']:.3f} | {r['simulated']:.3f} | {r['error_pct']:+.1f}% |"
         )
-    md += ["", "Copy kernel bandwidth (sm_contention.csv; the model does not slow a reserving kernel, so its "
-           "bandwidth beside the GEMM is its alone bandwidth):", "",
-           "| SMs | alone measured GB/s | alone simulated | with GEMM measured | with GEMM simulated |",
-           "|---:|---:|---:|---:|---:|"]  # fmt: skip
+    md += [
+        "",
+        "Copy kernel bandwidth (sm_contention.csv; the model does not slow a reserving kernel, so its "
+        "bandwidth beside the GEMM is its alone bandwidth):",
+        "",
+        "| SMs | alone measured GB/s | alone simulated | with GEMM measured | with GEMM simulated |",
+        "|---:|---:|---:|---:|---:|",
+    ]
     for r in data["rows"]:
         if "copy_alone_GBps_measured" in r:
-            md.append(f"| {r['sms']} | {r['copy_alone_GBps_measured']:.0f} | {r['copy_alone_GBps_simulated']:.0f} "
-                      f"| {r['copy_with_gemm_GBps_measured']:.0f} | {r['copy_with_gemm_GBps_simulated']:.0f} |")  # fmt: skip
-    md += ["", "Notes: rows of sm_contention.csv above 48 SMs are outside the fit (sm_spin.csv stops at 48): "
-           "there the copy kernel holds more than a third of the SMs and the GEMM's measured speed flattens at "
-           "~0.4 (the copy's blocks, one per SM with 120 KB of shared memory, leave the GEMM room it still uses) "
-           "while the model's keeps falling with the SMs, to 0.04 when all 132 are taken (it caps the reservation "
-           "at 131). The memory term is a knee: a streaming neighbour below ~6% of HBM bandwidth costs only its "
-           "SMs, so the copy on 1-4 SMs slows the GEMM 4-6% less than measured. The model does not slow the "
-           "reserving kernel itself (measured: the copy loses 10-35% beside the GEMM).", ""]  # fmt: skip
+            md.append(
+                f"| {r['sms']} | {r['copy_alone_GBps_measured']:.0f} | {r['copy_alone_GBps_simulated']:.0f} "
+                f"| {r['copy_with_gemm_GBps_measured']:.0f} | {r['copy_with_gemm_GBps_simulated']:.0f} |"
+            )
+    md += [
+        "",
+        "Notes: rows of sm_contention.csv above 48 SMs are outside the fit (sm_spin.csv stops at 48): "
+        "there the copy kernel holds more than a third of the SMs and the GEMM's measured speed flattens at "
+        "~0.4 (the copy's blocks, one per SM with 120 KB of shared memory, leave the GEMM room it still uses) "
+        "while the model's keeps falling with the SMs, to 0.04 when all 132 are taken (it caps the reservation "
+        "at 131). The memory term is a knee: a streaming neighbour below ~6% of HBM bandwidth costs only its "
+        "SMs, so the copy on 1-4 SMs slows the GEMM 4-6% less than measured. The model does not slow the "
+        "reserving kernel itself (measured: the copy loses 10-35% beside the GEMM).",
+        "",
+    ]
     atomic_write_text(OUT / "gpu_resources_h100.md", "\n".join(md) + "\n")
     print("\n".join(md))
 

@@ -94,12 +94,19 @@ def main() -> None:
     rows = []
     for topo in ("p4de-a100", "p3dn-v100"):
         for preset in ("gpt2-s-moe", "gpt2-l-moe"):
-            tutel = {d: one(topo, args.nodes, preset, {"name": "tutel", "degree": d})
-                     for d in (1, 2, 4, 8)}  # fmt: skip
+            tutel = {
+                d: one(topo, args.nodes, preset, {"name": "tutel", "degree": d})
+                for d in (1, 2, 4, 8)
+            }
             d = min(tutel, key=lambda x: tutel[x]["step_ms"])
             base = tutel[d]
-            row = {"topology": topo, "model": preset, "gpus": args.nodes * 8,
-                   "tutel_degree": d, "tutel": base}  # fmt: skip
+            row = {
+                "topology": topo,
+                "model": preset,
+                "gpus": args.nodes * 8,
+                "tutel_degree": d,
+                "tutel": base,
+            }
             for name, p in VARIANTS.items():
                 v = one(topo, args.nodes, preset, {"name": "lancet", "degree": d, **p})
                 v["a2a_reduction"] = 1 - v["a2a_ms"] / base["a2a_ms"]
@@ -129,8 +136,10 @@ def main() -> None:
     ]
     for r in rows:
         t = r["tutel"]
-        head = (f"| {r['topology']} | {r['model']} | ({r['tutel_degree']}) "
-                f"{t['step_ms']:.1f} / {t['a2a_ms']:.1f} ")  # fmt: skip
+        head = (
+            f"| {r['topology']} | {r['model']} | ({r['tutel_degree']}) "
+            f"{t['step_ms']:.1f} / {t['a2a_ms']:.1f} "
+        )
         for name in VARIANTS:
             v = r[name]
             info = v["lancet"] or {}

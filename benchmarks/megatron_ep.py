@@ -37,14 +37,22 @@ from sim.workload.blocks import PRESETS
 from sim.workload.moe import MoELayer
 
 OUT = Path(__file__).resolve().parent / "results"
+
+
 def reading(rows: list[dict]) -> str:
     """The hand-written reading, its numbers taken from this run's rows."""
 
-    def pick(setup: str, disp: str | None = None, queues: int | None = None,
-             sms: int | None = None) -> list[float]:  # fmt: skip
-        return [r["gain"] for r in rows if r["setup"].startswith(setup)
-                and disp in (None, r["dispatcher"]) and queues in (None, r["queues"])
-                and sms in (None, r["comm_sms"])]  # fmt: skip
+    def pick(
+        setup: str, disp: str | None = None, queues: int | None = None, sms: int | None = None
+    ) -> list[float]:
+        return [
+            r["gain"]
+            for r in rows
+            if r["setup"].startswith(setup)
+            and disp in (None, r["dispatcher"])
+            and queues in (None, r["queues"])
+            and sms in (None, r["comm_sms"])
+        ]
 
     def span(v: list[float]) -> str:
         return f"{min(v):.2f}-{max(v):.2f}x"
@@ -57,14 +65,20 @@ def reading(rows: list[dict]) -> str:
         return f"{100 * (one - 1) / (many - 1):.0f}%"
 
     def pct_pair(many: float, one: float) -> str:
-        return (f"+{100 * (many - 1):.1f}% against +{100 * (one - 1):.1f}%, one queue "
-                f"keeping {pct(one, many)}")  # fmt: skip
+        return (
+            f"+{100 * (many - 1):.1f}% against +{100 * (one - 1):.1f}%, one queue "
+            f"keeping {pct(one, many)}"
+        )
 
     ds, qw = "deepseek-v3 proxy, 64 H100, EP8", "qwen-like, 16 H100, EP8"
     far = ("deepseek-v3 proxy, 64 H100, EP64", "qwen-like, 16 H100, EP16")
     shrink = [a - b for f in far for a, b in zip(pick(f, queues=32), pick(f, queues=1))]
-    ep8 = [a - b for a, b in zip(pick(ds, queues=32) + pick(qw, queues=32),
-                                 pick(ds, queues=1) + pick(qw, queues=1))]  # fmt: skip
+    ep8 = [
+        a - b
+        for a, b in zip(
+            pick(ds, queues=32) + pick(qw, queues=32), pick(ds, queues=1) + pick(qw, queues=1)
+        )
+    ]
     across = pick(far[0]) + pick(far[1])
     f32, f1 = pick(ds, "flex", 32, 0)[0], pick(ds, "flex", 1, 0)[0]
     a32, a1 = pick(ds, "alltoall", 32, 0)[0], pick(ds, "alltoall", 1, 0)[0]
@@ -99,10 +113,19 @@ def reading(rows: list[dict]) -> str:
   gain there.
 - The host launch thread is modelled (5 us a launch, assumed, and a host sync on each forward
   dispatch's split sizes); it moves every gain by less than 0.01x."""
+
+
 # DeepSeek-V3's MLA (sim.workload.blocks: its preset) and SwiGLU experts of 2048 as the
 # two-matrix FFN of equal FLOPs and weights (3072)
-DSV3 = dict(M=7168, H=3072, E=256, heads=128, shared=1, published=1.078,
-            mla=PRESETS["deepseek-v3"]["blocks"]["mla"])  # fmt: skip
+DSV3 = dict(
+    M=7168,
+    H=3072,
+    E=256,
+    heads=128,
+    shared=1,
+    published=1.078,
+    mla=PRESETS["deepseek-v3"]["blocks"]["mla"],
+)
 # Qwen3-235B-A22B's attention (the qwen3-235b-a22b preset: 64 query heads of 128 dims, 4 key /
 # value heads) and its SwiGLU experts of 1536 as two-matrix FFNs of equal FLOPs (2304)
 QWEN = dict(M=4096, H=2304, E=128, heads=64, shared=0, published=1.18, kv_heads=4, head_dim=128)
@@ -119,14 +142,28 @@ def gain(setup: dict, dispatcher: str, queues: int, comm_sms: int) -> dict:
     res = {"max_connections": queues, "comm_sms": comm_sms, "launch_s": LAUNCH_S}
     costs = CostModel.build(topo, {"resources": res})
     P = topo.world_size
-    layer = MoELayer(batch=1, seq_len=4096, model_dim=setup["M"], hidden_dim=setup["H"],
-                     experts=setup["E"], world=P, top_k=8)  # fmt: skip
+    layer = MoELayer(
+        batch=1,
+        seq_len=4096,
+        model_dim=setup["M"],
+        hidden_dim=setup["H"],
+        experts=setup["E"],
+        world=P,
+        top_k=8,
+    )
     spans = {}
     for overlap in (False, True):
-        params = {"dispatcher": dispatcher, "overlap": overlap, "micro": 4, "layers": 2,
-                  "heads": setup["heads"], "shared": setup["shared"],
-                  "mla": setup.get("mla"), "kv_heads": setup.get("kv_heads"),
-                  "head_dim": setup.get("head_dim")}  # fmt: skip
+        params = {
+            "dispatcher": dispatcher,
+            "overlap": overlap,
+            "micro": 4,
+            "layers": 2,
+            "heads": setup["heads"],
+            "shared": setup["shared"],
+            "mla": setup.get("mla"),
+            "kv_heads": setup.get("kv_heads"),
+            "head_dim": setup.get("head_dim"),
+        }
         g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
         spans[overlap] = simulate(g, topo, costs).makespan
     return {"plain_s": spans[False], "overlap_s": spans[True], "gain": spans[False] / spans[True]}
@@ -139,34 +176,57 @@ def main() -> None:
         for disp in ("alltoall", "flex"):
             for queues, comm_sms in ((32, 0), (1, 0), (32, 24), (1, 24)):
                 r = gain(s, disp, queues, comm_sms)
-                rows.append({"setup": name, "dispatcher": disp, "queues": queues,
-                             "comm_sms": comm_sms, **r, "published": s["published"]})  # fmt: skip
+                rows.append(
+                    {
+                        "setup": name,
+                        "dispatcher": disp,
+                        "queues": queues,
+                        "comm_sms": comm_sms,
+                        **r,
+                        "published": s["published"],
+                    }
+                )
     bubbles = []
     F, B, W = 1.0, 2.0, 1.0  # a forward, a full backward (input + weight parts), its weight part
     for pp in (4, 8, 16):
         t = table(pp, F, B, W, F + B)
         bubbles.append({"pp": pp, **{k: v["bubble"] for k, v in t.items()}})
     machine = f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}"
-    doc = {"machine": machine, "rows": rows,
-           "bubbles_F1_B2_W1": bubbles, "seconds": time.time() - t0}  # fmt: skip
+    doc = {
+        "machine": machine,
+        "rows": rows,
+        "bubbles_F1_B2_W1": bubbles,
+        "seconds": time.time() - t0,
+    }
     OUT.mkdir(exist_ok=True)
     atomic_write_text(OUT / "megatron_ep.json", json.dumps(doc, indent=1) + "\n")
-    lines = ["# megatron_ep: simulated EP-overlap gain vs published", "",
-             f"machine: {doc['machine']}", "",
-             "| setup | dispatcher | queues | NCCL SMs | plain (s) | overlap (s) | gain "
-             "| published |",
-             "|---|---|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "# megatron_ep: simulated EP-overlap gain vs published",
+        "",
+        f"machine: {doc['machine']}",
+        "",
+        "| setup | dispatcher | queues | NCCL SMs | plain (s) | overlap (s) | gain | published |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
     for r in rows:
-        lines.append(f"| {r['setup']} | {r['dispatcher']} | {r['queues']} | {r['comm_sms']} | "
-                     f"{r['plain_s']:.4f} | {r['overlap_s']:.4f} | {r['gain']:.3f}x | "
-                     f"{r['published']}x |")  # fmt: skip
+        lines.append(
+            f"| {r['setup']} | {r['dispatcher']} | {r['queues']} | {r['comm_sms']} | "
+            f"{r['plain_s']:.4f} | {r['overlap_s']:.4f} | {r['gain']:.3f}x | "
+            f"{r['published']}x |"
+        )
     lines += ["", reading(rows)]
-    lines += ["", "DualPipe table (F=1, B=2, W=1, F&B=F+B; the closed-form test checks the "
-              "simulated bubble equals it exactly when F equals B's input part):", "",
-              "| PP | 1F1B | ZB1P | DualPipe | DualPipeV |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [
+        "",
+        "DualPipe table (F=1, B=2, W=1, F&B=F+B; the closed-form test checks the "
+        "simulated bubble equals it exactly when F equals B's input part):",
+        "",
+        "| PP | 1F1B | ZB1P | DualPipe | DualPipeV |",
+        "|---|---|---|---|---|",
+    ]
     for b in bubbles:
-        lines.append(f"| {b['pp']} | {b['1F1B']} | {b['ZB1P']} | {b['dualpipe']} | "
-                     f"{b['dualpipev']} |")  # fmt: skip
+        lines.append(
+            f"| {b['pp']} | {b['1F1B']} | {b['ZB1P']} | {b['dualpipe']} | {b['dualpipev']} |"
+        )
     atomic_write_text(OUT / "megatron_ep.md", "\n".join(lines) + "\n")
     print("\n".join(lines))
 

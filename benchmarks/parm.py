@@ -59,8 +59,17 @@ def grid(P: int, step: int = 1):
     )
     for i, ((tp, esp), B, L, M, H, f) in enumerate(pts):
         if i % step == 0:
-            layer = MoELayer(batch=B, seq_len=L, model_dim=M, hidden_dim=H, experts=P // esp,
-                             world=P, top_k=2, capacity_factor=f, dtype="fp16")  # fmt: skip
+            layer = MoELayer(
+                batch=B,
+                seq_len=L,
+                model_dim=M,
+                hidden_dim=H,
+                experts=P // esp,
+                world=P,
+                top_k=2,
+                capacity_factor=f,
+                dtype="fp16",
+            )
             yield tp, esp, layer
 
 
@@ -82,9 +91,18 @@ def run_point(cl: Cluster, tp: int, esp: int, layer: MoELayer) -> dict:
     M, H, e = layer.model_dim, layer.hidden_dim, layer.elem
     weights = 16.0 * (2 * M * H // esp + H // esp + M) * (layer.experts * esp // layer.world)
     need = weights + peak + 4 * layer.tokens * M * e
-    return {"tp": tp, "esp": esp, "B": layer.batch, "L": layer.seq_len, "M": M, "H": H,
-            "f": layer.capacity_factor, "times": t, "chosen": chosen,
-            "memory_bytes": need}  # fmt: skip
+    return {
+        "tp": tp,
+        "esp": esp,
+        "B": layer.batch,
+        "L": layer.seq_len,
+        "M": M,
+        "H": H,
+        "f": layer.capacity_factor,
+        "times": t,
+        "chosen": chosen,
+        "memory_bytes": need,
+    }
 
 
 def summarise(rows: list[dict]) -> dict:
@@ -97,9 +115,9 @@ def summarise(rows: list[dict]) -> dict:
     for tp, esp in ((2, 2), (2, 4), (4, 2), (4, 4)):
         m = np.array([(r["tp"], r["esp"]) == (tp, esp) for r in rows])
         by_deg[f"mp{tp}/esp{esp}"] = {
-            k: float(np.mean(t["baseline"][m] / v[m])) for k, v in
-            (("s1", t["s1"]), ("s2", t["s2"]), ("parm", chosen))
-        }  # fmt: skip
+            k: float(np.mean(t["baseline"][m] / v[m]))
+            for k, v in (("s1", t["s1"]), ("s2", t["s2"]), ("parm", chosen))
+        }
     return {
         "cases": len(rows),
         "s1_never_slower_pct": 100 * float(np.mean(t["s1"] <= t["baseline"])),
@@ -116,7 +134,7 @@ def summarise(rows: list[dict]) -> dict:
             "p90": q[3],
             "max": q[4],
             "mean": float(speed.mean()),
-        },  # fmt: skip
+        },
         "mean_speedup_by_degrees": by_deg,
     }
 
@@ -160,12 +178,18 @@ def main(step: int = 1) -> None:
             f"{s['saa_gain_mean_pct']:+.2f}% |"
         )
         print(label, {k: v for k, v in s.items() if k != "rows"}, flush=True)
-    lines += ["", "Mean speedup over the baseline by (N_MP, N_ESP), as Parm Table IV:", "",
-              "| testbed | degrees | S1 | S2 | Parm |", "|---|---|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "Mean speedup over the baseline by (N_MP, N_ESP), as Parm Table IV:",
+        "",
+        "| testbed | degrees | S1 | S2 | Parm |",
+        "|---|---|---:|---:|---:|",
+    ]
     for label, s in out["testbeds"].items():
         for deg, v in s["mean_speedup_by_degrees"].items():
-            lines.append(f"| {label} | {deg} | {v['s1']:.2f}x | {v['s2']:.2f}x | "
-                         f"{v['parm']:.2f}x |")  # fmt: skip
+            lines.append(
+                f"| {label} | {deg} | {v['s1']:.2f}x | {v['s2']:.2f}x | {v['parm']:.2f}x |"
+            )
     lines += [
         "",
         f"The paper: Parm {PAPER['min']}x to {PAPER['max']}x over DeepSpeed-MoE on its 1,296 "

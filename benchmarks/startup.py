@@ -103,7 +103,11 @@ def phases(tiny: Path, out: Path, root: Path, runs: int) -> list[dict]:
     for _ in range(runs):
         p = subprocess.run(
             [sys.executable, "-c", PHASES, str(tiny), str(out)],
-            cwd=root, env=environment(root), check=True, capture_output=True, text=True,
+            cwd=root,
+            env=environment(root),
+            check=True,
+            capture_output=True,
+            text=True,
         )
         for k, v in json.loads(p.stdout.splitlines()[-1]).items():
             got.setdefault(k, []).append(v)
@@ -122,10 +126,22 @@ def cases(tmp: Path) -> dict[str, list[str]]:
         "moesim --help": ["-c", MOESIM, "--help"],
         "moesim --version": ["-c", MOESIM, "--version"],
         "moesim simulate tiny.yaml --json": [
-            "-c", MOESIM, "simulate", str(tiny), "--json", "--out", str(tmp / "tiny")
+            "-c",
+            MOESIM,
+            "simulate",
+            str(tiny),
+            "--json",
+            "--out",
+            str(tmp / "tiny"),
         ],
         "moesim simulate demo.yaml --json": [
-            "-c", MOESIM, "simulate", "sim/configs/demo.yaml", "--json", "--out", str(tmp / "demo")
+            "-c",
+            MOESIM,
+            "simulate",
+            "sim/configs/demo.yaml",
+            "--json",
+            "--out",
+            str(tmp / "demo"),
         ],
     }
 
@@ -153,7 +169,11 @@ def import_breakdown(args: list[str], root: Path, runs: int = 3) -> list[dict]:
     for _ in range(runs):
         p = subprocess.run(
             [sys.executable, "-X", "importtime", *args],
-            cwd=root, env=environment(root), check=True, capture_output=True, text=True,
+            cwd=root,
+            env=environment(root),
+            check=True,
+            capture_output=True,
+            text=True,
         )
         total: dict[str, float] = {}
         for line in p.stderr.splitlines():
@@ -181,8 +201,13 @@ def main() -> None:
         metavar="LABEL=DIR",
         help="a checkout to measure and the label of its rows (repeatable; default after=.)",
     )
-    ap.add_argument("--note", action="append", default=[], metavar="LABEL=TEXT",
-                    help="what a label's tree is (shown instead of its path)")
+    ap.add_argument(
+        "--note",
+        action="append",
+        default=[],
+        metavar="LABEL=TEXT",
+        help="what a label's tree is (shown instead of its path)",
+    )
     ap.add_argument("--importtime", action="store_true", help="record the tiny run's imports")
     ap.add_argument("--phases", action="store_true", help="record the tiny run's CPU by step")
     ap.add_argument("--no-write", action="store_true", help="print only")
@@ -204,34 +229,46 @@ def main() -> None:
                 for label, root in trees.items():
                     times.setdefault((label, name), []).append(cpu_seconds(args, root))
         load = (load_before + os.getloadavg()[0]) / 2
-        imports = {
-            label: import_breakdown(todo["moesim simulate tiny.yaml --json"], root)
-            for label, root in trees.items()
-        } if a.importtime else {}
-        steps = {
-            label: phases(Path(tmp) / "tiny.yaml", Path(tmp) / "phases", root, a.runs)
-            for label, root in trees.items()
-        } if a.phases else {}
+        imports = (
+            {
+                label: import_breakdown(todo["moesim simulate tiny.yaml --json"], root)
+                for label, root in trees.items()
+            }
+            if a.importtime
+            else {}
+        )
+        steps = (
+            {
+                label: phases(Path(tmp) / "tiny.yaml", Path(tmp) / "phases", root, a.runs)
+                for label, root in trees.items()
+            }
+            if a.phases
+            else {}
+        )
     results = {}
     for label, root in trees.items():
         rows = []
         for name in todo:
             t = times[label, name]
             rows.append({"case": name, "median_cpu_s": statistics.median(t), "min_cpu_s": min(t)})
-            print(f"{label:8s} {name:34s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
-                  f"min {min(t):.3f} s")
+            print(
+                f"{label:8s} {name:34s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
+                f"min {min(t):.3f} s"
+            )
         for r in imports.get(label, [])[:15]:
             print(f"  {r['package']:24s} {r['self_ms']:7.1f} ms")
         for r in steps.get(label, []):
             print(f"  {r['step']:48s} {r['median_cpu_s'] * 1e3:6.0f} ms")
-        results[label] = {
-            "machine": machine("CPUs"),
-            "runs": a.runs,
-            "load_average_1min": round(load, 2),
-            "root": notes.get(label) or ("this checkout" if root == ROOT else str(root)),
-            "rows": rows,
-        } | ({"imports_tiny": imports[label]} if label in imports else {}) | (
-            {"steps_tiny": steps[label]} if label in steps else {}
+        results[label] = (
+            {
+                "machine": machine("CPUs"),
+                "runs": a.runs,
+                "load_average_1min": round(load, 2),
+                "root": notes.get(label) or ("this checkout" if root == ROOT else str(root)),
+                "rows": rows,
+            }
+            | ({"imports_tiny": imports[label]} if label in imports else {})
+            | ({"steps_tiny": steps[label]} if label in steps else {})
         )
     if a.no_write:
         return

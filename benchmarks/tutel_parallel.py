@@ -47,9 +47,15 @@ PAPER_5B = [
 
 def layer(f: float, E: int, S: int, V: int) -> MoELayer:
     return MoELayer(
-        batch=1, seq_len=S // W, model_dim=M, hidden_dim=V, experts=E, world=W,
-        top_k=min(2, E), capacity_factor=float(f),
-    )  # fmt: skip
+        batch=1,
+        seq_len=S // W,
+        model_dim=M,
+        hidden_dim=V,
+        experts=E,
+        world=W,
+        top_k=min(2, E),
+        capacity_factor=float(f),
+    )
 
 
 def times(cl: Cluster, f: float, E: int, S: int, V: int) -> dict:
@@ -62,10 +68,17 @@ def times(cl: Cluster, f: float, E: int, S: int, V: int) -> dict:
     }
     b = comm_bytes(lay)
     return {
-        "f": f, "E": E, "S": S, "V": V, "p1_s": t["p1"], "p2_s": t["p2"],
-        "best": min(t, key=t.get), "router": route_parallel(lay),
-        "p1_bytes": b["p1"], "p2_bytes": b["p2"],
-    }  # fmt: skip
+        "f": f,
+        "E": E,
+        "S": S,
+        "V": V,
+        "p1_s": t["p1"],
+        "p2_s": t["p2"],
+        "best": min(t, key=t.get),
+        "router": route_parallel(lay),
+        "p1_bytes": b["p1"],
+        "p2_bytes": b["p2"],
+    }
 
 
 def improvement(row: dict) -> tuple[float, float]:
@@ -89,13 +102,23 @@ def main() -> None:
             "adaptive_s": sum(min(r["p1_s"], r["p2_s"]) for r in rows),
             "router_s": sum(r[f"{r['router']}_s"] for r in rows),
         }
-        table_b.append({"f": "1~16", "E": E, "S": S, "V": V, **total, "paper": paper,
-                        "per_f": rows})  # fmt: skip
+        table_b.append(
+            {"f": "1~16", "E": E, "S": S, "V": V, **total, "paper": paper, "per_f": rows}
+        )
     atomic_write_text(
         OUT / "tutel_parallel.json",
-        json.dumps({"topology": "dgx-a100", "W": W, "M": M, "passes": list(PASSES),
-                    "table_5a": table_a, "table_5b": table_b}, indent=2),
-    )  # fmt: skip
+        json.dumps(
+            {
+                "topology": "dgx-a100",
+                "W": W,
+                "M": M,
+                "passes": list(PASSES),
+                "table_5a": table_a,
+                "table_5b": table_b,
+            },
+            indent=2,
+        ),
+    )
     lines = [
         "# Tutel switchable parallelism P1 / P2 on one dgx-a100 node (simulated, Table 5)",
         "",

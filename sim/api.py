@@ -106,9 +106,7 @@ def build_graph(config: Any) -> TaskGraph:
         costs = CostModel.build(topo, cfg.costs)
         wl = cfg.workload(topo)
         cluster = Cluster(topo, costs)  # blocks: a model around the layers
-        return build(
-            cfg.strategy, wl.layer, wl.params, cfg.passes, cluster, wl.layout, wl.blocks
-        )
+        return build(cfg.strategy, wl.layer, wl.params, cfg.passes, cluster, wl.layout, wl.blocks)
 
 
 def export_graph(config: Any, path: str | Path) -> TaskGraph:

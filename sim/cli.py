@@ -185,14 +185,20 @@ def build_parser() -> argparse.ArgumentParser:
             metavar="FILE",
             help="calibration YAML from `moesim calibrate` (costs.calibration)",
         )
-        sp.add_argument("--cost", action="append", metavar="KEY=VALUE",
-                        help="override a costs: field (repeatable), e.g. finish_rtol=1e-3")
+        sp.add_argument(
+            "--cost",
+            action="append",
+            metavar="KEY=VALUE",
+            help="override a costs: field (repeatable), e.g. finish_rtol=1e-3",
+        )
         _limit_opt(sp)
 
     s = sub.add_parser("simulate", help="simulate a run config (YAML) or a task graph (JSON)")
     s.add_argument("config", help="run config YAML, or task graph JSON (needs --topology)")
-    s.add_argument("--out", help="output directory (default: the config's output.dir; none: "
-                   "nothing is written)")
+    s.add_argument(
+        "--out",
+        help="output directory (default: the config's output.dir; none: nothing is written)",
+    )
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
     run_opts(s)
     s.set_defaults(fn=cmd_simulate)

@@ -56,8 +56,13 @@ CONFIGS: dict[str, dict[str, Any]] = {
             "roofline": {"flops_efficiency": 0.7, "mem_efficiency": 0.8, "launch_s": 5e-6},
             "interference": {"compute": {"comm": 0.9}, "comm": {"compute": 0.95}},
             "dispatch": {"stream": 1e-5, "cross": 1e-4},
-            "resources": {"max_connections": 4, "sm_share": 0.8, "mem_slope": 0.5,
-                          "comm_sm_bw": 1.4e10, "comm_sm_efficiency": 0.9},  # fmt: skip
+            "resources": {
+                "max_connections": 4,
+                "sm_share": 0.8,
+                "mem_slope": 0.5,
+                "comm_sm_bw": 1.4e10,
+                "comm_sm_efficiency": 0.9,
+            },
             "symmetry": "auto",
         },
         "output": {"trace_format": "csv", "chrome_trace": False, "max_trace_ranks": 4},
@@ -77,8 +82,14 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "nodes": 2,
         "parallel": {"ep": 4, "pp": 2, "dp": 2},
         "model": {**_MODEL, "experts_per_gpu": 2, "routing": {"kind": "uniform"}},
-        "strategy": {"name": "dualpipe", "layers": 1, "micro": 4, "dispatcher": "flex",
-                     "dispatch_dtype": "fp8", "sms": 8},  # fmt: skip
+        "strategy": {
+            "name": "dualpipe",
+            "layers": 1,
+            "micro": 4,
+            "dispatcher": "flex",
+            "dispatch_dtype": "fp8",
+            "sms": 8,
+        },
         "passes": ["fwd", "bwd"],
     },
     "blocks": {  # a transformer of MLA blocks around the MoE layers, shared experts
@@ -87,11 +98,23 @@ CONFIGS: dict[str, dict[str, Any]] = {
         "model": {
             **_MODEL,
             "routing": {"kind": "uniform"},
-            "blocks": {"n": 2, "heads": 4, "moe_every": 1, "first_dense": 0, "ffn_hidden": 512,
-                       "shared": 1, "flash": True,
-                       "mla": {"q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                               "qk_rope_head_dim": 4, "v_head_dim": 8}},
-        },  # fmt: skip
+            "blocks": {
+                "n": 2,
+                "heads": 4,
+                "moe_every": 1,
+                "first_dense": 0,
+                "ffn_hidden": 512,
+                "shared": 1,
+                "flash": True,
+                "mla": {
+                    "q_lora_rank": 32,
+                    "kv_lora_rank": 16,
+                    "qk_nope_head_dim": 8,
+                    "qk_rope_head_dim": 4,
+                    "v_head_dim": 8,
+                },
+            },
+        },
         "strategy": "sequential",
         "passes": ["fwd", "bwd"],
     },
@@ -138,12 +161,22 @@ def seed_topology() -> dict[str, Any]:
     alpha-beta and collective fits, dispatch latencies."""
     spec = yaml.safe_load((ROOT / "topologies" / "pipemoe-2080ti.yaml").read_text())
     spec["nodes"] = 2
-    spec["fabric"] = {"type": "fat_tree", "class": "edr", "nodes_per_leaf": 1,
-                      "oversubscription": 2.0}  # fmt: skip
+    spec["fabric"] = {
+        "type": "fat_tree",
+        "class": "edr",
+        "nodes_per_leaf": 1,
+        "oversubscription": 2.0,
+    }
     spec["gpu"]["dispatch"] = {"stream": 1e-5, "cross": 5e-5}
     spec["gpu"]["roofline"]["launch_s"] = 5e-6
-    spec["gpu"]["resources"] = {"max_connections": 8, "sm_penalty": 0.95, "sm_share": 0.7,
-                                "sm_bw": 5e10, "mem_knee": 0.1, "mem_slope": 0.5}  # fmt: skip
+    spec["gpu"]["resources"] = {
+        "max_connections": 8,
+        "sm_penalty": 0.95,
+        "sm_share": 0.7,
+        "sm_bw": 5e10,
+        "mem_knee": 0.1,
+        "mem_slope": 0.5,
+    }
     return spec
 
 
@@ -160,33 +193,121 @@ def seed_graph() -> dict[str, Any]:
     tag), a send/recv pair, frees, tags."""
     ab = {"group": [0, 1]}
     tasks = [
-        {"id": "g0", "rank": 0, "stream": "compute", "kind": "gemm", "flops": 8.4e6,
-         "bytes": 1000.0, "shape": {"m": 64, "n": 128, "k": 256, "batch": 2},
-         "allocs": {"act0": 4096.0}, "tags": {"phase": "fwd", "chunk": 0, "dtype": "bf16"}},
-        {"id": "g1", "rank": 1, "stream": "compute", "kind": "gemm", "flops": 4.2e6,
-         "shape": {"m": 64, "n": 128, "k": 256}},
-        {"id": "a0", "rank": 0, "stream": "comm", "kind": "all_to_all", "deps": ["g0"],
-         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear", "sms": 4},
-        {"id": "a1", "rank": 1, "stream": "comm", "kind": "all_to_all", "deps": ["g1"],
-         "bytes": 4096.0, **ab, "coll": "disp", "algo": "linear"},
-        {"id": "v0", "rank": 0, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
-         "split": [100.0, 200.0], "recv_split": [100.0, 300.0]},
-        {"id": "v1", "rank": 1, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "comb",
-         "split": [300.0, 400.0], "recv_split": [200.0, 400.0]},
-        {"id": "d0", "rank": 0, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "dep",
-         "algo": "deepep", "split": [0.0, 96.0], "recv_split": [0.0, 64.0],
-         "tags": {"deepep": "dispatch", "node_bytes": [96.0]}},
-        {"id": "d1", "rank": 1, "stream": "comm", "kind": "all_to_allv", **ab, "coll": "dep",
-         "algo": "deepep", "split": [64.0, 0.0], "recv_split": [96.0, 0.0],
-         "tags": {"deepep": "dispatch", "node_bytes": [64.0]}},
-        {"id": "s0", "rank": 0, "stream": "comm", "kind": "send", "peer": 1, "coll": "p2p",
-         "bytes": 512.0},
-        {"id": "r1", "rank": 1, "stream": "comm", "kind": "recv", "peer": 0, "coll": "p2p",
-         "bytes": 512.0},
-        {"id": "e0", "rank": 0, "stream": "compute", "kind": "elementwise", "deps": ["v0"],
-         "bytes": 64.0, "frees": ["act0"]},
+        {
+            "id": "g0",
+            "rank": 0,
+            "stream": "compute",
+            "kind": "gemm",
+            "flops": 8.4e6,
+            "bytes": 1000.0,
+            "shape": {"m": 64, "n": 128, "k": 256, "batch": 2},
+            "allocs": {"act0": 4096.0},
+            "tags": {"phase": "fwd", "chunk": 0, "dtype": "bf16"},
+        },
+        {
+            "id": "g1",
+            "rank": 1,
+            "stream": "compute",
+            "kind": "gemm",
+            "flops": 4.2e6,
+            "shape": {"m": 64, "n": 128, "k": 256},
+        },
+        {
+            "id": "a0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "all_to_all",
+            "deps": ["g0"],
+            "bytes": 4096.0,
+            **ab,
+            "coll": "disp",
+            "algo": "linear",
+            "sms": 4,
+        },
+        {
+            "id": "a1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "all_to_all",
+            "deps": ["g1"],
+            "bytes": 4096.0,
+            **ab,
+            "coll": "disp",
+            "algo": "linear",
+        },
+        {
+            "id": "v0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            **ab,
+            "coll": "comb",
+            "split": [100.0, 200.0],
+            "recv_split": [100.0, 300.0],
+        },
+        {
+            "id": "v1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            **ab,
+            "coll": "comb",
+            "split": [300.0, 400.0],
+            "recv_split": [200.0, 400.0],
+        },
+        {
+            "id": "d0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            **ab,
+            "coll": "dep",
+            "algo": "deepep",
+            "split": [0.0, 96.0],
+            "recv_split": [0.0, 64.0],
+            "tags": {"deepep": "dispatch", "node_bytes": [96.0]},
+        },
+        {
+            "id": "d1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "all_to_allv",
+            **ab,
+            "coll": "dep",
+            "algo": "deepep",
+            "split": [64.0, 0.0],
+            "recv_split": [96.0, 0.0],
+            "tags": {"deepep": "dispatch", "node_bytes": [64.0]},
+        },
+        {
+            "id": "s0",
+            "rank": 0,
+            "stream": "comm",
+            "kind": "send",
+            "peer": 1,
+            "coll": "p2p",
+            "bytes": 512.0,
+        },
+        {
+            "id": "r1",
+            "rank": 1,
+            "stream": "comm",
+            "kind": "recv",
+            "peer": 0,
+            "coll": "p2p",
+            "bytes": 512.0,
+        },
+        {
+            "id": "e0",
+            "rank": 0,
+            "stream": "compute",
+            "kind": "elementwise",
+            "deps": ["v0"],
+            "bytes": 64.0,
+            "frees": ["act0"],
+        },
         {"id": "c0", "rank": 0, "stream": "copy", "kind": "d2h", "deps": ["e0"], "bytes": 256.0},
-    ]  # fmt: skip
+    ]
     return {
         "schema_version": 1,
         "world_size": 2,
@@ -201,12 +322,22 @@ def seed_calibration() -> dict[str, Any]:
     fit = {"r2": 0.99, "mean_error": 0.03, "sizes": 5}
     return {
         "format": 2,
-        "meta": {"backend": "nccl", "nprocs": 2, "device": "cuda:0", "device_type": "cuda",
-                 "device_name": "NVIDIA A100-SXM4-80GB", "torch": "2.4.0", "rows": 120,
-                 "dtypes": ["bf16", "fp32"], "stand_ins": {}},
+        "meta": {
+            "backend": "nccl",
+            "nprocs": 2,
+            "device": "cuda:0",
+            "device_type": "cuda",
+            "device_name": "NVIDIA A100-SXM4-80GB",
+            "torch": "2.4.0",
+            "rows": 120,
+            "dtypes": ["bf16", "fp32"],
+            "stand_ins": {},
+        },
         "compute": {
-            "gemm": {"bf16": {"alpha": 1e-5, "beta": 4e-15, **fit},
-                     "fp32": {"alpha": 1e-5, "beta": 5e-14, **fit}},
+            "gemm": {
+                "bf16": {"alpha": 1e-5, "beta": 4e-15, **fit},
+                "fp32": {"alpha": 1e-5, "beta": 5e-14, **fit},
+            },
             "elementwise": {"alpha": 4e-6, "beta": 1e-12, **fit},
             "d2h": {"alpha": 8e-6, "beta": 4e-11, **fit},
         },
@@ -214,14 +345,28 @@ def seed_calibration() -> dict[str, Any]:
             "all_to_all": [{"ranks": 2, "alpha": 2e-5, "beta": 5e-12, "r2": 0.98, "n": 6}],
             "all_gather": [{"ranks": 2, "alpha": 2e-5, "beta": 6e-12, "r2": 0.97, "n": 6}],
         },
-        "interference": {"compute": {"comm": 0.9, "comm+copy": 0.85}, "comm": {"compute": 0.95},
-                         "copy": {"compute": 0.97}},
-        "dispatch": {"stream": {"mean": 6e-6, "median": 5e-6, "n": 40},
-                     "cross": {"mean": 2e-5, "median": 1.5e-5, "n": 40}},
-        "gemm_shapes": [{"batch": 1, "m": 64, "n": 128, "k": 256, "dtype": "bf16",
-                         "layout": "nn", "seconds": 1.2e-5}],
+        "interference": {
+            "compute": {"comm": 0.9, "comm+copy": 0.85},
+            "comm": {"compute": 0.95},
+            "copy": {"compute": 0.97},
+        },
+        "dispatch": {
+            "stream": {"mean": 6e-6, "median": 5e-6, "n": 40},
+            "cross": {"mean": 2e-5, "median": 1.5e-5, "n": 40},
+        },
+        "gemm_shapes": [
+            {
+                "batch": 1,
+                "m": 64,
+                "n": 128,
+                "k": 256,
+                "dtype": "bf16",
+                "layout": "nn",
+                "seconds": 1.2e-5,
+            }
+        ],
         "jitter": {"gemm": [0.98, 1.0, 1.04], "all_to_all": [0.9, 1.0, 1.3]},
-    }  # fmt: skip
+    }
 
 
 # -- mutations --------------------------------------------------------------------------------
@@ -294,8 +439,22 @@ FREE_STRINGS = [
     r"^tasks\.\d+\.(id|frees\.\d+)$",
 ]
 
-OPS = ("type", "nan", "inf", "negative", "fraction", "zero", "huge", "delete", "unknown_key",
-       "misspell", "not_a_mapping", "bad_string", "empty", "duplicate")  # fmt: skip
+OPS = (
+    "type",
+    "nan",
+    "inf",
+    "negative",
+    "fraction",
+    "zero",
+    "huge",
+    "delete",
+    "unknown_key",
+    "misspell",
+    "not_a_mapping",
+    "bad_string",
+    "empty",
+    "duplicate",
+)
 _WRONG = {"str": "abc", "list": [1, "x"], "dict": {"x": 1}, "bool": True, "num": 5}
 
 
@@ -474,20 +633,36 @@ def json_bytes(doc: Any) -> bytes:
 
 
 def config_case(name: str, doc: Any, expect: str = "reject") -> Case:
-    return Case(name, ["simulate", "cfg.yaml", "--out", "out", "--json"],
-                {"cfg.yaml": yaml_bytes(doc)}, expect)  # fmt: skip
+    return Case(
+        name,
+        ["simulate", "cfg.yaml", "--out", "out", "--json"],
+        {"cfg.yaml": yaml_bytes(doc)},
+        expect,
+    )
 
 
 def topology_case(name: str, doc: Any, expect: str = "reject", show: bool = False) -> Case:
     files = {"topo.yaml": yaml_bytes(doc), "cfg.yaml": yaml_bytes(TOPOLOGY_CONFIG)}
-    argv = (["topology", "show", "topo.yaml", "--routes"] if show
-            else ["simulate", "cfg.yaml", "--out", "out", "--json"])  # fmt: skip
+    argv = (
+        ["topology", "show", "topo.yaml", "--routes"]
+        if show
+        else ["simulate", "cfg.yaml", "--out", "out", "--json"]
+    )
     return Case(name, argv, files, expect)
 
 
 def graph_case(name: str, doc: Any, expect: str = "reject") -> Case:
-    argv = ["simulate", "g.json", "--topology", "dgx-a100", "--nodes", "1", "--out", "out",
-            "--json"]  # fmt: skip
+    argv = [
+        "simulate",
+        "g.json",
+        "--topology",
+        "dgx-a100",
+        "--nodes",
+        "1",
+        "--out",
+        "out",
+        "--json",
+    ]
     return Case(name, argv, {"g.json": json_bytes(doc)}, expect)
 
 
@@ -514,10 +689,16 @@ def hostile_cases() -> list[Case]:
         ("config", sim, "cfg.yaml"),
         ("graph", ["simulate", "cfg.json", "--topology", "dgx-a100"], "cfg.json"),
         ("topology", ["topology", "show", "cfg.yaml"], "cfg.yaml"),
-        ("calibration", ["simulate", "ok.yaml", "--calibration", "cfg.yaml", "--out", "out"],
-         "cfg.yaml"),
-        ("replay_calibration", ["simulate", "g.json", "--topology", "dgx-a100", "--calibration",
-                                "cfg.yaml"], "cfg.yaml"),
+        (
+            "calibration",
+            ["simulate", "ok.yaml", "--calibration", "cfg.yaml", "--out", "out"],
+            "cfg.yaml",
+        ),
+        (
+            "replay_calibration",
+            ["simulate", "g.json", "--topology", "dgx-a100", "--calibration", "cfg.yaml"],
+            "cfg.yaml",
+        ),
     ):
         base = {"ok.yaml": cfg} if what == "calibration" else {}
         if what == "replay_calibration":
@@ -544,27 +725,95 @@ def hostile_cases() -> list[Case]:
         out.append(Case(f"{what}_missing", list(argv), dict(base)))
     out.append(Case("config_dev_zero", ["simulate", "/dev/zero"], {}))
     out.append(Case("graph_dev_zero", ["simulate", "/dev/zero.json", "--topology", "dgx-a100"]))
-    out.append(Case("bomb_at_nodes", sim, {"cfg.yaml": (
-        BOMB + yaml_bytes({**CONFIGS["pipelined"], "nodes": "PLACE"}).decode()
-    ).replace("PLACE", "*i").encode()}))
-    out.append(Case("bomb_at_passes", sim, {"cfg.yaml": (
-        BOMB + yaml_bytes({**CONFIGS["pipelined"], "passes": "PLACE"}).decode()
-    ).replace("PLACE", "*h").encode()}))
-    out.append(Case("graph_nan_literal", ["simulate", "g.json", "--topology", "dgx-a100"],
-                    {"g.json": json_bytes(seed_graph()).replace(b"1000.0", b"NaN")}))
-    out.append(Case("graph_trailing_garbage", ["simulate", "g.json", "--topology", "dgx-a100"],
-                    {"g.json": json_bytes(seed_graph()) + b" }"}))
-    out.append(Case("graph_deep_json", ["simulate", "g.json", "--topology", "dgx-a100"],
-                    {"g.json": b"[" * 100_000 + b"]" * 100_000}))
-    out.append(Case("routing_file_fifo", sim, {"m.csv": "fifo", "cfg.yaml": yaml_bytes(
-        {**CONFIGS["matrix"], "model": {**CONFIGS["matrix"]["model"],
-                                        "routing": {"kind": "matrix", "file": "m.csv"}}})}))
-    for label, content in (("object", b'{"a": 1}'), ("nan", b"[[NaN, 1]]"),
-                           ("ragged", b"[[1, 2], [3]]"), ("strings", b'[["a"]]'),
-                           ("huge", b"[[1e300]]"), ("negative", b"[[-1]]")):
-        out.append(Case(f"routing_file_{label}", sim, {"m.json": content, "cfg.yaml": yaml_bytes(
-            {**CONFIGS["matrix"], "model": {**CONFIGS["matrix"]["model"],
-                                            "routing": {"kind": "matrix", "file": "m.json"}}})}))
+    out.append(
+        Case(
+            "bomb_at_nodes",
+            sim,
+            {
+                "cfg.yaml": (BOMB + yaml_bytes({**CONFIGS["pipelined"], "nodes": "PLACE"}).decode())
+                .replace("PLACE", "*i")
+                .encode()
+            },
+        )
+    )
+    out.append(
+        Case(
+            "bomb_at_passes",
+            sim,
+            {
+                "cfg.yaml": (
+                    BOMB + yaml_bytes({**CONFIGS["pipelined"], "passes": "PLACE"}).decode()
+                )
+                .replace("PLACE", "*h")
+                .encode()
+            },
+        )
+    )
+    out.append(
+        Case(
+            "graph_nan_literal",
+            ["simulate", "g.json", "--topology", "dgx-a100"],
+            {"g.json": json_bytes(seed_graph()).replace(b"1000.0", b"NaN")},
+        )
+    )
+    out.append(
+        Case(
+            "graph_trailing_garbage",
+            ["simulate", "g.json", "--topology", "dgx-a100"],
+            {"g.json": json_bytes(seed_graph()) + b" }"},
+        )
+    )
+    out.append(
+        Case(
+            "graph_deep_json",
+            ["simulate", "g.json", "--topology", "dgx-a100"],
+            {"g.json": b"[" * 100_000 + b"]" * 100_000},
+        )
+    )
+    out.append(
+        Case(
+            "routing_file_fifo",
+            sim,
+            {
+                "m.csv": "fifo",
+                "cfg.yaml": yaml_bytes(
+                    {
+                        **CONFIGS["matrix"],
+                        "model": {
+                            **CONFIGS["matrix"]["model"],
+                            "routing": {"kind": "matrix", "file": "m.csv"},
+                        },
+                    }
+                ),
+            },
+        )
+    )
+    for label, content in (
+        ("object", b'{"a": 1}'),
+        ("nan", b"[[NaN, 1]]"),
+        ("ragged", b"[[1, 2], [3]]"),
+        ("strings", b'[["a"]]'),
+        ("huge", b"[[1e300]]"),
+        ("negative", b"[[-1]]"),
+    ):
+        out.append(
+            Case(
+                f"routing_file_{label}",
+                sim,
+                {
+                    "m.json": content,
+                    "cfg.yaml": yaml_bytes(
+                        {
+                            **CONFIGS["matrix"],
+                            "model": {
+                                **CONFIGS["matrix"]["model"],
+                                "routing": {"kind": "matrix", "file": "m.json"},
+                            },
+                        }
+                    ),
+                },
+            )
+        )
     out += [Case(n, a, dict(small)) for n, a in _bad_command_lines()]
     return out
 
@@ -589,10 +838,23 @@ def _bad_command_lines() -> list[tuple[str, list[str]]]:
         ("limit_small", sim + ["--limit", "max_tasks=10"]),
         ("replay_strategy", ["simulate", "cfg.json", "--topology", "dgx-a100", "--strategy", "x"]),
         ("replay_no_topology", ["simulate", "cfg.json"]),
-        ("compare_param", ["compare", "cfg.yaml", "--strategies", "sequential", "--param",
-                           "degree=2", "--out", "cmp"]),
-        ("compare_bad_entry", ["compare", "cfg.yaml", "--strategies", "pipelined:degree=x",
-                               "--out", "cmp"]),
+        (
+            "compare_param",
+            [
+                "compare",
+                "cfg.yaml",
+                "--strategies",
+                "sequential",
+                "--param",
+                "degree=2",
+                "--out",
+                "cmp",
+            ],
+        ),
+        (
+            "compare_bad_entry",
+            ["compare", "cfg.yaml", "--strategies", "pipelined:degree=x", "--out", "cmp"],
+        ),
         ("topology_list_nodes", ["topology", "list", "--nodes", "3"]),
         ("topology_show_no_name", ["topology", "show"]),
         ("topology_nodes_huge", ["topology", "show", "dgx-a100", "--nodes", "10000000"]),
@@ -649,15 +911,29 @@ def fault_cases() -> list[Case]:
     g = seed_graph()
     clash = copy.deepcopy(g)
     clash["tasks"] += [
-        {"id": f"ar{r}", "rank": r, "stream": "comm.b", "kind": "all_reduce", "group": [0, 1],
-         "coll": "p2p", "bytes": 64.0} for r in (0, 1)
-    ]  # fmt: skip
+        {
+            "id": f"ar{r}",
+            "rank": r,
+            "stream": "comm.b",
+            "kind": "all_reduce",
+            "group": [0, 1],
+            "coll": "p2p",
+            "bytes": 64.0,
+        }
+        for r in (0, 1)
+    ]
     head = "run_id,config,strategy,status,error,makespan_s,time_per_token_s,tokens,gpus\n"
     rows = head + "".join(
         f"r{i},c,{s},ok,,{t},{t / 8192},8192,16\n"
-        for i, (s, t) in enumerate((("sequential", 0.013), ("pipelined:degree=2", 0.0104),
-                                    ("tutel", 0.012), ("pipemoe", 0.011)))
-    )  # fmt: skip
+        for i, (s, t) in enumerate(
+            (
+                ("sequential", 0.013),
+                ("pipelined:degree=2", 0.0104),
+                ("tutel", 0.012),
+                ("pipemoe", 0.011),
+            )
+        )
+    )
     csv = rows.encode()
     k1 = (ROOT / "traces/kineto-gloo-2r/rank1.json.gz").read_bytes()
     replay = ["replay", "rank0.json", "rank1.json.gz"]
@@ -673,27 +949,53 @@ def fault_cases() -> list[Case]:
         Case("cycle_config", sim, {"cfg.yaml": yaml_bytes(cfg) + b"output: &a [*a]\n"}),
         Case("cycle_param", sim + ["--param", "degree=&a [*a]"], ok),
         Case("cycle_cost", sim + ["--cost", "finish_rtol=&a [*a]"], ok),
-        Case("cycle_compare_entry", ["compare", "cfg.yaml", "--strategies",
-                                     "pipelined:degree=&a [*a]"], ok),  # fmt: skip
-        Case("cycle_sweep", ["sweep", "s.yaml", "--out", "sw"],
-             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: &a {nodes: [*a]}\n"}),
+        Case(
+            "cycle_compare_entry",
+            ["compare", "cfg.yaml", "--strategies", "pipelined:degree=&a [*a]"],
+            ok,
+        ),
+        Case(
+            "cycle_sweep",
+            ["sweep", "s.yaml", "--out", "sw"],
+            {**ok, "s.yaml": b"base: cfg.yaml\ngrid: &a {nodes: [*a]}\n"},
+        ),
         Case("cycle_calibration", sim + ["--calibration", "c.yaml"], {**ok, "c.yaml": cyc}),
         Case("cycle_topology", sim + ["--topology", "./t.yaml"], {**ok, "t.yaml": cyc}),
         Case("cycle_merge_key", sim, {"cfg.yaml": yaml_bytes(cfg) + b"x: &a {<<: *a}\n"}),
         # an output never replaces what is not a regular file
         Case("graph_out_fifo", ["graph", "cfg.yaml", "-o", "f"], {**ok, "f": "fifo"}),
         Case("graph_out_link", ["graph", "cfg.yaml", "-o", "l"], {**ok, "l": "link:cfg.yaml"}),
-        Case("collectives_out_fifo", ["collectives", "--topology", "dgx-a100", "--nodes", "1",
-                                      "-b", "1K", "-e", "4K", "--out", "f"], {"f": "fifo"}),
+        Case(
+            "collectives_out_fifo",
+            [
+                "collectives",
+                "--topology",
+                "dgx-a100",
+                "--nodes",
+                "1",
+                "-b",
+                "1K",
+                "-e",
+                "4K",
+                "--out",
+                "f",
+            ],
+            {"f": "fifo"},
+        ),
         Case("draw_fifo", ["topology", "show", "dgx-a100", "--draw", "f"], {"f": "fifo"}),
         # null is not "left out"
-        *(config_case(f"null_{k.replace('.', '_')}", doc) for k, doc in (
-            ("strategy", {**cfg, "strategy": None}),
-            ("passes", {**cfg, "passes": None}),
-            ("output.dir", {**cfg, "output": {"dir": None}}),
-            ("fabric.oversubscription", {**CONFIGS["layout"],
-                                         "fabric": {"oversubscription": None}}),
-        )),  # fmt: skip
+        *(
+            config_case(f"null_{k.replace('.', '_')}", doc)
+            for k, doc in (
+                ("strategy", {**cfg, "strategy": None}),
+                ("passes", {**cfg, "passes": None}),
+                ("output.dir", {**cfg, "output": {"dir": None}}),
+                (
+                    "fabric.oversubscription",
+                    {**CONFIGS["layout"], "fabric": {"oversubscription": None}},
+                ),
+            )
+        ),
         graph_case("p2p_shares_collective_id", clash),
         # values no machine has
         Case("whatif_nodes_overflow", whatif("nodes=1e400"), ok),
@@ -701,28 +1003,53 @@ def fault_cases() -> list[Case]:
         Case("whatif_speed_inf", whatif("compute.speed=inf"), ok),
         Case("whatif_speed_tiny_factor", whatif("compute.speed=*1e-300"), ok),
         Case("whatif_bw_inf", whatif("link.*.bw=inf"), ok),
-        Case("whatif_graph_nodes_zero", ["whatif", "g.json", "--topology", "dgx-a100", "--nodes",
-                                         "0", "--set", "compute.speed=*2"],
-             {"g.json": json_bytes(g)}),  # fmt: skip
+        Case(
+            "whatif_graph_nodes_zero",
+            [
+                "whatif",
+                "g.json",
+                "--topology",
+                "dgx-a100",
+                "--nodes",
+                "0",
+                "--set",
+                "compute.speed=*2",
+            ],
+            {"g.json": json_bytes(g)},
+        ),
         Case("whatif_out_under_file", whatif("compute.speed=*2") + ["--out", "cfg.yaml/x"], ok),
-        Case("sweep_grid_inf", ["sweep", "s.yaml", "--out", "sw"],
-             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {nodes: [.inf]}\n"}),
-        Case("sweep_speed_zero", ["sweep", "s.yaml", "--out", "sw"],
-             {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {compute.speed: [0]}\n"}),
-        Case("compare_empty_param", ["compare", "cfg.yaml", "--strategies",
-                                     "pipelined:degree=4,,"], ok),  # fmt: skip
+        Case(
+            "sweep_grid_inf",
+            ["sweep", "s.yaml", "--out", "sw"],
+            {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {nodes: [.inf]}\n"},
+        ),
+        Case(
+            "sweep_speed_zero",
+            ["sweep", "s.yaml", "--out", "sw"],
+            {**ok, "s.yaml": b"base: cfg.yaml\ngrid: {compute.speed: [0]}\n"},
+        ),
+        Case(
+            "compare_empty_param",
+            ["compare", "cfg.yaml", "--strategies", "pipelined:degree=4,,"],
+            ok,
+        ),
         Case("collectives_size_inf", ["collectives", "-b", "infK"]),
         Case("collectives_sendrecv_algo", ["collectives", "-c", "sendrecv", "--algo", "bogus"]),
         Case("too_large_group", sim + ["--strategy", "megatron_ep", "--nodes", "512"], ok),
         # reports and replays of what cannot be a run
         Case("report_cut_mid_row", ["report", "r.csv"], {"r.csv": csv[: len(csv) * 2 // 3]}),
         Case("report_short_row", ["report", "r.csv"], {"r.csv": csv + b"r9,c,x,ok\n"}),
-        Case("report_timelines_negative", ["report", "r.csv", "--timelines", "-1"],
-             {"r.csv": csv}),
-        Case("replay_out_under_file", ["replay", "t.csv", "--out", "t.csv/x"],
-             {"t.csv": (ROOT / "traces/exec-gloo-2r/trace.csv").read_bytes()}),
-        Case("kineto_gzip_garbage", replay,
-             {"rank0.json": b"", "rank1.json.gz": b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4}),
+        Case("report_timelines_negative", ["report", "r.csv", "--timelines", "-1"], {"r.csv": csv}),
+        Case(
+            "replay_out_under_file",
+            ["replay", "t.csv", "--out", "t.csv/x"],
+            {"t.csv": (ROOT / "traces/exec-gloo-2r/trace.csv").read_bytes()},
+        ),
+        Case(
+            "kineto_gzip_garbage",
+            replay,
+            {"rank0.json": b"", "rank1.json.gz": b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4},
+        ),
         kineto("no_ts", lambda d, e: e.pop("ts")),
         kineto("name_null", lambda d, e: e.update(name=None)),
         kineto("ts_string", lambda d, e: e.update(ts="12")),
@@ -739,8 +1066,14 @@ def fault_cases() -> list[Case]:
 def extreme_cases() -> list[Case]:
     """Valid inputs at the edges of their ranges: each must end in time, and with finite
     numbers if it runs."""
-    big = {**_MODEL, "batch": 2**20, "seq_len": 2**24, "model_dim": 2**24,
-           "hidden_dim": 2**24, "capacity_factor": 1e4}  # fmt: skip
+    big = {
+        **_MODEL,
+        "batch": 2**20,
+        "seq_len": 2**24,
+        "model_dim": 2**24,
+        "hidden_dim": 2**24,
+        "capacity_factor": 1e4,
+    }
     many_experts = {**_MODEL, "experts_per_gpu": 2**16, "routing": "uniform"}
     slow = seed_topology()
     for c in slow["link_classes"].values():
@@ -750,14 +1083,31 @@ def extreme_cases() -> list[Case]:
     flops["tasks"][6]["bytes"] = flops["tasks"][7]["bytes"] = 2.0**60
     return [
         config_case("extreme_model", {**CONFIGS["pipelined"], "model": big}, "any"),
-        config_case("extreme_experts", {**CONFIGS["layout"], "parallel": None, "nodes": 1,
-                                        "fabric": None, "model": many_experts}, "any"),
-        config_case("extreme_matrix", {**CONFIGS["matrix"], "model": {
-            **CONFIGS["matrix"]["model"], "routing": {"kind": "matrix",
-                                                      "tokens": [[2.0**53] * 8] * 8}}}, "any"),
+        config_case(
+            "extreme_experts",
+            {
+                **CONFIGS["layout"],
+                "parallel": None,
+                "nodes": 1,
+                "fabric": None,
+                "model": many_experts,
+            },
+            "any",
+        ),
+        config_case(
+            "extreme_matrix",
+            {
+                **CONFIGS["matrix"],
+                "model": {
+                    **CONFIGS["matrix"]["model"],
+                    "routing": {"kind": "matrix", "tokens": [[2.0**53] * 8] * 8},
+                },
+            },
+            "any",
+        ),
         topology_case("extreme_slow_links", slow, "any"),
         graph_case("extreme_sizes", flops, "any"),
-    ]  # fmt: skip
+    ]
 
 
 EX = ("exec", "--out", "o")  # exec keeps a measurement only where asked (refuses without)
@@ -765,20 +1115,76 @@ EX = ("exec", "--out", "o")  # exec keeps a measurement only where asked (refuse
 
 def exec_cases() -> list[Case]:
     """The executor's options (needs torch; each starts no process, or fails before it does)."""
-    cfg = {"cfg.yaml": yaml_bytes({**CONFIGS["pipelined"], "topology": "localhost-cpu"}),
-           "g.json": json_bytes(seed_graph())}  # fmt: skip
+    cfg = {
+        "cfg.yaml": yaml_bytes({**CONFIGS["pipelined"], "topology": "localhost-cpu"}),
+        "g.json": json_bytes(seed_graph()),
+    }
     return [
         Case("exec_nprocs_zero", [*EX, "g.json", "--nprocs", "0"], cfg),
         Case("exec_timeout_negative", [*EX, "g.json", "--nprocs", "2", "--timeout", "-1"], cfg),
         Case("exec_timeout_nan", [*EX, "g.json", "--nprocs", "2", "--timeout", "nan"], cfg),
         Case("exec_warmup_negative", [*EX, "g.json", "--nprocs", "2", "--warmup", "-1"], cfg),
-        Case("exec_nccl_without_gpus", [*EX, "g.json", "--nprocs", "2", "--backend", "nccl"],
-             cfg),
+        Case("exec_nccl_without_gpus", [*EX, "g.json", "--nprocs", "2", "--backend", "nccl"], cfg),
         Case("exec_world_mismatch", [*EX, "g.json", "--nprocs", "3"], cfg),
         Case("exec_graph_strategy", [*EX, "g.json", "--nprocs", "2", "--strategy", "x"], cfg),
         Case("exec_fifo", [*EX, "f.json", "--nprocs", "2"], {**cfg, "f.json": "fifo"}),
         Case("exec_no_out", ["exec", "g.json", "--nprocs", "2"], cfg),
-    ]  # fmt: skip
+    ]
+
+
+def _table(rows: list[dict[str, str]]) -> bytes:
+    cols = list(PREDICT_ROW)
+    lines = [",".join(cols)] + [",".join(str(r.get(c, "")) for c in cols) for r in rows]
+    return ("\n".join(lines) + "\n").encode()
+
+
+# one published-style row of `moesim predict` (a Llama 3 8B run on one DGX H100: fast)
+PREDICT_ROW = {
+    "release": "25.11",
+    "system": "DGX-H100",
+    "model": "LLAMA3_8B",
+    "variant": "",
+    "gpus": "8",
+    "precision": "FP8-CS",
+    "gbs": "16",
+    "mbs": "1",
+    "seq_len": "8192",
+    "fsdp": "0",
+    "tp": "1",
+    "pp": "1",
+    "cp": "1",
+    "vp": "",
+    "ep": "1",
+    "ga": "",
+    "tokens_per_s_per_gpu": "14451",
+}
+PREDICT_BAD_CELLS = ("", "-1", "0", "nan", "inf", "1e30", "2.5", "abc", "1e9", "\u00e9", "8" * 40)
+
+
+def predict_cases() -> list[Case]:
+    """`moesim predict` tables: a file it cannot read as a table is refused in one line
+    (exit 2); a bad cell gives its row a reason and the others their predictions (exit 0,
+    no traceback, no non-finite number)."""
+    pr = ["predict", "t.csv", "--json"]
+    good = _table([PREDICT_ROW])
+    cases = [
+        Case("predict_empty", pr, {"t.csv": b""}),
+        Case("predict_header_only", pr, {"t.csv": good.split(b"\n")[0] + b"\n"}),
+        Case("predict_missing_columns", pr, {"t.csv": b"system,model\nDGX-H100,LLAMA3_8B\n"}),
+        Case("predict_not_utf8", pr, {"t.csv": b"\xff\xfe" + good}),
+        Case("predict_fifo", pr, {"t.csv": "fifo"}),
+        Case("predict_dir", pr, {"t.csv": "dir"}),
+        Case("predict_missing_file", pr, {}),
+        Case("predict_row_zero", [*pr, "--row", "0"], {"t.csv": good}),
+        Case("predict_row_past_end", [*pr, "--row", "2"], {"t.csv": good}),
+        Case("predict_out_is_a_file", [*pr, "--out", "t.csv"], {"t.csv": good}),
+    ]
+    for col in PREDICT_ROW:
+        if col in ("release", "variant", "tokens_per_s_per_gpu"):
+            continue
+        rows = [{**PREDICT_ROW, col: v} for v in PREDICT_BAD_CELLS] + [PREDICT_ROW]
+        cases.append(Case(f"predict_cells_{col}", pr, {"t.csv": _table(rows)}, "any"))
+    return cases
 
 
 # -- running one case -------------------------------------------------------------------------

@@ -63,15 +63,15 @@ def _mutants(seed, make):
     return draw()
 
 
-_SETTINGS = settings(
-    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow]
-)
+_SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @_SETTINGS
-@given(st.sampled_from(sorted(B.CONFIGS)).flatmap(
-    lambda name: _mutants(B.CONFIGS[name], B.config_case)
-))  # fmt: skip
+@given(
+    st.sampled_from(sorted(B.CONFIGS)).flatmap(
+        lambda name: _mutants(B.CONFIGS[name], B.config_case)
+    )
+)
 def test_mutated_configs(case):
     _check(case)
 
@@ -104,6 +104,12 @@ def test_issue_28_surfaces_are_refused_in_one_line(case):
     assert _check(case).rc == 2
 
 
+@pytest.mark.parametrize("case", B.predict_cases(), ids=lambda c: c.name)
+def test_predict_tables_fail_in_one_line_or_give_reasons(case):
+    o = _check(case)
+    assert o.rc == (0 if case.expect == "any" else 2)
+
+
 @pytest.mark.parametrize("case", B.extreme_cases(), ids=lambda c: c.name)
 def test_extreme_valid_inputs_end_with_finite_numbers(case):
     _check(case)
@@ -115,8 +121,10 @@ def test_extreme_valid_inputs_end_with_finite_numbers(case):
         ({"cfg.yaml": "fifo"}, ["simulate", "cfg.yaml"]),
         ({"cfg.yaml": B.BOMB.encode()}, ["simulate", "cfg.yaml"]),
         ({"g.json": b"[" * 100_000}, ["simulate", "g.json", "--topology", "dgx-a100"]),
-        ({"cfg.yaml": B.yaml_bytes(B.CONFIGS["layout"])}, ["simulate", "cfg.yaml", "--nodes",
-                                                          "100000"]),
+        (
+            {"cfg.yaml": B.yaml_bytes(B.CONFIGS["layout"])},
+            ["simulate", "cfg.yaml", "--nodes", "100000"],
+        ),
     ],
     ids=["fifo", "alias_bomb", "deep_json", "nodes_100000"],
 )
@@ -124,9 +132,12 @@ def test_real_process_ends_at_once_in_one_line(tmp_path, files, argv):
     B.Case("x", argv, files).materialise(tmp_path)
     p = subprocess.run(
         [sys.executable, "-m", "sim.cli", *argv],
-        capture_output=True, text=True, cwd=tmp_path, timeout=60,
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
         env={"PYTHONPATH": str(B.ROOT), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+    )
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr
 
@@ -144,8 +155,10 @@ def test_limits_name_the_field_and_the_flag():
 
 def test_limit_flags_parse():
     assert parse(["max_ranks=1e6", "max_tasks=2_000_000", "max_world=16,384"]) == {
-        "max_ranks": 1_000_000, "max_tasks": 2_000_000, "max_world": 16_384
-    }  # fmt: skip
+        "max_ranks": 1_000_000,
+        "max_tasks": 2_000_000,
+        "max_world": 16_384,
+    }
     for bad in (["max_ranks=0"], ["max_ranks=1.5"], ["max_rank=3"], ["max_ranks"]):
         with pytest.raises(ConfigError):
             parse(bad)
@@ -169,8 +182,9 @@ def test_limits_raised_in_the_config_let_a_run_through(capsys, tmp_path):
     cfg.write_text(B.yaml_bytes({**B.CONFIGS["layout"], "limits": {"max_ranks": 8}}).decode())
     assert main(["simulate", str(cfg), "--out", str(tmp_path / "o")]) == 2
     assert "limits.max_ranks" in capsys.readouterr().err
-    assert main(["simulate", str(cfg), "--out", str(tmp_path / "o"), "--limit",
-                 "max_ranks=16"]) == 0  # fmt: skip
+    assert (
+        main(["simulate", str(cfg), "--out", str(tmp_path / "o"), "--limit", "max_ranks=16"]) == 0
+    )
 
 
 def test_jitter_replicas_bounded_by_a_limit(capsys, tmp_path):

@@ -81,8 +81,11 @@ def test_dense_model_peak_is_every_blocks_kept_activations(flash):
     assert not any(t.tags.get("phase") == "fwd" and "chunk" in t.tags for t in g)  # no MoE
     res = simulate(g, TOPO, alpha_beta())
     d = M // h
-    core = 4 * e * T * M if flash else e * B * h * L * (d + d) + e * B * h * L * L + e * B * h * (
-        L * L + L * d)  # fmt: skip
+    core = (
+        4 * e * T * M
+        if flash
+        else e * B * h * L * (d + d) + e * B * h * L * L + e * B * h * (L * L + L * d)
+    )
     per_block = e * T * M * 4 + core + e * T * M + 2 * e * T * F
     assert res.mem_peak[0] == pytest.approx(n * per_block)
     final = {r: b for _t, r, b in res.mem_timeline}
@@ -208,8 +211,9 @@ def test_presets_and_config():
         cfg.workload(cfg.load_topology())
 
 
-DSV3_MLA = MLA(q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64,
-               v_head_dim=128)  # fmt: skip
+DSV3_MLA = MLA(
+    q_lora_rank=1536, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128
+)
 
 
 def test_mla_is_deepseek_v3s_attention_in_closed_form():
@@ -237,38 +241,74 @@ def test_mla_is_deepseek_v3s_attention_in_closed_form():
 
 
 def test_mla_model_is_the_sum_of_its_ops_and_the_preset_has_it():
-    blocks = BlockModel(n=2, heads=4, moe_every=2, flash=True, mla={
-        "q_lora_rank": 32, "kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4,
-        "v_head_dim": 8})  # fmt: skip
+    blocks = BlockModel(
+        n=2,
+        heads=4,
+        moe_every=2,
+        flash=True,
+        mla={
+            "q_lora_rank": 32,
+            "kv_lora_rank": 16,
+            "qk_nope_head_dim": 8,
+            "qk_rope_head_dim": 4,
+            "v_head_dim": 8,
+        },
+    )
     assert isinstance(blocks.mla, MLA)
     g = build("sequential", LAYER, {}, ("fwd", "bwd"), blocks=blocks)
     assert {t.tags["step"] for t in g if t.rank == 0} >= {"kv_b", "kv_b_wgrad", "q_a_dgrad"}
     res = simulate(g, TOPO, alpha_beta())
-    expect = sum(FITS[t.kind][0] + FITS[t.kind][1] * (
-        t.shape.get("batch", 1) * t.shape["m"] * t.shape["n"] * t.shape["k"] if t.shape
-        else t.bytes) if not t.is_comm else COLL[t.kind][0] + COLL[t.kind][1] * t.bytes
-        for t in g if t.rank == 0)  # fmt: skip
+    expect = sum(
+        FITS[t.kind][0]
+        + FITS[t.kind][1]
+        * (
+            t.shape.get("batch", 1) * t.shape["m"] * t.shape["n"] * t.shape["k"]
+            if t.shape
+            else t.bytes
+        )
+        if not t.is_comm
+        else COLL[t.kind][0] + COLL[t.kind][1] * t.bytes
+        for t in g
+        if t.rank == 0
+    )
     assert math.isclose(res.makespan, expect, rel_tol=1e-9)
-    cfg = RunConfig.from_dict({"topology": "dgx-h100-superpod", "nodes": 8, "parallel": {"ep": 64},
-                               "model": {"preset": "deepseek-v3"}})  # fmt: skip
+    cfg = RunConfig.from_dict(
+        {
+            "topology": "dgx-h100-superpod",
+            "nodes": 8,
+            "parallel": {"ep": 64},
+            "model": {"preset": "deepseek-v3"},
+        }
+    )
     assert cfg.workload(cfg.load_topology()).blocks.mla == DSV3_MLA
 
 
 @pytest.mark.parametrize(
     "mla,field",
     [
-        ({"kv_lora_rank": 0, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
-         "kv_lora_rank"),
+        (
+            {"kv_lora_rank": 0, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8},
+            "kv_lora_rank",
+        ),
         ({"kv_lora_rank": 16, "qk_nope_head_dim": 8, "v_head_dim": 8}, "qk_rope_head_dim"),
-        ({"kv_lora_rank": 16, "qk_nope_head_dim": 8, "qk_rope_head_dim": 4, "v_head_dim": 8,
-          "rope_theta": 1e4}, "rope_theta"),
+        (
+            {
+                "kv_lora_rank": 16,
+                "qk_nope_head_dim": 8,
+                "qk_rope_head_dim": 4,
+                "v_head_dim": 8,
+                "rope_theta": 1e4,
+            },
+            "rope_theta",
+        ),
         ("yes", "mla"),
     ],
-)  # fmt: skip
+)
 def test_bad_mla_is_a_one_line_error(mla, field):
     with pytest.raises(ConfigError, match=field) as e:
-        cfg = RunConfig.from_dict({"topology": "p4de-a100", "model": {
-            "preset": "gpt2-s-moe", "blocks": {"mla": mla}}})  # fmt: skip
+        cfg = RunConfig.from_dict(
+            {"topology": "p4de-a100", "model": {"preset": "gpt2-s-moe", "blocks": {"mla": mla}}}
+        )
         cfg.workload(cfg.load_topology())
     assert "\n" not in str(e.value) and "model.blocks.mla" in str(e.value)
     with pytest.raises(ConfigError, match="strategy.mla"):
@@ -289,8 +329,9 @@ def test_grouped_query_attention_in_closed_form_and_the_qwen3_preset():
     # no GQA is the standard attention, op for op
     std = attention_ops(2, 64, 128, 4, 2, True)
     assert attention_ops(2, 64, 128, 4, 2, True, kv_heads=4, head_dim=32) == std
-    cfg = RunConfig.from_dict({"topology": "dgx-h100", "nodes": 16,
-                               "model": {"preset": "qwen3-235b-a22b"}})  # fmt: skip
+    cfg = RunConfig.from_dict(
+        {"topology": "dgx-h100", "nodes": 16, "model": {"preset": "qwen3-235b-a22b"}}
+    )
     b = cfg.workload(cfg.load_topology()).blocks
     assert (b.n, b.heads, b.kv_heads, b.head_dim, len(b.moe_blocks)) == (94, 64, 4, 128, 94)
 
@@ -300,14 +341,25 @@ def test_grouped_query_attention_in_closed_form_and_the_qwen3_preset():
     [
         ({"kv_heads": 5}, "kv_heads: expected a divisor of heads 12"),
         ({"heads": 7}, "heads: 7 heads must divide"),
-        ({"kv_heads": 4, "mla": {"kv_lora_rank": 16, "qk_nope_head_dim": 8,
-                                 "qk_rope_head_dim": 4, "v_head_dim": 8}}, "MLA sets its own"),
+        (
+            {
+                "kv_heads": 4,
+                "mla": {
+                    "kv_lora_rank": 16,
+                    "qk_nope_head_dim": 8,
+                    "qk_rope_head_dim": 4,
+                    "v_head_dim": 8,
+                },
+            },
+            "MLA sets its own",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_attention_shapes_are_one_line_errors(blocks, field):
     with pytest.raises(ConfigError, match=field) as e:
-        cfg = RunConfig.from_dict({"topology": "p4de-a100", "model": {
-            "preset": "gpt2-s-moe", "blocks": blocks}})  # fmt: skip
+        cfg = RunConfig.from_dict(
+            {"topology": "p4de-a100", "model": {"preset": "gpt2-s-moe", "blocks": blocks}}
+        )
         cfg.workload(cfg.load_topology())
     assert "\n" not in str(e.value)
     params = {k: v for k, v in blocks.items()} | {"micro": 1}

@@ -144,8 +144,9 @@ def test_every_number_is_checked_before_writing_and_on_reading(tmp_path):
         with pytest.raises(ConfigError, match=where):
             Calibration.load(tmp_path / "edited.yaml")
     with pytest.raises(ConfigError, match="newer"):
-        (tmp_path / "new.yaml").write_text(yaml.safe_dump({**yaml.safe_load(good.read_text()),
-                                                           "format": 99}))  # fmt: skip
+        (tmp_path / "new.yaml").write_text(
+            yaml.safe_dump({**yaml.safe_load(good.read_text()), "format": 99})
+        )
         Calibration.load(tmp_path / "new.yaml")
 
 

@@ -19,8 +19,9 @@ CLUSTER = Cluster(TOPO, CostModel.build(TOPO, {}))
 
 
 def _layer(world: int) -> MoELayer:
-    return MoELayer(batch=1, seq_len=256, model_dim=256, hidden_dim=512, experts=world * 2,
-                    world=world, top_k=2)  # fmt: skip
+    return MoELayer(
+        batch=1, seq_len=256, model_dim=256, hidden_dim=512, experts=world * 2, world=world, top_k=2
+    )
 
 
 def test_one_layer_graph_counts_its_tokens_once():

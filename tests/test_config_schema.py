@@ -91,12 +91,16 @@ def test_bad_values_are_named_by_path(path, value, expected):
 @pytest.mark.parametrize(
     "path,expected",
     [
-        ("fabric.oversubscripton", "fabric.oversubscripton: unknown key (did you mean "
-         "'oversubscription'?)"),
+        (
+            "fabric.oversubscripton",
+            "fabric.oversubscripton: unknown key (did you mean 'oversubscription'?)",
+        ),
         ("model.hiden_dim", "model.hiden_dim: unknown key (did you mean 'hidden_dim'?)"),
         ("costz", "costz: unknown key (did you mean 'costs'?)"),
-        ("costs.roofline.flops", "costs.roofline.flops: unknown key (did you mean "
-         "'flops_efficiency'?)"),
+        (
+            "costs.roofline.flops",
+            "costs.roofline.flops: unknown key (did you mean 'flops_efficiency'?)",
+        ),
     ],
 )
 def test_misspelled_keys_get_a_did_you_mean(path, expected):

@@ -19,8 +19,15 @@ from sim.workload.moe import MoELayer
 
 
 def _layer(world: int, **kw) -> MoELayer:
-    base = dict(batch=1, seq_len=512, model_dim=1024, hidden_dim=512, experts=4 * world,
-                world=world, top_k=8)  # fmt: skip
+    base = dict(
+        batch=1,
+        seq_len=512,
+        model_dim=1024,
+        hidden_dim=512,
+        experts=4 * world,
+        world=world,
+        top_k=8,
+    )
     return MoELayer(**(base | kw))
 
 
@@ -81,8 +88,9 @@ def _comm_time(name: str, params: dict, layer: MoELayer, nodes: int) -> float:
 def test_deepep_beats_nccl_all_to_all_across_nodes():
     for ep in (16, 32):
         layer = _layer(ep)
-        nccl = min(_comm_time("sequential", {"algo": a}, layer, ep // 8) for a in
-                   (None, "rail_relay"))  # fmt: skip
+        nccl = min(
+            _comm_time("sequential", {"algo": a}, layer, ep // 8) for a in (None, "rail_relay")
+        )
         assert _comm_time("deepep", {"dispatch_dtype": "bf16"}, layer, ep // 8) < nccl
 
 
@@ -96,19 +104,38 @@ def test_deepep_does_not_win_on_one_node_and_does_across_nodes(overlap):
     level at EP4, a few percent ahead at EP8. With Megatron-Core's EP overlap the exchanges
     hide behind compute, which DeepEP's 24 SMs slow: it loses at EP4 and EP8. Across nodes
     every token to every GPU falls far behind (benchmarks/results/deepep_h800.md)."""
-    mla = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
-           "qk_rope_head_dim": 64, "v_head_dim": 128}  # fmt: skip
+    mla = {
+        "q_lora_rank": 1536,
+        "kv_lora_rank": 512,
+        "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64,
+        "v_head_dim": 128,
+    }
 
     def edge(ep: int) -> float:
         topo = Topology.load("h800", nodes=max(1, ep // 8))
         costs = CostModel.build(topo, {})
-        layer = MoELayer(batch=1, seq_len=1024, model_dim=2048, hidden_dim=3072,
-                         experts=max(32, 4 * ep), world=ep, top_k=8)  # fmt: skip
+        layer = MoELayer(
+            batch=1,
+            seq_len=1024,
+            model_dim=2048,
+            hidden_dim=3072,
+            experts=max(32, 4 * ep),
+            world=ep,
+            top_k=8,
+        )
         ms = {}
         for d in ("alltoall", "allgather", "flex"):
             n = 2 if overlap else 1  # micro-batches and layers: something to merge
-            params = {"dispatcher": d, "overlap": overlap, "micro": n, "layers": n,
-                      "heads": 128, "shared": 1, "mla": mla}  # fmt: skip
+            params = {
+                "dispatcher": d,
+                "overlap": overlap,
+                "micro": n,
+                "layers": n,
+                "heads": 128,
+                "shared": 1,
+                "mla": mla,
+            }
             g = build("megatron_ep", layer, params, ("fwd", "bwd"), Cluster(topo, costs))
             ms[d] = simulate(g, topo, costs).makespan
         return 1 - ms["flex"] / min(ms["alltoall"], ms["allgather"])
@@ -127,8 +154,9 @@ def _exchange_time(layer: MoELayer, dispatcher: str) -> float:
     topo = Topology.load("h800", nodes=2)
     costs = CostModel.build(topo, {})
     spec = layer_spec(layer, 16, 0, True, dispatcher, 8)
-    return sum(simulate(exchange_graph(spec, d), topo, costs).makespan for d in
-               ("dispatch", "combine"))  # fmt: skip
+    return sum(
+        simulate(exchange_graph(spec, d), topo, costs).makespan for d in ("dispatch", "combine")
+    )
 
 
 def test_skew_slows_nccl_markedly_and_deepep_little():

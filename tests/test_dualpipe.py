@@ -93,10 +93,12 @@ def test_simulated_activation_peak_is_within_the_tables_chunks(variant):
     its weight gradients) peak on every device at no more than the table's PP+1 micro-batch
     chunks and above PP-1 of them (a chunk's buffers come and go layer by layer)."""
     pp = 4
-    layer = MoELayer(batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=2,
-                     top_k=2)  # fmt: skip
-    g = build("dualpipe", layer, {"variant": variant, "pp": pp, "layers": 1, "shared": 0},
-              ("fwd", "bwd"))  # fmt: skip
+    layer = MoELayer(
+        batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=8, world=2, top_k=2
+    )
+    g = build(
+        "dualpipe", layer, {"variant": variant, "pp": pp, "layers": 1, "shared": 0}, ("fwd", "bwd")
+    )
     topo = Topology.load("dgx-h100", nodes=1)
     res = simulate(g, topo, CostModel.build(topo, {}))
     chunk: dict[str, float] = {}  # one (micro-batch, chunk)'s buffers on rank 0

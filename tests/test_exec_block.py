@@ -15,11 +15,12 @@ from exec.layers.moe import MoESpec  # noqa: E402
 
 # 2 sequences of 8 tokens per rank, 4 experts top-2 with capacity dropping (f = 0.75)
 SPEC = BlockSpec(
-    MoESpec(tokens=16, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
-            capacity_factor=0.75),
+    MoESpec(
+        tokens=16, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2, capacity_factor=0.75
+    ),
     batch=2,
     heads=2,
-)  # fmt: skip
+)
 VARIANTS = [("sequential", {}), ("pipelined", {"degree": 2, "order": "alternating"})]
 
 

@@ -36,8 +36,9 @@ PASSES = ("fwd", "bwd")
 
 def _both_layers(rank: int, world: int, specs: list[MoESpec]) -> list[dict]:
     """One set of processes for both layers (a launch of 4 ranks is most of the cost)."""
-    return [moe_job(rank, world, s, [Variant("sequential"), DEEPEP], 30.0, True, "gloo")
-            for s in specs]  # fmt: skip
+    return [
+        moe_job(rank, world, s, [Variant("sequential"), DEEPEP], 30.0, True, "gloo") for s in specs
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -51,8 +52,9 @@ def runs() -> tuple[MoERun, MoERun]:
 
 def _equal_to_sequential(run: MoERun) -> None:
     for r in run.ranks:
-        np.testing.assert_array_equal(r["variants"][DEEPEP.label]["slot"],
-                                      r["variants"]["sequential"]["slot"])  # fmt: skip
+        np.testing.assert_array_equal(
+            r["variants"][DEEPEP.label]["slot"], r["variants"]["sequential"]["slot"]
+        )
     rel = run.max_rel_diff(DEEPEP.label)
     assert set(rel) == {"y", "grad_x", "grad_gate", "grad_w1", "grad_b1", "grad_w2", "grad_b2"}
     assert rel["y"] <= 1e-5 and max(rel.values()) <= 1e-4, rel
@@ -137,10 +139,12 @@ def _topology_2x2(path) -> str:
     text = (
         src.replace("name: localhost-cpu\n", "name: localhost-cpu-2x2\n")
         .replace("gpus_per_node: 1", "gpus_per_node: 2")
-        .replace("  links: []\n  nic_of_gpu: [gpu0]",
-                 "  links:\n    - {a: gpu0, b: gpu1, class: loopback}\n  nic_of_gpu: [gpu0, gpu1]")
+        .replace(
+            "  links: []\n  nic_of_gpu: [gpu0]",
+            "  links:\n    - {a: gpu0, b: gpu1, class: loopback}\n  nic_of_gpu: [gpu0, gpu1]",
+        )
         .replace("  attach: [gpu0]", "  attach: [gpu0, gpu1]")
-    )  # fmt: skip
+    )
     path.write_text(text)
     return str(path)
 
@@ -157,12 +161,16 @@ def test_cli_exec_moe_strategy_deepep(tmp_path, capsys):
         "topology": _topology_2x2(tmp_path / "cpu-2x2.yaml"),
         "nodes": 2,
         "model": {k: v for k, v in BASE.items() if k not in ("experts", "world")}
-        | {"experts_per_gpu": 2, "top_k": 1, "capacity_factor": 8.0,
-           "routing": {"kind": "zipf", "s": 0.8, "seed": 2}},
+        | {
+            "experts_per_gpu": 2,
+            "top_k": 1,
+            "capacity_factor": 8.0,
+            "routing": {"kind": "zipf", "s": 0.8, "seed": 2},
+        },
         "strategy": {"name": "sequential"},
         "costs": {"compute": "alpha_beta", "network": "collective"},
         "passes": ["fwd", "bwd"],
-    }  # fmt: skip
+    }
     path = tmp_path / "moe.yaml"
     path.write_text(yaml.safe_dump(cfg))
     rc = main(["exec", str(path), "--nprocs", "4", "--moe", "--strategy", "deepep", "--json"])

@@ -21,11 +21,12 @@ from sim.strategies import resolve_params  # noqa: E402
 
 # a device's EP group is itself (world 1); 2 sequences of 8 tokens, 4 experts top-2, drops
 SPEC = BlockSpec(
-    MoESpec(tokens=16, model_dim=16, hidden_dim=24, experts=4, world=1, top_k=2,
-            capacity_factor=0.75),
+    MoESpec(
+        tokens=16, model_dim=16, hidden_dim=24, experts=4, world=1, top_k=2, capacity_factor=0.75
+    ),
     batch=2,
     heads=2,
-)  # fmt: skip
+)
 
 
 def _check(params: dict, spec: BlockSpec = SPEC) -> None:

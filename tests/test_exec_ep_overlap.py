@@ -23,11 +23,12 @@ from sim.workload.moe import MoELayer  # noqa: E402
 
 # 2 sequences of 8 tokens per rank and micro-batch, 4 experts top-2, f = 0.75: drops
 SPEC = BlockSpec(
-    MoESpec(tokens=16, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
-            capacity_factor=0.75),
+    MoESpec(
+        tokens=16, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2, capacity_factor=0.75
+    ),
     batch=2,
     heads=2,
-)  # fmt: skip
+)
 LAYERS, MICRO = 2, 2
 FAST = [{"dispatcher": "alltoall"}, {"dispatcher": "allgather"}]
 ALL = [
@@ -49,19 +50,29 @@ def _equal_to_plain(ranks: list[dict], variants: list[dict]) -> None:
             got = r["variants"][_label(v)]
             for key in ("y", "x"):
                 for mb, (a, b) in enumerate(zip(got[key], plain[key])):
-                    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6,
-                                               err_msg=f"{v} {key} micro-batch {mb}")  # fmt: skip
+                    np.testing.assert_allclose(
+                        a, b, rtol=1e-5, atol=1e-6, err_msg=f"{v} {key} micro-batch {mb}"
+                    )
             assert set(got["grads"]) == set(plain["grads"])
             for name, g in plain["grads"].items():
                 assert np.abs(g).max() > 0, name  # the gradient reaches every weight
-                np.testing.assert_allclose(got["grads"][name], g, rtol=1e-4, atol=1e-6,
-                                           err_msg=f"{v} {name}")  # fmt: skip
+                np.testing.assert_allclose(
+                    got["grads"][name], g, rtol=1e-4, atol=1e-6, err_msg=f"{v} {name}"
+                )
 
 
 def _sim_order(params: dict, stream: str, shared: int = 0) -> list[tuple]:
     """(node, phase, micro-batch, layer) of rank 0's `stream` in the simulator's graph."""
-    layer = MoELayer(batch=2, seq_len=8, model_dim=16, hidden_dim=24, experts=4, world=2,
-                     top_k=2, capacity_factor=0.75)  # fmt: skip
+    layer = MoELayer(
+        batch=2,
+        seq_len=8,
+        model_dim=16,
+        hidden_dim=24,
+        experts=4,
+        world=2,
+        top_k=2,
+        capacity_factor=0.75,
+    )
     p = {**params, "layers": LAYERS, "micro": MICRO, "heads": 2, "shared": shared}
     g = build("megatron_ep", layer, p, ("fwd", "bwd"))
     out: list[tuple] = []
@@ -112,8 +123,11 @@ def test_shared_experts_launch_in_the_simulators_order(shared):
         assert any(s == "compute.1" for s, *_ in log) == v["shared_overlap"]
 
 
-MLA_SPEC = replace(SPEC, heads=2, mla=MLA(q_lora_rank=8, kv_lora_rank=6, qk_nope_head_dim=4,
-                                           qk_rope_head_dim=2, v_head_dim=3))  # fmt: skip
+MLA_SPEC = replace(
+    SPEC,
+    heads=2,
+    mla=MLA(q_lora_rank=8, kv_lora_rank=6, qk_nope_head_dim=4, qk_rope_head_dim=2, v_head_dim=3),
+)
 
 
 GQA_SPEC = replace(SPEC, heads=4, kv_heads=2, head_dim=6)  # 4 query heads share 2 of K, V
@@ -128,8 +142,11 @@ def test_attention_variants_in_the_merged_schedule_equal_plain(spec):
     ranks = run_ep_overlap(spec, LAYERS, MICRO, variants, timeout_s=60)
     _equal_to_plain(ranks, variants)
     grads = ranks[0]["variants"]["plain"]["grads"]
-    names = ("wq_a", "q_norm_w", "wq_b", "wkv_a", "kv_norm_w", "wkv_b", "wo") if spec.mla else (
-        "wqkv", "bqkv", "wo", "bo")  # fmt: skip
+    names = (
+        ("wq_a", "q_norm_w", "wq_b", "wkv_a", "kv_norm_w", "wkv_b", "wo")
+        if spec.mla
+        else ("wqkv", "bqkv", "wo", "bo")
+    )
     for name in names:
         assert f"0.attn.{name}" in grads, name
     if spec.mla:
@@ -148,8 +165,17 @@ def test_the_real_attention_has_the_simulators_weights(spec):
 
     w = make_attention(spec)
     M = spec.moe.model_dim
-    ops = attention_ops(spec.batch, spec.seq_len, M, spec.heads, 4, False, spec.mla,
-                        kv_heads=spec.kv_heads, head_dim=spec.head_dim)  # fmt: skip
+    ops = attention_ops(
+        spec.batch,
+        spec.seq_len,
+        M,
+        spec.heads,
+        4,
+        False,
+        spec.mla,
+        kv_heads=spec.kv_heads,
+        head_dim=spec.head_dim,
+    )
     sim = sum(op.params for op in ops if op.name != "ln1")
     real = sum(t.numel() for k, t in w.items() if not k.startswith(("ln1", "ln2")))
     assert real == sim

@@ -211,8 +211,12 @@ def test_killed_launcher_leaves_no_rank_and_no_folder(tmp_path, sig):
 
 
 def test_stale_folders_only_of_dead_launchers_are_removed(tmp_path):
-    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"],
-                          capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     gone = tmp_path / f"moesim-exec-{dead}-abc"
     mine = tmp_path / f"moesim-exec-{os.getpid()}-abc"
     live = tmp_path / f"moesim-exec-{os.getppid()}-abc"
@@ -239,7 +243,7 @@ SWEEP = {
             "hidden_dim": 512,
             "experts_per_gpu": 2,
             "top_k": 2,
-        },  # fmt: skip
+        },
         "strategy": "sequential",
         "passes": ["fwd", "bwd"],
     },
@@ -252,8 +256,11 @@ SWEEP = {
 
 
 def _children(pid: int) -> list[int]:
-    return [int(d.name) for d in Path("/proc").iterdir() if d.name.isdigit()
-            and _ppid(int(d.name)) == pid]  # fmt: skip
+    return [
+        int(d.name)
+        for d in Path("/proc").iterdir()
+        if d.name.isdigit() and _ppid(int(d.name)) == pid
+    ]
 
 
 def test_sweep_workers_exit_when_the_sweep_is_killed(tmp_path):

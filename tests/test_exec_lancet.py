@@ -18,11 +18,19 @@ from exec.layers.moe import MoESpec, route  # noqa: E402
 # 4 sequences of 8 tokens per rank, 4 experts top-1, f = 0.75: tokens are dropped, and the
 # partitions route unevenly (capacity passing matters)
 SPEC = BlockSpec(
-    MoESpec(tokens=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=1,
-            capacity_factor=0.75, seed=5),
+    MoESpec(
+        tokens=32,
+        model_dim=16,
+        hidden_dim=24,
+        experts=4,
+        world=2,
+        top_k=1,
+        capacity_factor=0.75,
+        seed=5,
+    ),
     batch=4,
     heads=2,
-)  # fmt: skip
+)
 VARIANTS = [
     ("sequential", {}),
     ("lancet", {"partition": 2, "dw": "on"}),
@@ -49,11 +57,13 @@ def test_lancet_block_equals_plain_block_and_reference():
         plain = r["variants"]["sequential[]"]
         for label, got in r["variants"].items():
             for key in ("y", "x"):
-                np.testing.assert_allclose(got[key], want[key], rtol=1e-4, atol=1e-5,
-                                           err_msg=f"{label} {key}")  # fmt: skip
+                np.testing.assert_allclose(
+                    got[key], want[key], rtol=1e-4, atol=1e-5, err_msg=f"{label} {key}"
+                )
                 np.testing.assert_allclose(got[key], plain[key], rtol=1e-5, atol=1e-6)
             assert set(got["grads"]) == set(want["grads"])
             for name, g in want["grads"].items():
                 assert np.abs(g).max() > 0, name
-                np.testing.assert_allclose(got["grads"][name], g, rtol=1e-4, atol=1e-5,
-                                           err_msg=f"{label} {name}")  # fmt: skip
+                np.testing.assert_allclose(
+                    got["grads"][name], g, rtol=1e-4, atol=1e-5, err_msg=f"{label} {name}"
+                )

@@ -19,9 +19,15 @@ from sim.core.errors import ConfigError  # noqa: E402
 
 # top-1, C = ceil(1.5 * 40 / 4) = 15 slots: degrees 2 and 4 give micro-batches of unequal size
 SPEC = MoESpec(
-    tokens=40, model_dim=8, hidden_dim=32, experts=4, world=2, top_k=1, capacity_factor=1.5,
+    tokens=40,
+    model_dim=8,
+    hidden_dim=32,
+    experts=4,
+    world=2,
+    top_k=1,
+    capacity_factor=1.5,
     seed=3,
-)  # fmt: skip
+)
 VARIANTS = [
     Variant("sequential"),
     Variant("mpipemoe", {"degree": 4, "reuse": "none"}),
@@ -79,8 +85,13 @@ def test_the_expert_node_keeps_and_restores_per_table_2(reuse, device):
     x.requires_grad_()
     y = _Expert.apply(x, w1, b1, w2, b2, moe, reuse, x.detach(), "chunk")
     node = y.grad_fn
-    di, m = {"none": ("keep", "keep"), "S1": ("off", "off"), "S2": ("comm", "off"),
-             "S3": ("off", "re"), "S4": ("comm", "re")}[reuse]  # fmt: skip
+    di, m = {
+        "none": ("keep", "keep"),
+        "S1": ("off", "off"),
+        "S2": ("comm", "off"),
+        "S3": ("off", "re"),
+        "S4": ("comm", "re"),
+    }[reuse]
     assert (node.di is None) == (di == "comm") and (node.source is None) == (di != "comm")
     assert (node.m is None) == (m == "re")
     h = torch.baddbmm(b1, x, w1)

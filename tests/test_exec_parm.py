@@ -16,8 +16,12 @@ from exec.layers.moe import MoESpec  # noqa: E402
 from exec.layers.parm import run_parm  # noqa: E402
 from exec.layers.shapes import expert_slices  # noqa: E402
 
-RUNS = [("baseline", "baseline", False), ("s1", "s1", False), ("s2", "s2", False),
-        ("s2+saa", "s2", True)]  # fmt: skip
+RUNS = [
+    ("baseline", "baseline", False),
+    ("s1", "s1", False),
+    ("s2", "s2", False),
+    ("s2+saa", "s2", True),
+]
 # No drops (C = T: every expert can take every token), so S1's per-slice gating keeps what
 # the plain layer keeps; a dropping layer checks the baseline and S2 (which gate on all T).
 SIZES = dict(tokens=16, model_dim=8, hidden_dim=12, world=4, top_k=2)
@@ -25,9 +29,13 @@ CASES = [  # (tp, esp, spec, runs)
     (2, 2, MoESpec(experts=2, capacity_factor=1.0, **SIZES), RUNS),  # Fig. 2: MP = ESP
     (4, 2, MoESpec(experts=4, capacity_factor=2.0, **SIZES), RUNS),  # MP spans 2 ESP groups
     (2, 4, MoESpec(experts=2, capacity_factor=1.0, **SIZES), RUNS),  # ESP of 4, one EP index
-    (2, 2, MoESpec(experts=2, capacity_factor=0.4, **SIZES),
-     [("drop/baseline", "baseline", False), ("drop/s2+saa", "s2", True)]),
-]  # fmt: skip
+    (
+        2,
+        2,
+        MoESpec(experts=2, capacity_factor=0.4, **SIZES),
+        [("drop/baseline", "baseline", False), ("drop/s2+saa", "s2", True)],
+    ),
+]
 RTOL, ATOL = 1e-4, 1e-5
 
 
@@ -38,10 +46,14 @@ def _key(tp: int, esp: int, label: str) -> str:
 @pytest.fixture(scope="module")
 def ranks() -> list[dict]:
     cases = [
-        {"spec": spec, "tp": tp, "esp": esp,
-         "runs": [(_key(tp, esp, lab), s, saa) for lab, s, saa in runs]}
+        {
+            "spec": spec,
+            "tp": tp,
+            "esp": esp,
+            "runs": [(_key(tp, esp, lab), s, saa) for lab, s, saa in runs],
+        }
         for tp, esp, spec, runs in CASES
-    ]  # fmt: skip
+    ]
     return run_parm(cases, nprocs=4, timeout_s=60)
 
 

@@ -22,9 +22,17 @@ from tests.test_exec_moe import exec_moe_json  # noqa: E402
 # Zipf(0.8) over 4 experts, C = 12 of 32 tokens x 2 choices: hot experts drop choices, the
 # others keep 7-11, so every exchange has unequal per-peer splits; a top-k gate can make it.
 LAYER = MoELayer(
-    batch=1, seq_len=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
-    capacity_factor=0.75, dtype="fp32", routing={"kind": "zipf", "s": 0.8, "seed": 1},
-)  # fmt: skip
+    batch=1,
+    seq_len=32,
+    model_dim=16,
+    hidden_dim=24,
+    experts=4,
+    world=2,
+    top_k=2,
+    capacity_factor=0.75,
+    dtype="fp32",
+    routing={"kind": "zipf", "s": 0.8, "seed": 1},
+)
 SPEC = MoESpec.from_layer(LAYER, seed=0)
 VARIANTS = [
     Variant("sequential"),
@@ -70,15 +78,21 @@ def test_the_gate_keeps_the_simulators_counts_and_drops(run):
 def _check_variant(run: MoERun, v: Variant) -> None:
     if v.name != "sequential":
         for r in run.ranks:
-            np.testing.assert_array_equal(r["variants"][v.label]["slot"],
-                                          r["variants"]["sequential"]["slot"])  # fmt: skip
+            np.testing.assert_array_equal(
+                r["variants"][v.label]["slot"], r["variants"]["sequential"]["slot"]
+            )
         rel = run.max_rel_diff(v.label)
         assert rel["y"] <= 1e-5 and max(rel.values()) <= 1e-4, rel
     report = compare(run.ranks, v.label, LAYER, plan(LAYER), v.name, v.params, ("fwd", "bwd"))
     assert report["kept_equal_simulator"] and report["matches"], report
     assert report["splits_checked"] >= 4 and report["dropped_choices"] > 0
-    sent = [n for r in run.ranks for k, s in r["variants"][v.label]["splits"].items()
-            for n in s if k.startswith("fwd/dispatch")]  # fmt: skip
+    sent = [
+        n
+        for r in run.ranks
+        for k, s in r["variants"][v.label]["splits"].items()
+        for n in s
+        if k.startswith("fwd/dispatch")
+    ]
     assert len(set(sent)) > 1  # unequal all-to-allv splits
 
 
@@ -115,7 +129,7 @@ def test_cli_resolves_auto_on_the_configs_cluster_and_checks_routing(tmp_path, c
             "capacity_factor": 0.75,
             "dtype": "fp32",
             "routing": {"kind": "zipf", "s": 0.8, "seed": 1},
-        },  # fmt: skip
+        },
         "strategy": {"name": "mpipemoe"},  # degree and reuse: auto
         "costs": {"compute": "alpha_beta", "network": "collective"},
         "passes": ["fwd", "bwd"],
@@ -151,7 +165,7 @@ def test_exec_graphs_are_built_with_the_choices_it_prints(tmp_path):
             "hidden_dim": 24,
             "experts_per_gpu": 2,
             "top_k": 2,
-        },  # fmt: skip
+        },
         "strategy": {"name": "pipemoe"},
         "costs": {"compute": "alpha_beta", "network": "collective"},
     }
@@ -182,7 +196,7 @@ def test_fastermoe_shadow_auto_is_the_simulators_greedy_choice(tmp_path):
             "top_k": 1,
             "capacity_factor": 8.0,
             "routing": {"kind": "zipf", "s": 1.5, "seed": 0},
-        },  # fmt: skip
+        },
         "strategy": {"name": "fastermoe", "group_size": 2},
     }
     path = tmp_path / "f.yaml"
@@ -199,9 +213,16 @@ def test_a_routing_no_gate_can_make_is_reported(capsys):
     from exec.cli import _print_routing
 
     layer = MoELayer(
-        batch=1, seq_len=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
-        capacity_factor=0.75, routing={"kind": "zipf", "s": 1.5, "seed": 1},
-    )  # fmt: skip
+        batch=1,
+        seq_len=32,
+        model_dim=16,
+        hidden_dim=24,
+        experts=4,
+        world=2,
+        top_k=2,
+        capacity_factor=0.75,
+        routing={"kind": "zipf", "s": 1.5, "seed": 1},
+    )
     g = plan(layer)
     assert not g.exact and (layer.routed_matrix > layer.tokens).any()
     assert (g.kept != layer.tokens_matrix).sum() == len(g.differences()) > 0
@@ -215,7 +236,7 @@ def test_a_routing_no_gate_can_make_is_reported(capsys):
             "splits_checked": 8,
             "splits_differ": ["rank 0 fwd/dispatch/1: real {0: 8, 1: 9}, simulator {0: 8, 1: 3}"],
             "splits_missing": [],
-        }  # fmt: skip
+        }
     )
     out = capsys.readouterr().out
     assert "DIFFERENT from the simulator's" in out and "no top-k routing" in out

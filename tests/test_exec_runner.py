@@ -244,8 +244,9 @@ def test_every_strategy_graph_runs_for_real(name, every_strategy):
     g = graphs[name]
     mine = res.trace[res.trace["id"].str.startswith(f"{name}:")]
     mine = mine.assign(id=mine["id"].str[len(name) + 1 :])
-    sub = ExecResult(mine, res.nprocs, res.backend, res.device, res.clock_offsets_ns,
-                     res.clock_bounds_ns)  # fmt: skip
+    sub = ExecResult(
+        mine, res.nprocs, res.backend, res.device, res.clock_offsets_ns, res.clock_bounds_ns
+    )
     assert sorted(sub.trace["id"]) == sorted(t.id for t in g)
     _check_order(g, sub)
     _check_collectives(g, sub)

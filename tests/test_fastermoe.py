@@ -171,9 +171,17 @@ def test_greedy_rule_closed_form_on_two_gpus():
     M, H = 1024, 1024
     tok = [[90, 10], [80, 20]]  # expert 0 (on GPU 0) is hot: 170 tokens against 30
     layer = MoELayer(
-        batch=1, seq_len=100, model_dim=M, hidden_dim=H, experts=2, world=2, top_k=1,
-        capacity_factor=2.0, dtype="fp32", routing={"kind": "matrix", "tokens": tok},
-    )  # fmt: skip
+        batch=1,
+        seq_len=100,
+        model_dim=M,
+        hidden_dim=H,
+        experts=2,
+        world=2,
+        top_k=1,
+        capacity_factor=2.0,
+        dtype="fp32",
+        routing={"kind": "matrix", "tokens": tok},
+    )
     costs = rule_costs(layer, cl)
     assert (costs.net_alpha, costs.net_bw) == (0.0, bw)
     S = (2 * M * H + H + M) * 4.0

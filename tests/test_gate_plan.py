@@ -36,9 +36,16 @@ def test_choices_are_top_k_and_keep_what_the_plan_says(T, E, k, cf, data):
     row = data.draw(st.lists(st.integers(0, 3 * T), min_size=E, max_size=E))
     routing = {"kind": "matrix", "tokens": [row]}
     layer = MoELayer(
-        batch=1, seq_len=T, model_dim=4, hidden_dim=4, experts=E, world=1, top_k=k,
-        capacity_factor=cf, routing=routing,
-    )  # fmt: skip
+        batch=1,
+        seq_len=T,
+        model_dim=4,
+        hidden_dim=4,
+        experts=E,
+        world=1,
+        top_k=k,
+        capacity_factor=cf,
+        routing=routing,
+    )
     g = plan(layer)
     assert (g.demand.sum(axis=1) == k * T).all() and (g.demand <= T).all()
     choices = g.choices(0, seed=3)
@@ -56,9 +63,16 @@ def test_choices_are_top_k_and_keep_what_the_plan_says(T, E, k, cf, data):
 def test_a_realisable_zipf_routing_is_reproduced_with_drops():
     routing = {"kind": "zipf", "s": 0.8, "seed": 1}
     layer = MoELayer(
-        batch=1, seq_len=32, model_dim=16, hidden_dim=24, experts=4, world=2, top_k=2,
-        capacity_factor=0.75, routing=routing,
-    )  # fmt: skip
+        batch=1,
+        seq_len=32,
+        model_dim=16,
+        hidden_dim=24,
+        experts=4,
+        world=2,
+        top_k=2,
+        capacity_factor=0.75,
+        routing=routing,
+    )
     g = plan(layer)
     assert g.exact and (g.kept == layer.tokens_matrix).all()
     assert (layer.routed_matrix > layer.capacity).any()  # choices are dropped

@@ -109,13 +109,21 @@ def test_the_roofline_uses_the_gemm_model_where_the_gpu_has_one():
     topo = Topology.load("dgx-h100", nodes=1)
     costs = CostModel.build(topo, {})
     shape = {"batch": 2, "m": 4096, "n": 14336, "k": 4096}
-    t = Task("g", 0, "compute", "gemm", flops=2.0 * 2 * 4096 * 14336 * 4096, shape=shape,
-             tags={"dtype": "bf16"})  # fmt: skip
+    t = Task(
+        "g",
+        0,
+        "compute",
+        "gemm",
+        flops=2.0 * 2 * 4096 * 14336 * 4096,
+        shape=shape,
+        tags={"dtype": "bf16"},
+    )
     model = GemmModel.from_gpu(topo.gpu)
     assert model is not None
     assert costs.compute.duration(t) == model.seconds("bf16", 2, 4096, 14336, 4096)
-    empty = Task("e", 0, "compute", "gemm", bytes=1e6, shape={**shape, "m": 0},
-                 tags={"dtype": "bf16"})  # fmt: skip
+    empty = Task(
+        "e", 0, "compute", "gemm", bytes=1e6, shape={**shape, "m": 0}, tags={"dtype": "bf16"}
+    )
     assert costs.compute.duration(empty) == 0.0  # no tokens, no kernel
     plain = CostModel.build(topo, {"roofline": {"gemm_model": False}})
     assert plain.compute.duration(t) == pytest.approx(5e-6 + t.flops / (989e12 * 0.8))

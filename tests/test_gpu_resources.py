@@ -36,8 +36,9 @@ def _work(tid: str = "w", stream: str = "compute", flops: float = 1e12) -> Task:
 def _hold(k: int, nbytes: float = 0.0, kind: str = "elementwise") -> Task:
     """A kernel on its own stream holding k SMs, outlasting the work beside it."""
     flops = 0.0 if nbytes else 1e16
-    return Task("hold", 0, "compute.1", kind, flops=flops, bytes=nbytes, sms=k,
-                tags={"dtype": "bf16"})  # fmt: skip
+    return Task(
+        "hold", 0, "compute.1", kind, flops=flops, bytes=nbytes, sms=k, tags={"dtype": "bf16"}
+    )
 
 
 def _alone(spec: dict | None = None) -> float:
@@ -93,8 +94,15 @@ def test_streaming_kernel_costs_bandwidth_beyond_the_knee():
 
 def test_host_copy_and_gemm_keep_their_alone_speed():
     """Copy engines take no SMs: a d2h beside a GEMM, both as fast as alone (finding 4)."""
-    gemm = Task("w", 0, "compute", "gemm", flops=2e12, shape={"m": 8192, "n": 8192, "k": 8192},
-                tags={"dtype": "bf16"})  # fmt: skip
+    gemm = Task(
+        "w",
+        0,
+        "compute",
+        "gemm",
+        flops=2e12,
+        shape={"m": 8192, "n": 8192, "k": 8192},
+        tags={"dtype": "bf16"},
+    )
     d2h = Task("c", 0, "copy", "d2h", bytes=1e9)
     alone_g, _ = _run([gemm])
     alone_c, _ = _run([d2h])
@@ -138,8 +146,15 @@ def test_a_gemm_of_one_wave_frees_its_queue_when_it_starts():
 
     def gemm(tid: str, m: int) -> Task:
         shape = {"batch": 1, "m": m, "n": 1024, "k": 8192}
-        return Task(tid, 0, "compute", "gemm", flops=2.0 * m * 1024 * 8192, shape=shape,
-                    tags={"dtype": "bf16"})  # fmt: skip
+        return Task(
+            tid,
+            0,
+            "compute",
+            "gemm",
+            flops=2.0 * m * 1024 * 8192,
+            shape=shape,
+            tags={"dtype": "bf16"},
+        )
 
     small, _ = _run([gemm("g", 1024), _work("w", "compute.1")], spec)
     assert small["w"][0] == 0.0 and small["g"][1] > 0
@@ -213,13 +228,15 @@ def _graph(task: dict) -> dict:
 @pytest.mark.parametrize(
     "task, words",
     [
-        ({"id": "c", "rank": 0, "stream": "copy", "kind": "d2h", "bytes": 8.0, "sms": 4},
-         "copy engines hold no SMs"),
+        (
+            {"id": "c", "rank": 0, "stream": "copy", "kind": "d2h", "bytes": 8.0, "sms": 4},
+            "copy engines hold no SMs",
+        ),
         ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": -1}, "sms"),
         ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": 2.5}, "sms"),
         ({"id": "g", "rank": 0, "stream": "compute", "kind": "elementwise", "sms": True}, "sms"),
     ],
-)  # fmt: skip
+)
 def test_bad_task_sms_is_a_one_line_error(task, words):
     with pytest.raises(GraphError, match=words) as e:
         TaskGraph.from_dict(_graph(task))
@@ -235,8 +252,14 @@ def test_task_sms_round_trips_and_defaults_away():
 
 
 def test_presets_name_their_sm_counts():
-    for name, sms in (("dgx-h100", 132), ("h800", 132), ("hgx-h200", 132), ("dgx-a100", 108),
-                      ("p3dn-v100", 80), ("gb200-nvl72", 148)):  # fmt: skip
+    for name, sms in (
+        ("dgx-h100", 132),
+        ("h800", 132),
+        ("hgx-h200", 132),
+        ("dgx-a100", 108),
+        ("p3dn-v100", 80),
+        ("gb200-nvl72", 148),
+    ):
         assert CostModel.build(Topology.load(name, nodes=1), {}).resources.sms == sms
 
 
@@ -291,8 +314,19 @@ def test_comm_sms_bad_values_are_one_line_errors():
 def _a2a(nbytes: float, sms: int) -> list[Task]:
     """An all-to-all of `nbytes` per rank over the 8 GPUs of a dgx-h100, each kernel holding
     `sms` SMs."""
-    return [Task(f"a{r}", r, "comm", "all_to_all", bytes=nbytes, group=list(range(8)),
-                 coll="a2a", sms=sms) for r in range(8)]  # fmt: skip
+    return [
+        Task(
+            f"a{r}",
+            r,
+            "comm",
+            "all_to_all",
+            bytes=nbytes,
+            group=list(range(8)),
+            coll="a2a",
+            sms=sms,
+        )
+        for r in range(8)
+    ]
 
 
 @pytest.mark.parametrize("network", ["flow", "collective"])

@@ -159,8 +159,12 @@ def test_the_same_schedule_holds_the_same_activations():
     from sim.workload import memory as mm
 
     reuse = [f"mpipemoe:degree=4,reuse={r}" for r in ("S1", "S2", "S3", "S4")]
-    entries = ["sequential", *(f"pipelined:degree={n},order=alternating" for n in (2, 4)),
-               *(f"mpipemoe:degree={n},reuse=none" for n in (1, 2, 4)), *reuse]  # fmt: skip
+    entries = [
+        "sequential",
+        *(f"pipelined:degree={n},order=alternating" for n in (2, 4)),
+        *(f"mpipemoe:degree={n},reuse=none" for n in (1, 2, 4)),
+        *reuse,
+    ]
     df = compare(RunConfig.demo(), entries).set_index("strategy")
     peak, ms = df["peak_activation_bytes"], df["makespan_s"]
     for n in (2, 4):  # pipelined in MPipeMoE's order (Fig. 4b) is MPipeMoE without reuse
@@ -197,8 +201,19 @@ def _peak_and_input(name: str, params: dict, passes=None):
     return float(simulate(g, topo, costs).mem_peak.max()), max(inputs, default=0.0)
 
 
-ON_THE_DEMO = ["sequential", "pipelined", "pipemoe", "tutel", "ted", "lancet", "fastermoe",
-               "mpipemoe", "parm", "deepep", "megatron_ep"]  # fmt: skip
+ON_THE_DEMO = [
+    "sequential",
+    "pipelined",
+    "pipemoe",
+    "tutel",
+    "ted",
+    "lancet",
+    "fastermoe",
+    "mpipemoe",
+    "parm",
+    "deepep",
+    "megatron_ep",
+]
 
 
 @pytest.mark.parametrize("name", ON_THE_DEMO)

@@ -37,8 +37,15 @@ def _costs(
 
 @pytest.mark.parametrize("k", [1, 2, 3, 5, 8])
 def test_partitions_keep_exactly_the_unpartitioned_tokens(k):
-    layer = MoELayer(batch=8, seq_len=32, model_dim=64, hidden_dim=64, experts=8, world=4,
-                     routing={"kind": "zipf", "s": 1.5, "seed": 3})  # fmt: skip
+    layer = MoELayer(
+        batch=8,
+        seq_len=32,
+        model_dim=64,
+        hidden_dim=64,
+        experts=8,
+        world=4,
+        routing={"kind": "zipf", "s": 1.5, "seed": 3},
+    )
     parts = partition_tokens(layer, k)
     assert parts.shape == (k, 4, 8)
     np.testing.assert_array_equal(parts.sum(axis=0), layer.tokens_matrix)
@@ -118,8 +125,11 @@ def test_gate_limits_the_ranges():
 
 def test_bad_parameters_name_the_field():
     blocks = BlockModel(n=2, heads=4)
-    for bad, field in [({"partition": 9}, "partition"), ({"dw": "maybe"}, "dw"),
-                       ({"gate": "top2"}, "gate")]:  # fmt: skip
+    for bad, field in [
+        ({"partition": 9}, "partition"),
+        ({"dw": "maybe"}, "dw"),
+        ({"gate": "top2"}, "gate"),
+    ]:
         with pytest.raises(ConfigError, match=f"strategy.{field}"):
             build("lancet", LAYER, bad, ("fwd",), blocks=blocks)
 
@@ -146,8 +156,9 @@ def test_both_passes_never_lengthen_the_step(
     layer = MoELayer(batch=batch, seq_len=32, model_dim=64, hidden_dim=128, experts=8, world=4)
     blocks = BlockModel(n=n, heads=4, moe_every=2)
     plain = build("tutel", layer, {"degree": degree}, ("fwd", "bwd"), cluster, blocks=blocks)
-    lan = build("lancet", layer, {"degree": degree, "gate": gate}, ("fwd", "bwd"), cluster,
-                blocks=blocks)  # fmt: skip
+    lan = build(
+        "lancet", layer, {"degree": degree, "gate": gate}, ("fwd", "bwd"), cluster, blocks=blocks
+    )
     a, b = simulate(plain, TOPO, costs), simulate(lan, TOPO, costs)
     assert b.makespan <= a.makespan * (1 + 1e-9)
     idx = {t.id: i for i, t in enumerate(b.graph)}
@@ -158,10 +169,13 @@ def test_both_passes_never_lengthen_the_step(
     # the partitions do the unpartitioned forward's work: flops and exchanged bytes add up
     for kind in ("gemm", "all_to_all"):
         fl = [
-            sum(t.flops + (t.bytes if t.is_comm else 0) for t in g if t.kind == kind
-                and t.tags.get("phase") == "fwd")
+            sum(
+                t.flops + (t.bytes if t.is_comm else 0)
+                for t in g
+                if t.kind == kind and t.tags.get("phase") == "fwd"
+            )
             for g in (plain, lan)
-        ]  # fmt: skip
+        ]
         assert fl[1] == pytest.approx(fl[0], rel=1e-9)
 
 
@@ -184,10 +198,17 @@ def test_lancet_claim_on_a_small_model():
 
     model = {"preset": "gpt2-s-moe", "batch": 4, "seq_len": 128, "blocks": {"n": 4}}
     runs = {
-        name: api.run({"topology": "p3dn-v100", "nodes": 1, "model": model,
-                       "strategy": {"name": name, "degree": 2}, "passes": ["fwd", "bwd"]})
+        name: api.run(
+            {
+                "topology": "p3dn-v100",
+                "nodes": 1,
+                "model": model,
+                "strategy": {"name": name, "degree": 2},
+                "passes": ["fwd", "bwd"],
+            }
+        )
         for name in ("tutel", "lancet")
-    }  # fmt: skip
+    }
     tutel, lancet = runs["tutel"], runs["lancet"]
     assert lancet.graph.meta["lancet"]["dw_moved"] > 0
     assert lancet.graph.meta["lancet"].get("partitions", 1) > 1  # the partition pass acted
@@ -201,8 +222,16 @@ def test_skewed_routing_partitions_send_what_the_layer_keeps():
     costs = _costs(1e-13, 1e-12, (1e-5, 1e-9))
     cluster = Cluster(TOPO, costs)
     zipf = {"kind": "zipf", "s": 1.5, "seed": 1}
-    layer = MoELayer(batch=4, seq_len=64, model_dim=64, hidden_dim=128, experts=8, world=4,
-                     capacity_factor=1.5, routing=zipf)  # fmt: skip
+    layer = MoELayer(
+        batch=4,
+        seq_len=64,
+        model_dim=64,
+        hidden_dim=128,
+        experts=8,
+        world=4,
+        capacity_factor=1.5,
+        routing=zipf,
+    )
     blocks = BlockModel(n=2, heads=4, moe_every=2)
     plain = build("tutel", layer, {"degree": 1}, ("fwd", "bwd"), cluster, blocks=blocks)
     lan = build("lancet", layer, {"partition": 3}, ("fwd", "bwd"), cluster, blocks=blocks)

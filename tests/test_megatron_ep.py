@@ -52,9 +52,17 @@ def test_tasks_enter_the_graph_in_host_launch_order():
             if not seq or seq[-1] != name:
                 seq.append(name)
     assert seq == [
-        "combine_bwd", "attn_fwd", "dispatch_fwd", "mlp_bwd", "dispatch_bwd", "mlp_dw_bwd",
-        "mlp_fwd", "combine_fwd", "attn_bwd", "attn_dw_bwd",
-    ]  # fmt: skip
+        "combine_bwd",
+        "attn_fwd",
+        "dispatch_fwd",
+        "mlp_bwd",
+        "dispatch_bwd",
+        "mlp_dw_bwd",
+        "mlp_fwd",
+        "combine_fwd",
+        "attn_bwd",
+        "attn_dw_bwd",
+    ]
 
 
 def test_plain_schedule_serialises_every_kernel():
@@ -81,8 +89,9 @@ def test_dispatchers_build_and_keep_compute(dispatcher):
     g = build("megatron_ep", LAYER, {"dispatcher": dispatcher, "micro": 2}, PASSES)
     data = [t for t in g if t.stream == "comm" and t.tags["step"] != "counts"]
     kinds = {t.kind for t in data}
-    assert kinds == ({"all_gather", "reduce_scatter"} if dispatcher == "allgather"
-                     else {"all_to_allv"})  # fmt: skip
+    assert kinds == (
+        {"all_gather", "reduce_scatter"} if dispatcher == "allgather" else {"all_to_allv"}
+    )
     if dispatcher == "flex":
         assert all(t.algo == "deepep" and t.sms == 24 for t in data)
 
@@ -110,15 +119,22 @@ def test_overlap_beats_plain_on_dgx_h100_and_one_queue_shrinks_it(dispatcher):
     benchmark records the number against the published 1.1-1.35x) and is smaller when every
     stream's kernels share one hardware queue (CUDA_DEVICE_MAX_CONNECTIONS=1)."""
     topo = Topology.load("dgx-h100", nodes=1)
-    layer = MoELayer(batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256,
-                     world=8, top_k=8)  # fmt: skip
+    layer = MoELayer(
+        batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256, world=8, top_k=8
+    )
     gains = {}
     for queues in (32, 1):
         costs = CostModel.build(topo, {"resources": {"max_connections": queues}})
         spans = {}
         for overlap in (False, True):
-            params = {"dispatcher": dispatcher, "overlap": overlap, "micro": 3, "layers": 1,
-                      "heads": 56, "shared": 1}  # fmt: skip
+            params = {
+                "dispatcher": dispatcher,
+                "overlap": overlap,
+                "micro": 3,
+                "layers": 1,
+                "heads": 56,
+                "shared": 1,
+            }
             g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
             spans[overlap] = simulate(g, topo, costs).makespan
         gains[queues] = spans[False] / spans[True]
@@ -230,8 +246,9 @@ def test_one_micro_batch_peak_is_a_layers_activations_in_closed_form():
     # stash (T_I, T_DI, T_M, T_DO, T_O: sim.strategies.activations) are live through the
     # backward, which peaks when the dispatch gradient starts: the experts' weight gradients
     # come after it, so dT_DO, dT_M and dT_DI are still live beside the arriving dT_I
-    g = build("megatron_ep", LAYER, {"micro": 1, "layers": 1, "shared": 0, "overlap": False},
-              PASSES)  # fmt: skip
+    g = build(
+        "megatron_ep", LAYER, {"micro": 1, "layers": 1, "shared": 0, "overlap": False}, PASSES
+    )
     res = simulate(g, *_cluster())
     T, M, H, e, k = 64, 128, 256, 2, 2
     rows = T * k  # uniform routing on 4 GPUs: every GPU computes T*k rows of the 4*T*k
@@ -254,12 +271,20 @@ def test_communication_sms_have_an_interior_optimum_under_overlap():
     schedule, with nothing beside the exchange, only gains from more."""
     topo = Topology.load("dgx-h100", nodes=1)
     costs = CostModel.build(topo, {})
-    layer = MoELayer(batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256,
-                     world=8, top_k=8)  # fmt: skip
+    layer = MoELayer(
+        batch=1, seq_len=1024, model_dim=7168, hidden_dim=2048, experts=256, world=8, top_k=8
+    )
 
     def step(sms: int, overlap: bool) -> float:
-        params = {"dispatcher": "flex", "overlap": overlap, "micro": 3, "layers": 1,
-                  "heads": 56, "shared": 1, "sms": sms}  # fmt: skip
+        params = {
+            "dispatcher": "flex",
+            "overlap": overlap,
+            "micro": 3,
+            "layers": 1,
+            "heads": 56,
+            "shared": 1,
+            "sms": sms,
+        }
         g = build("megatron_ep", layer, params, PASSES, Cluster(topo, costs))
         return simulate(g, topo, costs).makespan
 

@@ -35,9 +35,17 @@ def _layer(gpus: int, B: int, model=BERT_L, dtype: str = "fp32", **kw) -> MoELay
     # top-1 (MPipeMoE Sec. IV-A), f = 1 and B a multiple of E: every GPU dispatches exactly
     # B = E*C rows, the B of Eq. 1-6
     return MoELayer(
-        batch=B // 256, seq_len=256, model_dim=model[0], hidden_dim=model[1], experts=gpus,
-        world=gpus, top_k=1, capacity_factor=1.0, dtype=dtype, **kw,
-    )  # fmt: skip
+        batch=B // 256,
+        seq_len=256,
+        model_dim=model[0],
+        hidden_dim=model[1],
+        experts=gpus,
+        world=gpus,
+        top_k=1,
+        capacity_factor=1.0,
+        dtype=dtype,
+        **kw,
+    )
 
 
 # -- Eq. 1-6 in closed form ----------------------------------------------------------------------
@@ -122,9 +130,16 @@ def test_reuse_avoids_an_out_of_memory_on_the_papers_40gb_a100():
     topo.gpu["memory_bytes"] = 40e9
     cl = Cluster(topo, CostModel.build(topo, {}))
     L = MoELayer(
-        batch=1152, seq_len=256, model_dim=2048, hidden_dim=8192, experts=64, world=8,
-        top_k=1, capacity_factor=1.0, dtype="fp32",
-    )  # fmt: skip
+        batch=1152,
+        seq_len=256,
+        model_dim=2048,
+        hidden_dim=8192,
+        experts=64,
+        world=8,
+        top_k=1,
+        capacity_factor=1.0,
+        dtype="fp32",
+    )
     out = {}
     for s in ("none", "S3"):
         g = build("mpipemoe", L, {"degree": 8, "reuse": s}, ("fwd", "bwd"), cl)
@@ -165,9 +180,15 @@ def test_the_dispatch_and_combine_alternate():
     g = build("mpipemoe", _layer(8, 4096), {"degree": 4, "reuse": "S2"}, ("fwd", "bwd"))
     comm = [t.id.split("/", 3)[-1] for t in g if t.rank == 0 and t.stream == "comm"]
     assert comm[:8] == [
-        "dispatch.0", "dispatch.1", "combine.0", "dispatch.2", "combine.1", "dispatch.3",
-        "combine.2", "combine.3",
-    ]  # fmt: skip
+        "dispatch.0",
+        "dispatch.1",
+        "combine.0",
+        "dispatch.2",
+        "combine.1",
+        "dispatch.3",
+        "combine.2",
+        "combine.3",
+    ]
     # backward: micro-batches in reverse, a re-dispatch after its combine gradient
     assert comm[8:12] == ["combine_grad.3", "combine_grad.2", "dispatch_grad.3", "combine_grad.1"]
     assert "redispatch.1" in comm and "redispatch.3" not in comm  # 3 and 2 stayed resident
@@ -331,8 +352,10 @@ def test_algorithm_1_caches_and_keeps_n_monotone_in_b():
     assert s.get(1024) == 4 and s.get(3000) == 8  # cached
     assert len(calls) == k
     assert [(r.lo, r.hi, r.n) for r in s.ranges] == [
-        (1024, 2048, 4), (3000, 4096, 8), (16384, 16384, 16),
-    ]  # fmt: skip
+        (1024, 2048, 4),
+        (3000, 4096, 8),
+        (16384, 16384, 16),
+    ]
     assert s.get(12000) == 16 and tried(12000) == [8, 16]
     assert s.ranges[-1].lo == 12000
     ordered = sorted(s.cache.items())

@@ -80,23 +80,31 @@ def test_every_collective_moves_the_papers_volume(tp, esp):
     C2 = math.ceil(C / tp)
     deg = check(l, tp, esp)
     want = {
-        "baseline": {"esp_gather": E * C * M * e, "dispatch": esp * E * C * M * e,
-                     "esp_reduce": esp * E * C * M * e, "esp_gather_grad": esp * E * C * M * e,
-                     "esp_split_grad": E * C * M * e},
+        "baseline": {
+            "esp_gather": E * C * M * e,
+            "dispatch": esp * E * C * M * e,
+            "esp_reduce": esp * E * C * M * e,
+            "esp_gather_grad": esp * E * C * M * e,
+            "esp_split_grad": E * C * M * e,
+        },
         "s1": {"dispatch": esp * E * C1 * M * e, "mp_gather": T * M * e / tp},
         "s2": {"dispatch": esp * E * C2 * M * e, "mp_gather": E * C2 * M * e},
-    }  # fmt: skip
+    }
     for schedule, sizes in want.items():
-        g = build("parm", l, {"schedule": schedule, "tp": tp, "esp": esp, "saa": False},
-                  ("fwd", "bwd"))  # fmt: skip
+        g = build(
+            "parm", l, {"schedule": schedule, "tp": tp, "esp": esp, "saa": False}, ("fwd", "bwd")
+        )
         comm = {(t.tags["phase"], t.tags["step"]): t for t in g if t.rank == 5 and t.is_comm}
         for step, nbytes in sizes.items():
             assert comm[("fwd" if not step.endswith("grad") else "bwd", step)].bytes == nbytes
         # the graph runs exactly the collectives the volume model lists, in order
         v = volumes(l, deg, schedule)
         for phase, listed in v.collectives().items():
-            got = [(t.tags["step"], t.kind, t.bytes) for t in g
-                   if t.rank == 5 and t.is_comm and t.tags["phase"] == phase]  # fmt: skip
+            got = [
+                (t.tags["step"], t.kind, t.bytes)
+                for t in g
+                if t.rank == 5 and t.is_comm and t.tags["phase"] == phase
+            ]
             assert got == listed
     # PauseMP divides the expert work by N_MP (S2 exactly when N_MP divides C)
     work = {
@@ -104,7 +112,7 @@ def test_every_collective_moves_the_papers_volume(tp, esp):
             t.flops
             for t in build("parm", l, {"schedule": s, "tp": tp, "esp": esp}, ("fwd",))
             if t.rank == 0 and t.kind == "gemm"
-        )  # fmt: skip
+        )
         for s in ("baseline", "s1", "s2")
     }
     assert work["s1"] == pytest.approx(work["baseline"] * C1 / C)
@@ -113,11 +121,19 @@ def test_every_collective_moves_the_papers_volume(tp, esp):
 
 def _ab_cluster(fits: dict) -> Cluster:
     topo = Topology.load("parm-4090")
-    ab = {"gemm": {"alpha": 1e-5, "beta": 2e-14}, "elementwise": {"alpha": 3e-6, "beta": 1e-12},
-          "gate": {"alpha": 4e-6, "beta": 1e-12}, "encode": {"alpha": 5e-6, "beta": 2e-12},
-          "decode": {"alpha": 6e-6, "beta": 3e-12}}  # fmt: skip
-    costs = {"compute": "alpha_beta", "alpha_beta": ab, "network": "collective",
-             "collectives": fits}  # fmt: skip
+    ab = {
+        "gemm": {"alpha": 1e-5, "beta": 2e-14},
+        "elementwise": {"alpha": 3e-6, "beta": 1e-12},
+        "gate": {"alpha": 4e-6, "beta": 1e-12},
+        "encode": {"alpha": 5e-6, "beta": 2e-12},
+        "decode": {"alpha": 6e-6, "beta": 3e-12},
+    }
+    costs = {
+        "compute": "alpha_beta",
+        "alpha_beta": ab,
+        "network": "collective",
+        "collectives": fits,
+    }
     return Cluster(topo, CostModel.build(topo, costs))
 
 
@@ -138,12 +154,16 @@ def test_without_overlap_the_makespan_is_the_sum_of_the_ops_closed_forms(schedul
     the paper's volumes (Volumes.collectives)."""
     cl = _ab_cluster(FITS)
     l = _layer(experts=8 // esp)
-    g = build("parm", l, {"schedule": schedule, "tp": tp, "esp": esp, "saa": False},
-              ("fwd", "bwd"), cl)  # fmt: skip
+    g = build(
+        "parm", l, {"schedule": schedule, "tp": tp, "esp": esp, "saa": False}, ("fwd", "bwd"), cl
+    )
     res = simulate(g, cl.topology, cl.costs)
     v = volumes(l, check(l, tp, esp), schedule)
-    comm = sum(FITS[kind]["alpha"] + FITS[kind]["beta"] * nbytes
-               for ops in v.collectives().values() for _, kind, nbytes in ops)  # fmt: skip
+    comm = sum(
+        FITS[kind]["alpha"] + FITS[kind]["beta"] * nbytes
+        for ops in v.collectives().values()
+        for _, kind, nbytes in ops
+    )
     compute = sum(cl.costs.compute.duration(t) for t in g if t.rank == 3 and not t.is_comm)
     assert res.makespan == pytest.approx(comm + compute, rel=1e-12)
 
@@ -178,8 +198,9 @@ def test_saa_overlaps_the_all_gather_with_the_next_round():
     one = [t for t in seq if t.rank == 0]
     sequential = sum(
         ab(t.kind, t) if t.is_comm else dur(t)
-        for t in one if t.tags["step"] in ("combine", "local_combine", "mp_gather")
-    )  # fmt: skip
+        for t in one
+        if t.tags["step"] in ("combine", "local_combine", "mp_gather")
+    )
     assert t_saa == pytest.approx(t_seq - sequential + g, rel=1e-12)
 
 
@@ -238,8 +259,17 @@ def test_pausemp_schedules_never_lose_to_the_baseline(point):
     topo = Topology.load(preset, nodes=nodes)
     cl = Cluster(topo, CostModel.build(topo, {}))
     P = topo.world_size
-    l = MoELayer(batch=B, seq_len=L, model_dim=M, hidden_dim=H, experts=P // esp, world=P,
-                 top_k=2, capacity_factor=f, dtype="fp16")  # fmt: skip
+    l = MoELayer(
+        batch=B,
+        seq_len=L,
+        model_dim=M,
+        hidden_dim=H,
+        experts=P // esp,
+        world=P,
+        top_k=2,
+        capacity_factor=f,
+        dtype="fp16",
+    )
     t = {}
     for s in ("baseline", "s1", "s2"):
         g = build("parm", l, {"schedule": s, "tp": tp, "esp": esp}, ("fwd", "bwd"), cl)
@@ -261,7 +291,7 @@ def test_a_config_takes_parms_layout_from_parallel():
             "hidden_dim": 128,
             "experts": 2,
             "top_k": 2,
-        },  # fmt: skip
+        },
         "strategy": {"name": "parm", "schedule": "s2"},
         "passes": ["fwd", "bwd"],
     }

@@ -91,11 +91,19 @@ def _results(path: Path, scale: float) -> None:
     import pandas as pd
 
     rows = [
-        {"run_id": f"r{i}", "config": "topology=dgx-a100,nodes=2", "strategy": s,
-         "status": "ok", "error": "", "makespan_s": t * scale, "time_per_token_s": t * scale / 8192,
-         "tokens": 8192, "gpus": 16}
+        {
+            "run_id": f"r{i}",
+            "config": "topology=dgx-a100,nodes=2",
+            "strategy": s,
+            "status": "ok",
+            "error": "",
+            "makespan_s": t * scale,
+            "time_per_token_s": t * scale / 8192,
+            "tokens": 8192,
+            "gpus": 16,
+        }
         for i, (s, t) in enumerate((("sequential", 0.013), ("pipelined:degree=4", 0.0104)))
-    ]  # fmt: skip
+    ]
     pd.DataFrame(rows).to_parquet(path)
 
 

@@ -46,9 +46,9 @@ def test_an_alias_bomb_is_refused_before_it_expands():
 
 def test_deep_nesting_is_refused_without_recursion_error():
     assert "nested more than" in _err(load_yaml_text, "[" * 100_000, "deep.yaml")
-    assert "nested more than" in _err(load_yaml_text, "a:\n" + "".join(
-        " " * i + "b:\n" for i in range(1, 200)
-    ), "deep.yaml")
+    assert "nested more than" in _err(
+        load_yaml_text, "a:\n" + "".join(" " * i + "b:\n" for i in range(1, 200)), "deep.yaml"
+    )
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ def test_a_configs_auto_degree_is_resolved_with_its_calibration(tmp_path):
                 "hidden_dim": 8192,
                 "experts_per_gpu": 1,
                 "dtype": "bf16",
-            },  # fmt: skip
+            },
             "strategy": {"name": "pipemoe"},
             "costs": {"calibration": _calibration(tmp_path)},
         }
@@ -108,8 +108,9 @@ def test_a_configs_auto_degree_is_resolved_with_its_calibration(tmp_path):
     c = Costs(2 * FITS["bf16"][0], 2 * FITS["bf16"][1], *A2A)
     r, t, case = select(c, *sizes(layer), list(range(1, 65)))
     assert res.resolved.chosen == {"degree": r} and res.resolved.info["predicted_s"] == t
-    assert res.describe() == [f"degree: auto -> {r} (selector: theorem1, case {case}, "
-                              f"predicted {t * 1e3:.4g} ms)"]  # fmt: skip
+    assert res.describe() == [
+        f"degree: auto -> {r} (selector: theorem1, case {case}, predicted {t * 1e3:.4g} ms)"
+    ]
     # 2 ranks of the 8-GPU cluster: no growth; 16 ranks: two nodes, said so
     assert resolve_for(cfg, 2).notes == []
     grown = resolve_for(cfg, 16)

@@ -320,12 +320,21 @@ def test_golden_cases_use_symmetry_where_they_can():
 @pytest.mark.parametrize(
     "strategy, resources",
     [
-        ({"name": "megatron_ep", "dispatcher": "flex", "micro": 2, "layers": 1, "shared": 1,
-          "heads": 8}, {"max_connections": 1, "comm_sm_bw": 2e9}),
+        (
+            {
+                "name": "megatron_ep",
+                "dispatcher": "flex",
+                "micro": 2,
+                "layers": 1,
+                "shared": 1,
+                "heads": 8,
+            },
+            {"max_connections": 1, "comm_sm_bw": 2e9},
+        ),
         ({"name": "deepep", "sms": 8}, {"comm_sm_bw": 1e9}),
     ],
     ids=["megatron-one-queue-sm-bound", "deepep-sm-bound"],
-)  # fmt: skip
+)
 def test_gpu_resources_follow_the_representatives(strategy, resources):
     """One hardware queue held by many-wave kernels and kernels bound to their SMs' send
     rate give the full run's times on the replicas' representatives."""

@@ -110,7 +110,13 @@ def test_token_dropping_cuts_the_exchange_by_tp_and_wins_on_dgx_a100():
     EP all-to-all across InfiniBand (2 DGX A100 nodes)."""
     cl = _cluster(2)
     layer = MoELayer(
-        batch=4, seq_len=1024, model_dim=2048, hidden_dim=8192, experts=16, world=16, top_k=2,
+        batch=4,
+        seq_len=1024,
+        model_dim=2048,
+        hidden_dim=8192,
+        experts=16,
+        world=16,
+        top_k=2,
         capacity_factor=1.25,
     )  # fmt: skip  (C = 640, divisible by every tp)
     passes = ("fwd", "bwd")

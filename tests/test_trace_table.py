@@ -159,9 +159,10 @@ def test_lanes_and_running_maxima_equal_pandas():
         stream = np.array([rng.choice(["compute", "comm", "comm.1"]) for _ in range(n)], object)
         start = np.array([rng.randrange(0, 50) for _ in range(n)], dtype=np.int64)
         end = start + np.array([rng.randrange(0, 20) for _ in range(n)], dtype=np.int64)
-        assert _lanes(rank, stream, start, end).tolist() == _lanes_pandas(
-            rank, stream, start, end
-        ).tolist()
+        assert (
+            _lanes(rank, stream, start, end).tolist()
+            == _lanes_pandas(rank, stream, start, end).tolist()
+        )
         key = np.sort(rank)
         want = pd.Series(end).groupby(key).cummax().to_numpy()
         assert _cummax_per_key(key, end).tolist() == want.tolist()

@@ -230,8 +230,25 @@ def test_cli_refuses_a_table_without_its_columns(tmp_path: Path) -> None:
 BAD_VALUES = ["", "-1", "0", "nan", "inf", "1e30", "2.5", "abc", "1e9"]
 
 
-@pytest.mark.parametrize("column", ["gpus", "gbs", "mbs", "seq_len", "tp", "pp", "cp", "vp",
-                                    "ep", "ga", "fsdp", "precision", "system", "model"])
+@pytest.mark.parametrize(
+    "column",
+    [
+        "gpus",
+        "gbs",
+        "mbs",
+        "seq_len",
+        "tp",
+        "pp",
+        "cp",
+        "vp",
+        "ep",
+        "ga",
+        "fsdp",
+        "precision",
+        "system",
+        "model",
+    ],
+)
 def test_no_cell_value_makes_a_traceback(column: str) -> None:
     """Every bad cell gives the row a one-line reason naming the row, or (where the value is
     a valid alternative, e.g. an empty vp) a prediction; nothing raises."""

@@ -188,9 +188,15 @@ def table_5a_layer(f: float) -> MoELayer:
     """Tokens/step S = 2K over the W = 8 GPUs (256 per GPU), top-2 gating (Tutel's default
     gate, as GShard's), bf16."""
     return MoELayer(
-        batch=1, seq_len=2048 // 8, model_dim=2048, hidden_dim=8192, experts=2, world=8,
-        top_k=2, capacity_factor=f,
-    )  # fmt: skip
+        batch=1,
+        seq_len=2048 // 8,
+        model_dim=2048,
+        hidden_dim=8192,
+        experts=2,
+        world=8,
+        top_k=2,
+        capacity_factor=f,
+    )
 
 
 def test_table_5a_p2_for_small_f_p1_for_large_f_on_ndv4():

@@ -64,8 +64,13 @@ def test_validation_says_when_it_cannot_be_trusted(monkeypatch):
     monkeypatch.setattr(v.os, "cpu_count", lambda: 4)
 
     def res(measured, simulated, runs):
-        return {"graph": f"g{measured}", "measured_s": measured, "simulated_s": simulated,
-                "error_pct": 100 * (simulated / measured - 1), "measured_runs_s": runs}  # fmt: skip
+        return {
+            "graph": f"g{measured}",
+            "measured_s": measured,
+            "simulated_s": simulated,
+            "error_pct": 100 * (simulated / measured - 1),
+            "measured_runs_s": runs,
+        }
 
     steady = [res(1.0, 1.1, [0.99, 1.0, 1.01]), res(2.0, 1.8, [1.98, 2.0, 2.02])]
     t = v.trustworthiness(steady, [1.0, 2.0], 3)

@@ -131,10 +131,21 @@ def test_gpu_resources_are_what_if_keys():
     cfg = {
         "topology": "dgx-h100",
         "nodes": 1,
-        "model": {"batch": 1, "seq_len": 1024, "model_dim": 1024, "hidden_dim": 512,
-                  "experts": 32, "top_k": 8},  # fmt: skip
-        "strategy": {"name": "megatron_ep", "dispatcher": "flex", "micro": 2, "layers": 1,
-                     "heads": 8},  # fmt: skip
+        "model": {
+            "batch": 1,
+            "seq_len": 1024,
+            "model_dim": 1024,
+            "hidden_dim": 512,
+            "experts": 32,
+            "top_k": 8,
+        },
+        "strategy": {
+            "name": "megatron_ep",
+            "dispatcher": "flex",
+            "micro": 2,
+            "layers": 1,
+            "heads": 8,
+        },
         "passes": ["fwd", "bwd"],
     }
     one = whatif(cfg, ["costs.resources.max_connections=1"])
@@ -148,8 +159,12 @@ def test_gpu_resources_are_what_if_keys():
     from sim.workload.moe import MoELayer
 
     layer = MoELayer(**{**cfg["model"], "world": 8})
-    g = build("megatron_ep", layer, {k: v for k, v in cfg["strategy"].items() if k != "name"},
-              ("fwd", "bwd"))  # fmt: skip
+    g = build(
+        "megatron_ep",
+        layer,
+        {k: v for k, v in cfg["strategy"].items() if k != "name"},
+        ("fwd", "bwd"),
+    )
     w = whatif(g, ["costs.resources.max_connections=1"], topology="dgx-h100")
     assert w.after["makespan_s"] > w.before["makespan_s"]
 

@@ -105,8 +105,11 @@ def _make_mla(spec: BlockSpec, g: torch.Generator) -> dict[str, torch.Tensor]:
         w["wq"] = lin(M, H * dq)
     else:
         ql = a.q_lora_rank
-        w |= {"wq_a": lin(M, ql), "q_norm_w": 1 + 0.1 * torch.randn(ql, generator=g),
-              "wq_b": lin(ql, H * dq)}  # fmt: skip
+        w |= {
+            "wq_a": lin(M, ql),
+            "q_norm_w": 1 + 0.1 * torch.randn(ql, generator=g),
+            "wq_b": lin(ql, H * dq),
+        }
     w |= {
         "wkv_a": lin(M, c + r),
         "kv_norm_w": 1 + 0.1 * torch.randn(c, generator=g),
@@ -199,14 +202,17 @@ class DistBlock(torch.nn.Module):
     def forward(self, x: torch.Tensor, strategy: str, params: dict | None = None) -> torch.Tensor:
         if strategy == "lancet":  # its passes reach around the MoE layer: a block of its own
             if self.spec.shared:
-                raise ConfigError("strategy lancet: its real block has no shared experts "
-                                  "(give the block shared: 0)")  # fmt: skip
+                raise ConfigError(
+                    "strategy lancet: its real block has no shared experts "
+                    "(give the block shared: 0)"
+                )
             from exec.layers.lancet import lancet_block
             from exec.layers.registry import resolve_strategy
 
             def attend(xs: torch.Tensor, b: int) -> torch.Tensor:  # b of the B sequences
-                sub = replace(self.spec, moe=replace(self.spec.moe, tokens=b * self.spec.seq_len),
-                              batch=b)  # fmt: skip
+                sub = replace(
+                    self.spec, moe=replace(self.spec.moe, tokens=b * self.spec.seq_len), batch=b
+                )
                 return attention(xs, self.attn, sub)
 
             return lancet_block(self, x, resolve_strategy(strategy, params or {}), attend)

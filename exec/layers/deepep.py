@@ -82,9 +82,13 @@ class _Rows:
 
 
 def _select(
-    x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor, dest: torch.Tensor, peers: list[int],
+    x: torch.Tensor,
+    w: torch.Tensor,
+    ids: torch.Tensor,
+    dest: torch.Tensor,
+    peers: list[int],
     world: int,
-) -> _Rows:  # fmt: skip
+) -> _Rows:
     """One row per (table row, peer in `peers`) that has a choice whose `dest` is that peer:
     the token, and its weights and expert ids masked to that peer's choices."""
     k = ids.shape[1]
@@ -106,8 +110,9 @@ def _notify(comms: Comms, send: list[int], what: str) -> list[int]:
     t = torch.tensor(send, dtype=torch.int64, device=comms.device)
     out = torch.empty_like(t)
     work = dist.all_to_all_single(out, t, group=comms.groups["comm"], async_op=True)
-    wait_work(work, comms.rank, f"all_to_all of {what} counts", list(range(comms.world)),
-              comms.timeout_s)  # fmt: skip
+    wait_work(
+        work, comms.rank, f"all_to_all of {what} counts", list(range(comms.world)), comms.timeout_s
+    )
     return [int(n) for n in out.tolist()]
 
 
@@ -116,8 +121,9 @@ def _stage(moe: DistMoE, rows: _Rows, stage: str) -> tuple[torch.Tensor, torch.T
     comms, what = moe.comms, f"deepep dispatch ({stage})"
     recv = _notify(comms, rows.send, what)
     log = _Transfers(moe.splits, comms.rank)
-    data = ExchangeV.apply(rows.data, comms, "comm", rows.send, recv, what, log,
-                           ("fwd", "dispatch", stage))  # fmt: skip
+    data = ExchangeV.apply(
+        rows.data, comms, "comm", rows.send, recv, what, log, ("fwd", "dispatch", stage)
+    )
     ids = exchange_v(comms, rows.ids, "comm", rows.send, recv, f"{what} expert ids")
     return data, ids, recv
 
@@ -126,8 +132,7 @@ def _back(moe: DistMoE, y: torch.Tensor, rows: _Rows, recv: list[int], stage: st
     """Combine one stage: rows y (one per row received) back to their senders."""
     comms, what = moe.comms, f"deepep combine ({stage})"
     log = _Transfers(moe.splits, comms.rank)
-    return ExchangeV.apply(y, comms, "comm", recv, rows.send, what, log,
-                           ("fwd", "combine", stage))  # fmt: skip
+    return ExchangeV.apply(y, comms, "comm", recv, rows.send, what, log, ("fwd", "combine", stage))
 
 
 def _experts(moe: DistMoE, x: torch.Tensor, w: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:

@@ -179,8 +179,9 @@ class Device:
 
 
 @register_schedule("dualpipe")
-def dualpipe_job(rank: int, world: int, spec: BlockSpec, params: dict[str, Any],
-                 timeout_s: float, backend: str) -> dict[str, Any]:  # fmt: skip
+def dualpipe_job(
+    rank: int, world: int, spec: BlockSpec, params: dict[str, Any], timeout_s: float, backend: str
+) -> dict[str, Any]:
     """One device: its op list; the last stages' outputs and every chunk's weight gradients
     (keyed by stage) as numpy."""
     pipe = Pipeline(params["variant"], params["pp"], params["micro"])
@@ -188,8 +189,9 @@ def dualpipe_job(rank: int, world: int, spec: BlockSpec, params: dict[str, Any],
     if pipe.devices != world:
         from exec.errors import ExecError
 
-        raise ExecError(f"{pipe.variant} on {pipe.pp} stages needs {pipe.devices} processes, "
-                        f"got {world}")  # fmt: skip
+        raise ExecError(
+            f"{pipe.variant} on {pipe.pp} stages needs {pipe.devices} processes, got {world}"
+        )
     d = Device(pipe, rank, spec, layers, timeout_s)
     ran: dict[str, int] = {}
     for op in pipe.ops(rank):
@@ -206,8 +208,9 @@ def dualpipe_job(rank: int, world: int, spec: BlockSpec, params: dict[str, Any],
     return {"rank": rank, "y": ys, "grads": grads, "ops": ran}
 
 
-def run_dualpipe(spec: BlockSpec, params: dict[str, Any],
-                 timeout_s: float = 60.0) -> list[dict[str, Any]]:  # fmt: skip
+def run_dualpipe(
+    spec: BlockSpec, params: dict[str, Any], timeout_s: float = 60.0
+) -> list[dict[str, Any]]:
     """Every device's results on local gloo processes (one per device)."""
     from exec.runtime.launch import call_ranks
     from sim.strategies import resolve_params
@@ -231,6 +234,10 @@ def sequential(spec: BlockSpec, params: dict[str, Any]) -> dict[str, Any]:
             x = stage_forward(x, ws, spec)
         (x * dy).sum().backward()
         ys[f"{m // pipe.per_phase}/{m % pipe.per_phase}"] = x.detach().numpy()
-    grads = {f"{s}.{i}.{k}": grad_of(v).numpy() for s, ws in enumerate(stages)
-             for i, w in enumerate(ws) for k, v in w.items()}  # fmt: skip
+    grads = {
+        f"{s}.{i}.{k}": grad_of(v).numpy()
+        for s, ws in enumerate(stages)
+        for i, w in enumerate(ws)
+        for k, v in w.items()
+    }
     return {"y": ys, "grads": grads}

@@ -130,8 +130,10 @@ class AllGather:
 
     def dispatch(self, moe: DistMoE, t: Tensors, ctx: dict) -> Tensors:
         ctx["all_ids"] = gather(moe, ctx.pop("ids"), "all_gather of expert choices")
-        return (_AllGather.apply(t[0], moe, "all_gather of tokens"),
-                _AllGather.apply(t[1], moe, "all_gather of gate weights"))  # fmt: skip
+        return (
+            _AllGather.apply(t[0], moe, "all_gather of tokens"),
+            _AllGather.apply(t[1], moe, "all_gather of gate weights"),
+        )
 
     def experts(self, moe: DistMoE, t: Tensors, ctx: dict) -> Tensors:
         """My experts on every rank's kept rows for them, weighted, into a [P*T, M] buffer."""

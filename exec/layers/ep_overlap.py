@@ -72,8 +72,13 @@ class _Layer:
 class Stage:
     """Real blocks of one rank, driven node by node (module docstring)."""
 
-    def __init__(self, blocks: list[DistBlock], params: dict[str, Any], comm: CommStream,
-                 side: CommStream | None = None):  # fmt: skip
+    def __init__(
+        self,
+        blocks: list[DistBlock],
+        params: dict[str, Any],
+        comm: CommStream,
+        side: CommStream | None = None,
+    ):
         """`side`: the shared experts' stream when they overlap (None: inside `mlp`)."""
         self.blocks, self.comm, self.params, self.side = blocks, comm, params, side
         self.shared = blocks[0].spec.shared > 0
@@ -119,8 +124,7 @@ class Stage:
             h = x + attention(x, blk.attn, spec)
             z = F.layer_norm(h, (spec.moe.model_dim,), blk.attn["ln2_w"], blk.attn["ln2_b"])
             r = route(z, moe.gate, spec.moe.top_k, spec.moe.capacity, moe.choices)
-            return (h, r.weight, *((z,) if self.shared else ()),
-                    *self.disp.send(moe, z, r, st.ctx))  # fmt: skip
+            return (h, r.weight, *((z,) if self.shared else ()), *self.disp.send(moe, z, r, st.ctx))
 
         self._launch("compute", "attn", "fwd", mb, lid)
         params = [v for k, v in blk.attn.items() if k not in SHARED_PARAMS]
@@ -293,8 +297,9 @@ def layer_spec(spec: BlockSpec, lid: int) -> BlockSpec:
 
 
 @register_schedule("ep_overlap")  # strategy megatron_ep's real form
-def run_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: dict[str, Any],
-              micro: int) -> dict[str, Any]:  # fmt: skip
+def run_stage(
+    blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: dict[str, Any], micro: int
+) -> dict[str, Any]:
     """Every micro-batch through the stage in the schedule `params` says; outputs, input
     gradients, and the weights' gradients left in `blocks` (accumulated over micro-batches)."""
     overlap = params["overlap"] in (True, "on")
@@ -322,12 +327,16 @@ def run_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec, params: di
         comm.close()
         if side is not None:
             side.close()
-    return {"y": [ys[i] for i in range(micro)], "x": [st.grad_x[i] for i in range(micro)],
-            "log": st.log}  # fmt: skip
+    return {
+        "y": [ys[i] for i in range(micro)],
+        "x": [st.grad_x[i] for i in range(micro)],
+        "log": st.log,
+    }
 
 
-def plain_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec,
-                micro: int) -> dict[str, Any]:  # fmt: skip
+def plain_stage(
+    blocks: list[DistBlock], comms: Comms, spec: BlockSpec, micro: int
+) -> dict[str, Any]:
     """The reference: each micro-batch forward and backward through plain autograd of the
     blocks with the `sequential` layer (no nodes, no threads)."""
     ys, gx = [], []
@@ -342,29 +351,49 @@ def plain_stage(blocks: list[DistBlock], comms: Comms, spec: BlockSpec,
     return {"y": ys, "x": gx}
 
 
-def ep_overlap_job(rank: int, world: int, spec: BlockSpec, layers: int, micro: int,
-                   variants: list[dict[str, Any]], timeout_s: float,
-                   backend: str) -> dict[str, Any]:  # fmt: skip
+def ep_overlap_job(
+    rank: int,
+    world: int,
+    spec: BlockSpec,
+    layers: int,
+    micro: int,
+    variants: list[dict[str, Any]],
+    timeout_s: float,
+    backend: str,
+) -> dict[str, Any]:
     """One rank: the plain reference, then every variant (megatron_ep parameters), each on
     fresh blocks with the same weights; numpy outputs and gradients."""
     comms = Comms(rank, world, timeout_s, torch.device("cpu"))
     out: dict[str, Any] = {}
     for label, params in [("plain", None), *((repr(sorted(v.items())), v) for v in variants)]:
-        blocks = [DistBlock(layer_spec(spec, i), rank, comms, torch.device("cpu"))
-                  for i in range(layers)]  # fmt: skip
+        blocks = [
+            DistBlock(layer_spec(spec, i), rank, comms, torch.device("cpu")) for i in range(layers)
+        ]
         if params is None:
             res = plain_stage(blocks, comms, spec, micro)
         else:
             res = run_stage(blocks, comms, spec, resolve_params("megatron_ep", params), micro)
-        grads = {f"{i}.{n}": grad_of(p).numpy().copy()
-                 for i, b in enumerate(blocks) for n, p in b.named_parameters()}  # fmt: skip
-        out[label] = {"y": [y.numpy() for y in res["y"]], "x": [g.numpy() for g in res["x"]],
-                      "grads": grads, "log": res.get("log", [])}  # fmt: skip
+        grads = {
+            f"{i}.{n}": grad_of(p).numpy().copy()
+            for i, b in enumerate(blocks)
+            for n, p in b.named_parameters()
+        }
+        out[label] = {
+            "y": [y.numpy() for y in res["y"]],
+            "x": [g.numpy() for g in res["x"]],
+            "grads": grads,
+            "log": res.get("log", []),
+        }
     return {"rank": rank, "variants": out}
 
 
-def run_ep_overlap(spec: BlockSpec, layers: int, micro: int, variants: list[dict[str, Any]],
-                   timeout_s: float = 60.0) -> list[dict[str, Any]]:  # fmt: skip
+def run_ep_overlap(
+    spec: BlockSpec,
+    layers: int,
+    micro: int,
+    variants: list[dict[str, Any]],
+    timeout_s: float = 60.0,
+) -> list[dict[str, Any]]:
     """Every rank's results on `spec.moe.world` local gloo processes."""
     from exec.runtime.launch import call_ranks
 

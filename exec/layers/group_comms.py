@@ -47,8 +47,13 @@ class GroupComms(Comms):
         x = x.contiguous()
         out = torch.empty_like(x)
         work = dist.all_to_all_single(out, x, group=self.groups[stream], async_op=True)
-        wait_work(work, self.rank, f"all_to_all for {what} (stream {stream})", self.members,
-              self.timeout_s)  # fmt: skip
+        wait_work(
+            work,
+            self.rank,
+            f"all_to_all for {what} (stream {stream})",
+            self.members,
+            self.timeout_s,
+        )
         return out
 
     def all_gather(self, x: torch.Tensor, what: str, stream: str = "comm") -> torch.Tensor:

@@ -84,13 +84,15 @@ class _Pending:
     def __init__(self, comms: Any, x: torch.Tensor, send: list[int], recv: list[int], what: str):
         self.comms, self.send, self.recv, self.what = comms, send, recv, what
         self.out = x.new_empty(sum(recv), x.shape[1])
-        self.work = dist.all_to_all_single(self.out, x.detach().contiguous(), recv, send,
-                                           group=comms.groups["comm"], async_op=True)  # fmt: skip
+        self.work = dist.all_to_all_single(
+            self.out, x.detach().contiguous(), recv, send, group=comms.groups["comm"], async_op=True
+        )
 
     def wait(self) -> None:
         c = self.comms
-        wait_work(self.work, c.rank, f"all_to_allv for {self.what}", list(range(c.world)),
-                  c.timeout_s)  # fmt: skip
+        wait_work(
+            self.work, c.rank, f"all_to_allv for {self.what}", list(range(c.world)), c.timeout_s
+        )
 
 
 class _Landed(torch.autograd.Function):
@@ -135,8 +137,12 @@ class _Expert(torch.autograd.Function):
         h = h.detach()
 
         def weight_grads() -> None:
-            for p, g in ((moe.w1, x.T @ dpre), (moe.b1, dpre.sum(0, keepdim=True)),
-                         (moe.w2, h.T @ dy), (moe.b2, dy.sum(0, keepdim=True))):  # fmt: skip
+            for p, g in (
+                (moe.w1, x.T @ dpre),
+                (moe.b1, dpre.sum(0, keepdim=True)),
+                (moe.w2, h.T @ dy),
+                (moe.b2, dy.sum(0, keepdim=True)),
+            ):
                 if p.grad is None:
                     p.grad = torch.zeros_like(p)
                 p.grad[i] += g
@@ -224,8 +230,9 @@ def lancet_block(
         outs = [_Expert.apply(got[ix], moe, i, deferred) for i, ix in enumerate(idx) if ix]
         order = torch.tensor([r for ix in idx for r in ix], dtype=torch.long)
         y_rows = torch.cat(outs)[torch.argsort(order)] if outs else got * 0
-        back.append((y_rows, _Pending(moe.comms, y_rows, [sum(c) for c in recv_pe], send,
-                                      f"combine {j}")))  # fmt: skip
+        back.append(
+            (y_rows, _Pending(moe.comms, y_rows, [sum(c) for c in recv_pe], send, f"combine {j}"))
+        )
     # stage 3: decode and residual, partition by partition
     ys = []
     for j in range(k):

@@ -157,9 +157,13 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
         for what, j, _ in plan:
             if what == "first":
                 received[j] = moe.exchange(
-                    chunks[j], bounds[j], False, stream, f"dispatch chunk {j}",
+                    chunks[j],
+                    bounds[j],
+                    False,
+                    stream,
+                    f"dispatch chunk {j}",
                     ("fwd", "dispatch", j),
-                )  # fmt: skip
+                )
                 arrived[j].set()
             else:
                 ov.wait(computed[j])
@@ -174,9 +178,17 @@ def mpipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.T
             x = received.pop(j)  # T_DI: from here on only the expert's node may hold it
             source = chunks[j].detach().contiguous()
             expert_out[j] = _Expert.apply(
-                x, moe.w1, moe.b1, moe.w2, moe.b2, moe, reuse, source, f"dispatch chunk {j}",
+                x,
+                moe.w1,
+                moe.b1,
+                moe.w2,
+                moe.b2,
+                moe,
+                reuse,
+                source,
+                f"dispatch chunk {j}",
                 (bounds[j], j),
-            )  # fmt: skip
+            )
             computed[j].set()
 
     ov.run(["comm"], comm_stream, compute_stream)

@@ -57,12 +57,19 @@ class ParmComms:
     def __init__(self, rank: int, world: int, tp: int, esp: int, timeout_s: float, device):
         ep = world // esp
         self.world = Comms(rank, world, timeout_s, device)
-        self.esp = GroupComms(rank, [list(range(e * esp, (e + 1) * esp)) for e in range(ep)],
-                              timeout_s, device)  # fmt: skip
-        self.ep = GroupComms(rank, [list(range(s, world, esp)) for s in range(esp)],
-                             timeout_s, device)  # fmt: skip
-        self.mp = GroupComms(rank, [list(range(g * tp, (g + 1) * tp)) for g in range(world // tp)],
-                             timeout_s, device, streams=("comm", "comm.1"))  # fmt: skip
+        self.esp = GroupComms(
+            rank, [list(range(e * esp, (e + 1) * esp)) for e in range(ep)], timeout_s, device
+        )
+        self.ep = GroupComms(
+            rank, [list(range(s, world, esp)) for s in range(esp)], timeout_s, device
+        )
+        self.mp = GroupComms(
+            rank,
+            [list(range(g * tp, (g + 1) * tp)) for g in range(world // tp)],
+            timeout_s,
+            device,
+            streams=("comm", "comm.1"),
+        )
 
 
 class _GatherRS(torch.autograd.Function):
@@ -141,10 +148,13 @@ class _SAA(torch.autograd.Function):
             src = [q for q in range(P) if (q // n - e - j) % ep == 0]
             recv = out.new_empty(n, El, c, M)
             work = dist.all_to_all_single(
-                recv, out[dst].contiguous(), [int(q in src) for q in range(P)],
-                [int(q in dst) for q in range(P)], group=comms.world.groups["comm"],
+                recv,
+                out[dst].contiguous(),
+                [int(q in src) for q in range(P)],
+                [int(q in dst) for q in range(P)],
+                group=comms.world.groups["comm"],
                 async_op=True,
-            )  # fmt: skip
+            )
             wait_work(work, moe.rank, f"SAA round {j}", list(range(P)), comms.world.timeout_s)
             mine = recv.sum(0).contiguous()  # local combine: the N_ESP slices' partial sums
             got = mine.new_empty(mp * El, c, M)
@@ -266,8 +276,12 @@ def parm_job(rank: int, world: int, cases: list[dict], timeout_s: float) -> dict
             (y * make_output_grad(spec, s)).sum().backward()
             grads = {"x": grad_of(x).numpy()}
             grads |= {k: p.grad.numpy() for k, p in moe.named_parameters() if p.grad is not None}
-            out[label] = {"set": s, "y": y.detach().numpy(), "grads": grads,
-                          "seconds": time.perf_counter() - t0}  # fmt: skip
+            out[label] = {
+                "set": s,
+                "y": y.detach().numpy(),
+                "grads": grads,
+                "seconds": time.perf_counter() - t0,
+            }
     return {"rank": rank, "cases": out}
 
 

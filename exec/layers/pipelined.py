@@ -78,9 +78,13 @@ def pipelined(moe: Chunked, buf: torch.Tensor, params: dict[str, Any]) -> torch.
             else:
                 ov.wait(computed[j])
                 combined[j] = moe.exchange(
-                    expert_out[j], bounds[j], True, stream, f"combine chunk {j}",
+                    expert_out[j],
+                    bounds[j],
+                    True,
+                    stream,
+                    f"combine chunk {j}",
                     ("fwd", "combine", j),
-                )  # fmt: skip
+                )
 
     def compute_stream() -> None:  # expert chunks as their dispatch arrives
         for j in range(r):

@@ -75,8 +75,9 @@ def exchange_counts(comms: Comms, counts: np.ndarray, experts_per_rank: int) -> 
     t = torch.as_tensor(counts, dtype=torch.int64).to(comms.device)
     out = torch.empty_like(t)
     work = dist.all_to_all_single(out, t, group=comms.groups["comm"], async_op=True)
-    wait_work(work, comms.rank, "all_to_all of token counts", list(range(comms.world)),
-              comms.timeout_s)  # fmt: skip
+    wait_work(
+        work, comms.rank, "all_to_all of token counts", list(range(comms.world)), comms.timeout_s
+    )
     return out.cpu().numpy().reshape(comms.world, experts_per_rank)
 
 
@@ -117,8 +118,13 @@ def exchange_v(
         group=comms.groups[stream],
         async_op=True,
     )
-    wait_work(work, comms.rank, f"all_to_allv for {what} (stream {stream})",
-              list(range(comms.world)), comms.timeout_s)  # fmt: skip
+    wait_work(
+        work,
+        comms.rank,
+        f"all_to_allv for {what} (stream {stream})",
+        list(range(comms.world)),
+        comms.timeout_s,
+    )
     return out
 
 

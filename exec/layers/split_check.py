@@ -85,7 +85,7 @@ def compare(
         [
             np.bincount(
                 r["variants"][label]["expert"][r["variants"][label]["slot"] >= 0], minlength=E
-            )  # fmt: skip
+            )
             for r in ranks
         ]
     )

@@ -21,8 +21,9 @@ import torch
 import torch.distributed as dist
 
 
-def all_gather_single(out: torch.Tensor, inp: torch.Tensor, group: Any = None,
-                      async_op: bool = False) -> Any:  # fmt: skip
+def all_gather_single(
+    out: torch.Tensor, inp: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Any:
     """Gather every member's `inp` into `out` (members along dim 0)."""
     fn = getattr(dist, "all_gather_single", None)
     if fn is None:
@@ -30,8 +31,9 @@ def all_gather_single(out: torch.Tensor, inp: torch.Tensor, group: Any = None,
     return fn(out, inp, group=group, async_op=async_op)
 
 
-def reduce_scatter_single(out: torch.Tensor, inp: torch.Tensor, group: Any = None,
-                          async_op: bool = False) -> Any:  # fmt: skip
+def reduce_scatter_single(
+    out: torch.Tensor, inp: torch.Tensor, group: Any = None, async_op: bool = False
+) -> Any:
     """Sum `inp` over members; this member keeps its 1/world slice of dim 0 in `out`."""
     fn = getattr(dist, "reduce_scatter_single", None)
     if fn is None:

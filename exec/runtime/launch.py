@@ -170,9 +170,13 @@ def call_ranks(
     threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
     setup = max(timeout_s, SETUP_TIMEOUT_S) if setup_timeout_s is None else setup_timeout_s
     store = dist.TCPStore(
-        "127.0.0.1", 0, nprocs + 1, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        nprocs + 1,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=setup),
-    )  # fmt: skip
+    )
     with supervise.run_folder() as tmp, supervise.interruptible():
         out = Path(tmp)
         env = dict(os.environ)

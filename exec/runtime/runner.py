@@ -329,8 +329,9 @@ class _CudaExecutor(_Executor):
         while not end.query():
             if time.monotonic() > deadline:
                 # compute behind a stuck communication is only waiting for it
-                stuck = [o for o in self.ops if o.task.id in events
-                         and not events[o.task.id][1].query()]  # fmt: skip
+                stuck = [
+                    o for o in self.ops if o.task.id in events and not events[o.task.id][1].query()
+                ]
                 culprit = next((o for o in stuck if o.is_comm), stuck[0] if stuck else op)
                 raise comm_failure(self.rank, culprit, self.timeout_s, None)
             time.sleep(0.0005)

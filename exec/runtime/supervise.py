@@ -227,8 +227,9 @@ class Supervisor:
             parts.append(f"rank {r} {_how(code)} at {by - self.wall0:.1f} s{self._when(r)}")
             deaths = deaths[1:]
         for rep in reports[:1]:
-            parts.append(f"rank {rep['rank']} then failed: {rep['message']}" if parts
-                         else rep["message"])  # fmt: skip
+            parts.append(
+                f"rank {rep['rank']} then failed: {rep['message']}" if parts else rep["message"]
+            )
         for r, (_, by, code) in deaths:
             parts.append(f"rank {r} then {_how(code)} at {by - self.wall0:.1f} s")
         if not parts:

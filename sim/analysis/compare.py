@@ -298,8 +298,10 @@ def token_columns(summary: dict[str, Any]) -> dict[str, Any]:
     """A summary's (token, expert) choices of one MoE layer as flat row columns (None where
     the graph does not say): routed, kept within capacity, dropped, and the dropped share."""
     t = summary.get("tokens_per_layer") or {}
-    return {f"tokens_{k}" if k != "dropped_fraction" else k: t.get(k) for k in
-            ("routed", "kept", "dropped", "dropped_fraction")}  # fmt: skip
+    return {
+        f"tokens_{k}" if k != "dropped_fraction" else k: t.get(k)
+        for k in ("routed", "kept", "dropped", "dropped_fraction")
+    }
 
 
 def typed_token_columns(df: pd.DataFrame) -> None:

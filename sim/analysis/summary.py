@@ -260,8 +260,10 @@ def format_summary(s: dict[str, Any]) -> str:
     ms = s.get("model_states")
     if s.get("model_state_bytes") is None or not ms:
         lines.append("  model states             unknown (the graph's meta does not say)")
-        lines.append(f"  peak memory        {s['peak_activation_bytes'] / gib:10.3f} GiB of {cap}"
-                     f" (activations only){oom}")  # fmt: skip
+        lines.append(
+            f"  peak memory        {s['peak_activation_bytes'] / gib:10.3f} GiB of {cap}"
+            f" (activations only){oom}"
+        )
     else:
         per = "+".join(str(v) for v in ms["bytes_per_param"].values() if v)
         what = "weights, gradients, Adam states" if len(per) > 2 else "weights"

@@ -114,9 +114,7 @@ def _execute(
     return _on_processes(points, n, close_fds)
 
 
-def _on_processes(
-    points: list[Point], n: int, close_fds: list[int]
-) -> Iterator[Row | None]:
+def _on_processes(points: list[Point], n: int, close_fds: list[int]) -> Iterator[Row | None]:
     import multiprocessing as mp
     import threading
     from concurrent.futures import ProcessPoolExecutor

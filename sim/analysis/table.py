@@ -134,7 +134,7 @@ class TraceTable:
 
 
 def _number_kind(vals: list[Any]) -> str | None:
-    """"float" where pandas makes a float64 column of the values (numbers, some of them
+    """ "float" where pandas makes a float64 column of the values (numbers, some of them
     floats or gaps), "int" for integers alone, None for anything else (strings, all-None)."""
     has_int = has_float = has_none = False
     for v in vals:

@@ -347,4 +347,3 @@ def _merged(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
         else:
             out[key] = value
     return out
-

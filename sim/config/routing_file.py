@@ -37,9 +37,7 @@ def load_matrix_file(file: str) -> np.ndarray:
     if m.ndim != 2:
         raise ConfigError(f"{what} {path}: expected a 2-D matrix, got {m.ndim} dimension(s)")
     if not np.isfinite(m).all() or (m < 0).any() or (m > MAX_ENTRY).any():
-        raise ConfigError(
-            f"{what} {path}: entries must be finite token counts in [0, 2^53]"
-        )
+        raise ConfigError(f"{what} {path}: entries must be finite token counts in [0, 2^53]")
     return m
 
 

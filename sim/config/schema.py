@@ -40,13 +40,15 @@ class FabricSpec(Strict):
 
     # a None default outside the field's type, on purpose (above): hence the type ignores
     type: Literal["switch", "fat_tree", "rail"] = Field(
-        None, description=FABRIC_FIELDS["type"]  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        description=FABRIC_FIELDS["type"],
     )
     class_: str = Field(  # type: ignore[assignment]
         default=None, alias="class", description=FABRIC_FIELDS["class"]
     )
     attach: list[str] = Field(
-        None, description=FABRIC_FIELDS["attach"]  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        description=FABRIC_FIELDS["attach"],
     )
     nodes_per_leaf: PosInt = Field(  # type: ignore[assignment]
         None, description=FABRIC_FIELDS["nodes_per_leaf"]
@@ -58,7 +60,8 @@ class FabricSpec(Strict):
         None, description=FABRIC_FIELDS["oversubscription"]
     )
     planes: Literal["single", "multi"] = Field(
-        None, description=FABRIC_FIELDS["planes"]  # type: ignore[arg-type]
+        None,  # type: ignore[arg-type]
+        description=FABRIC_FIELDS["planes"],
     )
 
 

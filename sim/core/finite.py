@@ -42,4 +42,3 @@ def _first_bad(value: Any, path: str) -> tuple[str, float] | None:
         elif hasattr(v, "tolist") and getattr(getattr(v, "dtype", None), "kind", "") in "fc":
             stack.append((where, v.tolist()))  # numpy scalars and arrays
     return None
-

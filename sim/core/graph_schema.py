@@ -216,8 +216,9 @@ def _per_kind(t: dict[str, Any]) -> dict[str, Any]:
     def refuse(fields: set[str], why: str) -> None:
         extra = sorted(given & fields)
         if extra:
-            raise ValueError(f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not "
-                             f"apply to {why}")
+            raise ValueError(
+                f"{', '.join(extra)} {'does' if len(extra) == 1 else 'do'} not apply to {why}"
+            )
 
     if t.get("sms") and kind in ("d2h", "h2d"):
         raise ValueError(f"sms does not apply to a {kind} task (copy engines hold no SMs)")

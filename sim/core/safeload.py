@@ -48,9 +48,7 @@ def read_bytes(path: str | Path, what: str = "input file", limit: int = MAX_INPU
     if not stat.S_ISREG(st.st_mode):
         raise ConfigError(f"{what} {p}: expected a regular file")
     if st.st_size > limit:
-        raise ConfigError(
-            f"{what} {p}: {st.st_size} bytes is over the {limit}-byte input limit"
-        )
+        raise ConfigError(f"{what} {p}: {st.st_size} bytes is over the {limit}-byte input limit")
     try:
         # O_NONBLOCK: should the file have been swapped for a FIFO since the stat, opening it
         # still returns at once instead of waiting for a writer
@@ -151,8 +149,7 @@ def _check_depth(events: Any, source: str) -> None:
                 mark = ev.start_mark
                 assert mark is not None  # the parser marks every event it emits
                 raise ConfigError(
-                    f"{source}: nested more than {MAX_DEPTH} levels deep "
-                    f"(at line {mark.line + 1})"
+                    f"{source}: nested more than {MAX_DEPTH} levels deep (at line {mark.line + 1})"
                 )
         elif isinstance(ev, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
             depth -= 1
@@ -195,8 +192,7 @@ def _check_expansion(root: Any, source: str) -> None:
             total = 1 + sum(size[id(k)] for k in kids)
             if total > MAX_NODES:
                 raise ConfigError(
-                    f"{source}: YAML aliases expand to more than {MAX_NODES} nodes "
-                    "(an alias bomb?)"
+                    f"{source}: YAML aliases expand to more than {MAX_NODES} nodes (an alias bomb?)"
                 )
             size[id(node)] = total
             open_.discard(id(node))

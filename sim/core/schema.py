@@ -103,7 +103,9 @@ def _describe(
         hint = (
             f" (did you mean {close[0]!r}?)"
             if close
-            else f" (known: {', '.join(sorted(known))})" if known else ""
+            else f" (known: {', '.join(sorted(known))})"
+            if known
+            else ""
         )
         return path, f"unknown key{hint}", ""
     if kind == "missing":
@@ -171,9 +173,7 @@ def _known_keys(model: type[BaseModel], loc: list[str]) -> list[str]:
         fields = getattr(current, "model_fields", None)
         if not fields:
             return []
-        field = fields.get(part) or next(
-            (f for f in fields.values() if f.alias == part), None
-        )
+        field = fields.get(part) or next((f for f in fields.values() if f.alias == part), None)
         if field is None:
             return []
         current = _model_in(field.annotation)

@@ -272,9 +272,7 @@ class Engine(Comm):
         if self.launch is not None and t.host_sync:  # the host was waiting for this one
             self.launch.finished(i, t.rank, self.env.now)
 
-    def _after(
-        self, delay: float, fn: Callable[[Unpack[Ts]], None], *args: Unpack[Ts]
-    ) -> None:
+    def _after(self, delay: float, fn: Callable[[Unpack[Ts]], None], *args: Unpack[Ts]) -> None:
         ev = self.env.timeout(max(delay, 0.0))
         ev.callbacks.append(lambda _e: fn(*args))
 

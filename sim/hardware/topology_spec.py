@@ -13,9 +13,7 @@ from typing import Any
 from sim.core.errors import ConfigError, TopologyError
 from sim.hardware.topology_schema import DEVICE_TYPES, TopologySpec
 
-__all__ = [
-    "DEVICE_TYPES", "LinkClass", "check_spec", "expand_pairs", "link_classes", "read_spec"
-]
+__all__ = ["DEVICE_TYPES", "LinkClass", "check_spec", "expand_pairs", "link_classes", "read_spec"]
 
 
 def topologies_dir() -> Path:

@@ -41,8 +41,12 @@ class StepTimer:
         if reuse not in RESTORE:
             raise ConfigError(f"strategy.reuse: expected one of {list(RESTORE)}, got {reuse!r}")
         self.layer, self.cluster, self.reuse, self.passes, self.algo = (
-            layer, cluster, reuse, passes, algo,
-        )  # fmt: skip
+            layer,
+            cluster,
+            reuse,
+            passes,
+            algo,
+        )
         self.cache: dict[tuple[int, int], float] = {}
 
     def __call__(self, B: int, n: int) -> float:

@@ -72,8 +72,9 @@ def build(
     G = cluster.topology.gpus_per_node if cluster is not None else None
     ep = check_layout(layer, tp, G)
     if tp == 1:  # no TP group: DeepSpeed's plain expert-parallel layer
-        return build_layer(layer, degree=1, order="tutel", passes=passes, strategy=NAME,
-                           algo=params["algo"])  # fmt: skip
+        return build_layer(
+            layer, degree=1, order="tutel", passes=passes, strategy=NAME, algo=params["algo"]
+        )
     return _layout(layer, tp, ep, passes, params["algo"], drop=True)
 
 

@@ -155,9 +155,13 @@ def _build_sliced(
             )
         view = ep_view(layer, experts=W, world=W, capacity=C, hidden=H // n)
     g = build_layer(
-        view, degree=params["degree"], order="tutel", passes=passes, strategy=NAME,
+        view,
+        degree=params["degree"],
+        order="tutel",
+        passes=passes,
+        strategy=NAME,
         algo=params["algo"],
-    )  # fmt: skip
+    )
     fix_gates(g, layer)
     if chosen == "p1":
         _add_param_exchange(g, layer, passes)

@@ -46,6 +46,62 @@ class CommTimer:
             self.simulations += 1
         return self._cache[key]
 
+    def deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
+        """DeepEP's normal dispatch (or combine) over every EP group at once, through the
+        collectives' `deepep` algorithm: `nbytes` per GPU of routed token copies, spread
+        evenly over the group's GPUs over NVLink, and each token sent once to every other
+        node holding one of its experts (over RDMA to the GPU of the same local index). A
+        token's chance of touching a node of `e` of the `experts` with top-k routing spread
+        evenly: 1 - C(experts - e, k) / C(experts, k)."""
+        n = self.layout.ep
+        if n <= 1 or nbytes <= 0:
+            return 0.0
+        q = max(1, int(round(nbytes / BYTES_QUANTUM)))
+        key = ("deepep" + (".combine" if combine else ""), "ep", q, str(sms))
+        if key not in self._cache:
+            self._cache[key] = self._deepep(q * BYTES_QUANTUM, top_k, experts, combine, sms)
+            self.simulations += 1
+        return self._cache[key]
+
+    def _deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
+        lay = self.layout
+        g = TaskGraph(self.topo.world_size, meta={"collective": "deepep", "dim": "ep"})
+        G = self.topo.gpus_per_node
+        for gi, logical in enumerate(lay.groups("ep")):
+            members = [self.place(r) for r in logical]
+            nodes = sorted({m // G for m in members})
+            per_node = [sum(1 for m in members if m // G == nd) for nd in nodes]
+            for r in members:
+                split = [nbytes / len(members)] * len(members)
+                token_bytes = nbytes / max(1, top_k)  # one row per token, not per copy
+                node_bytes = [
+                    0.0
+                    if nd == r // G
+                    else token_bytes * _touch(experts, top_k, experts * c // len(members))
+                    for nd, c in zip(nodes, per_node)
+                ]
+                g.add(
+                    Task(
+                        f"d{r}",
+                        r,
+                        "comm",
+                        "all_to_allv",
+                        bytes=float(nbytes),
+                        group=members,
+                        coll=f"d{gi}",
+                        algo="deepep",
+                        split=split,
+                        sms=sms,
+                        tags={
+                            "dtype": "bf16",
+                            "deepep": "combine" if combine else "dispatch",
+                            "node_bytes": node_bytes,
+                        },
+                    )
+                )
+        g.validate()
+        return simulate(g, self.topo, self.costs).makespan
+
     def place(self, rank: int) -> int:
         return (rank // self.per_domain) * self.topo.gpus_per_node + rank % self.per_domain
 
@@ -91,3 +147,14 @@ class CommTimer:
                 )
         g.validate()
         return simulate(g, self.topo, self.costs).makespan
+
+
+def _touch(experts: int, top_k: int, on_node: int) -> float:
+    """Chance that a token's top-k experts (drawn evenly) include one of `on_node` experts."""
+    from math import comb
+
+    if on_node <= 0:
+        return 0.0
+    if experts - on_node < top_k:
+        return 1.0
+    return 1.0 - comb(experts - on_node, top_k) / comb(experts, top_k)

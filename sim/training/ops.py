@@ -275,7 +275,9 @@ class _Builder:
         routed = Ts * a.top_k  # token copies this GPU dispatches (and, balanced, receives)
         # the permutation and the dispatcher's preprocessing (counts per expert and per rank)
         self.mem("permute", 2 * ACT * routed * h, "moe_preprocess", launches=12, saved=0.0)
-        payload = routed * h * (1 if self.p.quantized else ACT)  # dispatched in the GEMM dtype
+        # Megatron-Core dispatches bf16 hidden states whatever the GEMM dtype (its dispatchers
+        # quantize after the all-to-all; `megatron_ep`'s dispatch_dtype default, the same)
+        payload = routed * h * ACT
         self.out.comm.append(Comm("dispatch", "all_to_all", "ep", payload, "permute"))
         local = max(1, E // lay.ep)
         F = a.moe_ffn // lay.etp

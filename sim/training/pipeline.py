@@ -15,9 +15,11 @@ phases, compute on the compute stream and EP collectives on the communication st
 activations and gradients move between stages by send / receive. With Megatron-Core's EP
 overlap (`--overlap-moe-expert-parallel-comm`), a steady-state forward and backward are
 emitted phase by phase in turn, so that one's all-to-all runs beside the other's compute, as
-the merged "combined 1F1B" schedule launches them. Data parallelism adds the parameter
-all-gather before a layer's first forward and the gradient reduce-scatter after its last
-backward (the distributed optimizer, overlapped as `--overlap-param-gather` /
+the merged "combined 1F1B" schedule launches them. Plain 1F1B (`vp` = 1) exchanges with
+`batch_p2p_comm`, which returns once the transfers are done, so a stage's next pass waits for
+its send; the interleaved schedule overlaps them (`overlap_p2p_comm`). Data parallelism adds
+the parameter all-gather before a layer's first forward and the gradient reduce-scatter after
+its last backward (the distributed optimizer, overlapped as `--overlap-param-gather` /
 `--overlap-grad-reduce` do), then the optimizer step.
 """
 
@@ -164,6 +166,7 @@ def step_graph(
     # emit stage by stage in pass order; cross-stage waits are recv tasks, so any order works
     for s in range(pp):
         order, i = orders[s], 0
+        waits: list[str] = []
         while i < len(order):
             kind, m, c = order[i]
             merged = overlap and kind == "F" and i + 1 < len(order) and order[i + 1][0] == "B"
@@ -175,17 +178,22 @@ def step_graph(
                 deps = [pending.get((s, pk, pm, pc), "")]
                 local = {"F": [("F", pm, v - 1, 0)], "B": [("B", pm, v + 1, 0), ("F", pm, v, 0)]}
                 deps += [done[key] for key in local[pk] if key in done and key[2] % pp == s]
+                deps += waits
                 if pk == "F" and pm == 0:
                     deps += gathered.get((s, pc), [])
                 chains.append([pk, pm, pc, prog, deps])
             _emit_chains(em[s], chains, done, s, pp, merged_slowdown if merged else 1.0)
+            blocking = []
             for pk, pm, pc in passes:
-                _send(em[s], pk, pm, pc, s, ranks, vp, done, p2p_s)
+                sent = _send(em[s], pk, pm, pc, s, ranks, vp, done, p2p_s)
+                if sent and vp == 1:
+                    blocking.append(sent)
                 if pk == "B" and last_bwd.get((s, pc)) == i + passes.index((pk, pm, pc)):
                     last = done[("B", pm, pc * pp + s, 0)]
                     for layer, sec in stages[s].reduce[pc] if stages[s].reduce else []:
                         em[s].task(f"rs.l{layer}", "comm.dp", "reduce_scatter", sec, [last])
             i += len(passes)
+            waits = blocking  # plain 1F1B's batched send / receive returns once sent
     for s in range(pp):  # the optimizer step once every gradient is reduced
         ends = [t.id for t in g.tasks.values() if t.rank == ranks[s]]
         em[s].task(
@@ -274,14 +282,16 @@ def _send(
     vp: int,
     done: dict,
     p2p_s: float,
-) -> None:
+) -> str | None:
+    """The send of a pass's output (activations forward, gradients backward) to the next
+    virtual stage's GPU; its task id, or None where the next stage is local or absent."""
     pp = len(ranks)
     v = c * pp + s
     dst = _peer(pk, v, pp, vp)
     if dst is None or dst % pp == s:
-        return
+        return None
     stream = "comm.sf" if pk == "F" else "comm.sb"
-    em.task(
+    return em.task(
         f"send.{pk}{m}.c{c}",
         stream,
         "send",

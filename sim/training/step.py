@@ -158,6 +158,16 @@ class StepModel:
         routing does; capacity-bound routing padded to capacity has static shapes."""
         return lw.moe and not self.r.notes.get("moe_token_drop", False)
 
+    def _ep_seconds(self, c: Any) -> float:
+        """An EP collective: DeepEP's kernels where the recipe dispatches with DeepEP across
+        nodes, else NCCL's all-to-all (HybridEP inside an NVLink domain moves the same bytes
+        over NVLink as the all-to-all)."""
+        if self.r.dispatcher == "deepep":
+            return self.comm.deepep(
+                c.bytes, self.a.top_k, self.a.experts, c.name == "combine", COMM_SMS["deepep"]
+            )
+        return self.comm.seconds(c.kind, "ep", c.bytes)
+
     def _recomputed(self, module: str, layer: int = -1) -> bool:
         """Whether the recipe recomputes this module of this layer in the backward (full
         recomputation of `recompute_layers` layers per stage: the first ones of each)."""
@@ -181,7 +191,7 @@ class StepModel:
         out: list[Phase] = []
         for names, before in segments:
             if before is not None:
-                sec = self.comm.seconds(before.kind, "ep", before.bytes)
+                sec = self._ep_seconds(before)
                 self.totals["ep_comm_s"] += sec
                 out.append(Phase("comm", sec, before.name, lw.layer, before.kind))
             t = self._seconds(lw, names, backward)

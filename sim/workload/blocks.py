@@ -224,8 +224,9 @@ def check_heads(
 ) -> None:
     """One-line errors for attention shapes the ops cannot take."""
     if mla is None and head_dim is None and M % heads:
-        raise ConfigError(f"{where}.heads: {heads} heads must divide model_dim {M} (or give "
-                          "head_dim)")  # fmt: skip
+        raise ConfigError(
+            f"{where}.heads: {heads} heads must divide model_dim {M} (or give head_dim)"
+        )
     for key, v in (("kv_heads", kv_heads), ("head_dim", head_dim)):
         if mla is not None and v is not None:
             raise ConfigError(f"{where}.{key}: MLA sets its own head dims; give one or the other")
@@ -307,8 +308,7 @@ def attention_ops(
         # reads Q, K, V and writes O (causal masking is not skipped: an upper bound)
         # its backward keeps Q, K, V and O (and recomputes the scores)
         qkvo = float(e * T * (heads + kv) * (dq + dv))
-        ops.append(Op("attn", "attention", 2.0 * B * heads * L * L * (dq + dv), qkvo,
-                      saved=qkvo))  # fmt: skip
+        ops.append(Op("attn", "attention", 2.0 * B * heads * L * L * (dq + dv), qkvo, saved=qkvo))
     else:
         ops += [
             gemm("scores", B * heads, L, L, dq, e),
@@ -325,6 +325,7 @@ def attention_ops(
 def _mla_projections(T: int, M: int, heads: int, e: float, a: MLA) -> list[Op]:
     """MLA's query and key/value projections: down, RMSNorm, up (the latent's RoPE part
     goes straight to the keys)."""
+
     def norm(name: str, d: int) -> Op:  # RMSNorm: weight only
         return Op(name, "layernorm", 6.0 * T * d, float(2 * e * T * d), params=d)
 
@@ -333,11 +334,17 @@ def _mla_projections(T: int, M: int, heads: int, e: float, a: MLA) -> list[Op]:
         q = [gemm("q", 1, T, hq, M, e, params=M * hq)]
     else:
         ql = a.q_lora_rank
-        q = [gemm("q_a", 1, T, ql, M, e, params=M * ql), norm("q_norm", ql),
-             gemm("q_b", 1, T, hq, ql, e, params=ql * hq)]  # fmt: skip
+        q = [
+            gemm("q_a", 1, T, ql, M, e, params=M * ql),
+            norm("q_norm", ql),
+            gemm("q_b", 1, T, hq, ql, e, params=ql * hq),
+        ]
     hkv = heads * (a.qk_nope_head_dim + a.v_head_dim)
-    kv = [gemm("kv_a", 1, T, c + r, M, e, params=M * (c + r)), norm("kv_norm", c),
-          gemm("kv_b", 1, T, hkv, c, e, params=c * hkv)]  # fmt: skip
+    kv = [
+        gemm("kv_a", 1, T, c + r, M, e, params=M * (c + r)),
+        norm("kv_norm", c),
+        gemm("kv_b", 1, T, hkv, c, e, params=c * hkv),
+    ]
     return q + kv
 
 

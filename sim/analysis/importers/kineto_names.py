@@ -32,11 +32,29 @@ COLLECTIVES = {
     "scatter": "broadcast",
 }
 DTYPE_BYTES = {
-    "float": 4, "float32": 4, "int": 4, "int32": 4, "double": 8, "float64": 8, "long": 8,
-    "int64": 8, "half": 2, "float16": 2, "bfloat16": 2, "c10::half": 2, "c10::bfloat16": 2,
-    "short": 2, "int16": 2, "char": 1, "int8": 1, "byte": 1, "uint8": 1, "bool": 1,
-    "float8_e4m3fn": 1, "float8_e5m2": 1,
-}  # fmt: skip
+    "float": 4,
+    "float32": 4,
+    "int": 4,
+    "int32": 4,
+    "double": 8,
+    "float64": 8,
+    "long": 8,
+    "int64": 8,
+    "half": 2,
+    "float16": 2,
+    "bfloat16": 2,
+    "c10::half": 2,
+    "c10::bfloat16": 2,
+    "short": 2,
+    "int16": 2,
+    "char": 1,
+    "int8": 1,
+    "byte": 1,
+    "uint8": 1,
+    "bool": 1,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
+}
 GEMM = re.compile(
     r"(^|::|_)(mm|bmm|baddbmm|addmm|addbmm|matmul|linear|gemm|sgemm|hgemm)(_|$|\b)|gemm|cutlass|"
     r"cublas|xmma|wgmma|^(Mm|Bmm|Baddbmm|Addmm|Addbmm|Linear)Backward",

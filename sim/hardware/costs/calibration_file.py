@@ -71,8 +71,10 @@ def read(path: str | Path) -> dict[str, Any]:
     p = Path(path)
     raw: object = load_yaml(p, "calibration file")
     if not isinstance(raw, dict):
-        raise ConfigError(f"calibration file {p}: expected a mapping with 'compute' and/or "
-                          f"'collectives', got {type(raw).__name__}")  # fmt: skip
+        raise ConfigError(
+            f"calibration file {p}: expected a mapping with 'compute' and/or "
+            f"'collectives', got {type(raw).__name__}"
+        )
     fmt = raw.get("format", 1)
     if type(fmt) is not int or fmt < 1:
         raise ConfigError(f"calibration file {p}: format: expected an integer >= 1, got {fmt!r}")
@@ -152,8 +154,12 @@ def check(raw: Any, where: str) -> None:
 
 # Bounds a measurement can cross on a busy host (a jitter factor of 1,425, an interference
 # speed of 0.03): pydantic's error types with the bound's name in the error's context.
-_BOUNDS = {"less_than_equal": "le", "less_than": "lt", "greater_than_equal": "ge",
-           "greater_than": "gt"}  # fmt: skip
+_BOUNDS = {
+    "less_than_equal": "le",
+    "less_than": "lt",
+    "greater_than_equal": "ge",
+    "greater_than": "gt",
+}
 
 
 def clip_to_range(raw: dict[str, Any]) -> list[str]:
@@ -181,8 +187,12 @@ def clip_to_range(raw: dict[str, Any]) -> list[str]:
             if op is None or not isinstance(got, (int, float)) or isinstance(got, bool):
                 continue
             bound = float(err["ctx"][op])
-            to = {"le": bound, "ge": bound, "lt": math.nextafter(bound, -math.inf),
-                  "gt": math.nextafter(bound, math.inf)}[op]  # fmt: skip
+            to = {
+                "le": bound,
+                "ge": bound,
+                "lt": math.nextafter(bound, -math.inf),
+                "gt": math.nextafter(bound, math.inf),
+            }[op]
             path = _set(raw, err["loc"], to)
             if path is not None:
                 clipped += 1

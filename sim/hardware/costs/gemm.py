@@ -105,10 +105,20 @@ class GemmModel:
         if not isinstance(raw, dict):
             raise ConfigError(f"{where}: expected a mapping of model parameters")
         known = {
-            "sms", "efficiency", "tiles", "k_step", "tile_overhead_k", "launch_s",
-            "read_efficiency", "write_efficiency", "split_k", "split_k_s", "split_k_min_depth",
-            "unaligned_efficiency", "alignment_bytes",
-        }  # fmt: skip
+            "sms",
+            "efficiency",
+            "tiles",
+            "k_step",
+            "tile_overhead_k",
+            "launch_s",
+            "read_efficiency",
+            "write_efficiency",
+            "split_k",
+            "split_k_s",
+            "split_k_min_depth",
+            "unaligned_efficiency",
+            "alignment_bytes",
+        }
         unknown = set(raw) - known
         if unknown:
             raise ConfigError(f"{where}: unknown field(s) {sorted(unknown)}")
@@ -140,17 +150,20 @@ class GemmModel:
 
     def check(self, where: str) -> None:
         positive = {
-            "sms": self.sms, "k_step": self.k_step, "mem_bw": self.mem_bw,
+            "sms": self.sms,
+            "k_step": self.k_step,
+            "mem_bw": self.mem_bw,
             "alignment_bytes": self.alignment_bytes,
-        }  # fmt: skip
+        }
         for name, v in positive.items():
             if not v > 0:
                 raise ConfigError(f"{where}.{name}: must be > 0, got {v!r}")
         shares = {
-            "read_efficiency": self.read_efficiency, "write_efficiency": self.write_efficiency,
+            "read_efficiency": self.read_efficiency,
+            "write_efficiency": self.write_efficiency,
             "unaligned_efficiency": self.unaligned_efficiency,
             **{f"efficiency.{k}": v for k, v in self.efficiency.items()},
-        }  # fmt: skip
+        }
         for name, v in shares.items():
             if not 0 < v <= 1:
                 raise ConfigError(f"{where}.{name}: a share of peak, in (0, 1]; got {v!r}")

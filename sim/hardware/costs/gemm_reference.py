@@ -67,13 +67,34 @@ def load(folder: str | Path) -> pd.DataFrame:
             mat, view, fwd = (float(v) * 1e-3 for v in hit.groups()[4:])
             base = {"group": "layout", "source": "gemm_layout.txt", "dtype": "bf16", "batch": e}
             rows += [
-                {**base, "bench": f"wgrad_materialised C={c}", "m": m, "n": h, "k": c,
-                 "layout": "nn", "seconds": mat},
-                {**base, "bench": f"wgrad_view C={c}", "m": m, "n": h, "k": c,
-                 "layout": "tn", "seconds": view},
-                {**base, "bench": f"fwd C={c}", "m": c, "n": h, "k": m,
-                 "layout": "nn", "seconds": fwd},
-            ]  # fmt: skip
+                {
+                    **base,
+                    "bench": f"wgrad_materialised C={c}",
+                    "m": m,
+                    "n": h,
+                    "k": c,
+                    "layout": "nn",
+                    "seconds": mat,
+                },
+                {
+                    **base,
+                    "bench": f"wgrad_view C={c}",
+                    "m": m,
+                    "n": h,
+                    "k": c,
+                    "layout": "tn",
+                    "seconds": view,
+                },
+                {
+                    **base,
+                    "bench": f"fwd C={c}",
+                    "m": c,
+                    "n": h,
+                    "k": m,
+                    "layout": "nn",
+                    "seconds": fwd,
+                },
+            ]
     df = pd.DataFrame(rows)
     df["aligned"] = [
         all(ld * DTYPE_BYTES[r.dtype] % 16 == 0 for ld in leading_dims(r.m, r.n, r.k, r.layout))
@@ -91,8 +112,12 @@ class Score:
     worst: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {"rows": self.rows, "mape_pct": self.mape_pct, "worst_pct": self.worst_pct,
-                "worst": self.worst}  # fmt: skip
+        return {
+            "rows": self.rows,
+            "mape_pct": self.mape_pct,
+            "worst_pct": self.worst_pct,
+            "worst": self.worst,
+        }
 
 
 def predict(model: GemmModel, df: pd.DataFrame) -> pd.DataFrame:

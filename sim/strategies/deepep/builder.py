@@ -69,9 +69,15 @@ def build_deepep(
         # T_I and T_O: the rank's T tokens; T_DI: one row per (token, GPU), in the dispatch
         # dtype; T_M, T_DO: one row per (token, expert)
         recv = float(vol.gpu_tokens[:, rank].sum())
-        mem = layer_tensors(layer.tokens, float(vol.expert_rows[rank]), layer.model_dim,
-                            layer.hidden_dim, layer.elem, received_rows=recv,
-                            dispatch_row=disp_row)  # fmt: skip
+        mem = layer_tensors(
+            layer.tokens,
+            float(vol.expert_rows[rank]),
+            layer.model_dim,
+            layer.hidden_dim,
+            layer.elem,
+            received_rows=recv,
+            dispatch_row=disp_row,
+        )
         place(tasks, mem, passes, ROLES)
         for t in tasks:
             g.add(t)
@@ -103,11 +109,22 @@ class _RankTasks:
             "node_bytes": (self.v.node_tokens[p] * row).tolist(),
         }
         return self._add(
-            Task(task_id(p, 0, phase, step), p, "comm", "all_to_allv", deps=deps,
-                 bytes=float(send.sum()), split=send.tolist(), recv_split=recv.tolist(),
-                 group=self.group, coll=f"L0/{phase}/{step}", algo="deepep", tags=tags,
-                 sms=self.sms)
-        )  # fmt: skip
+            Task(
+                task_id(p, 0, phase, step),
+                p,
+                "comm",
+                "all_to_allv",
+                deps=deps,
+                bytes=float(send.sum()),
+                split=send.tolist(),
+                recv_split=recv.tolist(),
+                group=self.group,
+                coll=f"L0/{phase}/{step}",
+                algo="deepep",
+                tags=tags,
+                sms=self.sms,
+            )
+        )
 
     def _shapes(self) -> tuple[dict, dict]:
         rows, M, H = int(round(self.v.expert_rows[self.rank])), self.l.model_dim, self.l.hidden_dim
@@ -126,26 +143,47 @@ class _RankTasks:
         if "fwd" in passes:
             gate = self._compute("fwd", "gate", "gate", 2.0 * T * M * E, gate_bytes, [])
             # layout kernel: per-token rank / node masks from the top-k indices
-            lay = self._compute("fwd", "layout", "elementwise", 0.0,
-                                float(4 * T * (l.top_k + l.world)), [gate])  # fmt: skip
+            lay = self._compute(
+                "fwd", "layout", "elementwise", 0.0, float(4 * T * (l.top_k + l.world)), [gate]
+            )
             notify = self._add(
-                Task(task_id(self.rank, 0, "fwd", "notify"), self.rank, "comm", "all_to_all",
-                     deps=[lay], bytes=float(COUNT_BYTES * l.world * (1 + l.local_experts)),
-                     group=self.group, coll="L0/fwd/notify",
-                     tags=step_tags(0, "fwd", "notify"))
-            )  # fmt: skip
+                Task(
+                    task_id(self.rank, 0, "fwd", "notify"),
+                    self.rank,
+                    "comm",
+                    "all_to_all",
+                    deps=[lay],
+                    bytes=float(COUNT_BYTES * l.world * (1 + l.local_experts)),
+                    group=self.group,
+                    coll="L0/fwd/notify",
+                    tags=step_tags(0, "fwd", "notify"),
+                )
+            )
             # the host waits on the received counts (mapped memory) to size the buffers
             wait = self._add(
-                Task(task_id(self.rank, 0, "fwd", "notify_wait"), self.rank, "copy", "d2h",
-                     deps=[notify], bytes=float(COUNT_BYTES * (1 + l.local_experts)),
-                     host_sync=True, tags=step_tags(0, "fwd", "notify_wait"))
-            )  # fmt: skip
+                Task(
+                    task_id(self.rank, 0, "fwd", "notify_wait"),
+                    self.rank,
+                    "copy",
+                    "d2h",
+                    deps=[notify],
+                    bytes=float(COUNT_BYTES * (1 + l.local_experts)),
+                    host_sync=True,
+                    tags=step_tags(0, "fwd", "notify_wait"),
+                )
+            )
             got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False)
             a = self._compute("fwd", "fc1", "gemm", f1, gb(fc1), [got], fc1)
             b = self._compute("fwd", "fc2", "gemm", f2, gb(fc2), [a], fc2)
             back = self._exchange("fwd", "combine", [b], bf16_row, combine=True)
-            self._compute("fwd", "decode", "decode", float(2 * T * M * l.top_k),
-                          float(e * (recv_rows + T) * M), [back])  # fmt: skip
+            self._compute(
+                "fwd",
+                "decode",
+                "decode",
+                float(2 * T * M * l.top_k),
+                float(e * (recv_rows + T) * M),
+                [back],
+            )
         if "bwd" in passes:
             got = self._exchange("bwd", "combine_grad", [], bf16_row, combine=False)
             d2 = self._compute("bwd", "fc2_dgrad", "gemm", f2, gb(fc2), [got], dgrad_shape(fc2))

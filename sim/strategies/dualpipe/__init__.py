@@ -108,8 +108,12 @@ def build_step(
     )
     mep.check_size(spec, m["layers"], pipe.micro, pipe.devices * layer.world, NAME)
     act = float(layer.tokens * layer.model_dim * layer.elem)  # one micro-batch's hidden states
-    meta = {"strategy": NAME, "passes": list(passes), "dispatcher": spec.dispatcher,
-            **mep.meta_fields(m)}  # fmt: skip
+    meta = {
+        "strategy": NAME,
+        "passes": list(passes),
+        "dispatcher": spec.dispatcher,
+        **mep.meta_fields(m),
+    }
     if blocks is None:  # per-token metrics: a token crosses every stage's MoE layers
         meta["moe_layers"] = m["layers"] * pipe.pp
     return build_pipeline(

@@ -65,4 +65,3 @@ def choose_shadow(
         "predicted_s": trail[-1],
         "predicted_none_s": trail[0],
     }
-

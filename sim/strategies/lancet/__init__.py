@@ -80,8 +80,15 @@ def plan(
         return params
     p = params["partition"]
     ks = list(range(1, MAX_PARTITIONS + 1)) if p == "auto" else [p]
-    chosen = choose(blocks, layer, duration_fn(cluster), ks, params["gate"], params["algo"],
-                    baseline=params["degree"] if p == "auto" else None)  # fmt: skip
+    chosen = choose(
+        blocks,
+        layer,
+        duration_fn(cluster),
+        ks,
+        params["gate"],
+        params["algo"],
+        baseline=params["degree"] if p == "auto" else None,
+    )
     return {**params, PLAN_KEY: chosen}
 
 
@@ -91,14 +98,33 @@ def build(
     _check(params)
     chosen: Plan | None = params.get(PLAN_KEY)
     if chosen is None or chosen.baseline:
-        return build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
-                           strategy=NAME, algo=params["algo"])  # fmt: skip
-    part = build_layer(layer, degree=chosen.k, order="tutel", passes=passes, strategy=NAME,
-                       algo=params["algo"], sizes=partition_sizes(layer, chosen.k))  # fmt: skip
+        return build_layer(
+            layer,
+            degree=params["degree"],
+            order="tutel",
+            passes=passes,
+            strategy=NAME,
+            algo=params["algo"],
+        )
+    part = build_layer(
+        layer,
+        degree=chosen.k,
+        order="tutel",
+        passes=passes,
+        strategy=NAME,
+        algo=params["algo"],
+        sizes=partition_sizes(layer, chosen.k),
+    )
     if "bwd" not in passes:
         return part
-    plain = build_layer(layer, degree=params["degree"], order="tutel", passes=passes,
-                        strategy=NAME, algo=params["algo"])  # fmt: skip
+    plain = build_layer(
+        layer,
+        degree=params["degree"],
+        order="tutel",
+        passes=passes,
+        strategy=NAME,
+        algo=params["algo"],
+    )
     return _merge(part, plain)
 
 

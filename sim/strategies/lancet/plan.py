@@ -110,7 +110,7 @@ def _op_tasks(blocks: BlockModel, layer: MoELayer, moe: bool) -> dict[str, Task]
             bytes=op.bytes,
             shape=dict(op.shape) if op.shape else None,
             tags=dict(tags, step=op.name),
-        )  # fmt: skip
+        )
         for part in ops.values()
         for op in part
     }
@@ -125,8 +125,9 @@ def _moe_durations(
 ) -> dict[str, list[float]]:
     """Per MoE step, its k partitions' times: the slowest rank's (even routing: any rank)."""
     sizes = sizes or partition_sizes(layer, k)
-    g = build_layer(layer, degree=k, order="tutel", passes=("fwd",), strategy="lancet",
-                    algo=algo, sizes=sizes)  # fmt: skip
+    g = build_layer(
+        layer, degree=k, order="tutel", passes=("fwd",), strategy="lancet", algo=algo, sizes=sizes
+    )
     fr = fractions(layer.batch, k)
     out = {s: [0.0] * k for s in MOE_STEPS}
     ranks = [0] if layer.uniform else range(layer.world)
@@ -172,10 +173,11 @@ def choose(
         sizes = chunk_sizes(layer, k) if plain else partition_sizes(layer, k)
         moe_d = _moe_durations(layer, k, algo, duration, sizes)
         durs = [
-            moe_d[i.step] if i.step in MOE_STEPS
+            moe_d[i.step]
+            if i.step in MOE_STEPS
             else [duration(scale(ops[i.moe][i.step], f)) for f in fr]
             for i in seq
-        ]  # fmt: skip
+        ]
         seg = _segment_cost(seq, durs, whole, k, 0 if plain else layer.batch, gate)
         total, segs = best_segments(len(seq), seg, _max_len(seq))
         estimate[f"tutel {k}" if plain else f"k={k}"] = total

@@ -47,8 +47,19 @@ def profile_a2a(topo: Any, costs: Any, group: list[int], nbytes: float, algo: st
 
     g = TaskGraph(max(group) + 1, meta={"strategy": "lancet-profile"})
     for r in group:
-        g.add(Task(f"r{r}/a2a", r, "comm", "all_to_all", bytes=nbytes, group=list(group),
-                   coll="profile", algo=algo, tags={"phase": "fwd"}))  # fmt: skip
+        g.add(
+            Task(
+                f"r{r}/a2a",
+                r,
+                "comm",
+                "all_to_all",
+                bytes=nbytes,
+                group=list(group),
+                coll="profile",
+                algo=algo,
+                tags={"phase": "fwd"},
+            )
+        )
     return float(simulate(g, topo, costs).makespan)
 
 

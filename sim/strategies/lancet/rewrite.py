@@ -76,8 +76,14 @@ def partition_graph(graph: TaskGraph, plan: Plan, batch: int) -> TaskGraph:
                 src = graph.tasks[tid]
                 p = scale(src, fr[j])
                 last = j == k - 1  # buffers change hands when every partition is done
-                new.add(replace(p, id=part_id(tid, j), deps=deps_of(src, j),
-                                tags=dict(src.tags, part=j),
-                                allocs=src.allocs if last else {},
-                                frees=src.frees if last else []))  # fmt: skip
+                new.add(
+                    replace(
+                        p,
+                        id=part_id(tid, j),
+                        deps=deps_of(src, j),
+                        tags=dict(src.tags, part=j),
+                        allocs=src.allocs if last else {},
+                        frees=src.frees if last else [],
+                    )
+                )
     return new  # validated by the caller, after the dW pass

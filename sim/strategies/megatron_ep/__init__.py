@@ -109,8 +109,15 @@ def model_fields(
 ) -> dict[str, Any]:
     """layers, heads, kv_heads, head_dim, shared, flash, mla: the parameters, else `blocks`,
     else defaults."""
-    base: dict[str, Any] = {"layers": 2, "heads": max(1, layer.model_dim // 128), "kv_heads": None,
-            "head_dim": None, "shared": 0, "flash": True, "mla": None}  # fmt: skip
+    base: dict[str, Any] = {
+        "layers": 2,
+        "heads": max(1, layer.model_dim // 128),
+        "kv_heads": None,
+        "head_dim": None,
+        "shared": 0,
+        "flash": True,
+        "mla": None,
+    }
     if blocks is not None:
         base = {
             "layers": max(1, len(blocks.moe_blocks)),

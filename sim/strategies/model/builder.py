@@ -49,8 +49,17 @@ def block_ops(blocks: BlockModel, layer: MoELayer, moe: bool) -> dict[str, list[
         ffn = dense_ffn_ops("", T, M, blocks.ffn_hidden or 4 * M, e)
     elif blocks.shared:
         ffn = dense_ffn_ops("shared_", T, M, blocks.shared * layer.hidden_dim, e)
-    attn = attention_ops(B, L, M, blocks.heads, e, blocks.flash, blocks.mla,
-                         kv_heads=blocks.kv_heads, head_dim=blocks.head_dim)  # fmt: skip
+    attn = attention_ops(
+        B,
+        L,
+        M,
+        blocks.heads,
+        e,
+        blocks.flash,
+        blocks.mla,
+        kv_heads=blocks.kv_heads,
+        head_dim=blocks.head_dim,
+    )
     ln2 = attn[0]
     return {
         "attn": attn,

@@ -111,4 +111,3 @@ def _dgrad(s: dict) -> dict:
 def _wgrad(s: dict) -> dict:
     """x^T dy from a transposed view of x (sim.strategies.layer._w)."""
     return {"batch": s["batch"], "m": s["k"], "n": s["n"], "k": s["m"], "layout": "tn"}
-

@@ -13,6 +13,7 @@ from sim.workload.moe import MoELayer
 # Default granularities: PipeMoE(n=1) and the powers of two MPipeMoE's Fig. 10 / 12 explore.
 DEGREES = (1, 2, 4, 8, 16)
 
+
 def candidates_for(layer: MoELayer, given: list[int] | None) -> list[int]:
     if given is None:
         return [n for n in DEGREES if n <= layer.capacity]
@@ -65,5 +66,3 @@ def choose(layer: MoELayer, params: dict[str, Any], cluster: Any) -> tuple[int, 
         "eta_all": f.eta_all,
     }
     return deg, s, info
-
-

@@ -60,8 +60,9 @@ def build_schedule(
         # the layer's tensors (sim.strategies.activations): T_I, T_O the rank's [E, C', M]
         # buffer, its experts' N_ESP |D| rows of M (T_DI, T_DO) and of H / N_ESP (T_M)
         rows = vol.local_experts * vol.rows
-        mem = layer_tensors(layer.experts * vol.capacity, rows, layer.model_dim, vol.hidden,
-                            layer.elem)  # fmt: skip
+        mem = layer_tensors(
+            layer.experts * vol.capacity, rows, layer.model_dim, vol.hidden, layer.elem
+        )
         place(b.tasks, mem, passes)
         for t in b.tasks:
             g.add(t)
@@ -96,26 +97,55 @@ class _Rank:
         members = pick[kind](self.rank)
         return self._groups.setdefault(tuple(members), members)
 
-    def _task(self, phase: str, step: str, stream: str, kind: str, deps: list[str],
-              j: int | None = None, **kw: Any) -> str:  # fmt: skip
+    def _task(
+        self,
+        phase: str,
+        step: str,
+        stream: str,
+        kind: str,
+        deps: list[str],
+        j: int | None = None,
+        **kw: Any,
+    ) -> str:
         t = Task(task_id(self.rank, LID, phase, step, j), self.rank, stream, kind, deps=deps, **kw)
         t.tags = step_tags(LID, phase, step, j) | {"dtype": self.l.dtype} | t.tags
         self.tasks.append(t)
         return t.id
 
-    def _local(self, phase: str, step: str, nbytes: float, dep: Dep,
-               j: int | None = None, **kw: Any) -> str:  # fmt: skip
+    def _local(
+        self, phase: str, step: str, nbytes: float, dep: Dep, j: int | None = None, **kw: Any
+    ) -> str:
         """A local memory pass (split, dump, combine): bytes read + written."""
         return self._task(phase, step, "compute", "elementwise", _d(dep), j, bytes=nbytes, **kw)
 
-    def _coll(self, phase: str, step: str, kind: str, group: str, nbytes: float,
-              dep: Dep, stream: str = "comm", j: int | None = None,
-              **kw: Any) -> str:  # fmt: skip
+    def _coll(
+        self,
+        phase: str,
+        step: str,
+        kind: str,
+        group: str,
+        nbytes: float,
+        dep: Dep,
+        stream: str = "comm",
+        j: int | None = None,
+        **kw: Any,
+    ) -> str:
         members = self._group(group)
         coll = f"L{LID}/{phase}/{step}" + ("" if j is None else f".{j}") + f"@{group}{members[0]}"
         algo = self.algo if kind == "all_to_all" else None
-        return self._task(phase, step, stream, kind, _d(dep), j, bytes=nbytes, group=members,
-                          coll=coll, algo=algo, **kw)  # fmt: skip
+        return self._task(
+            phase,
+            step,
+            stream,
+            kind,
+            _d(dep),
+            j,
+            bytes=nbytes,
+            group=members,
+            coll=coll,
+            algo=algo,
+            **kw,
+        )
 
     def _gate(self, phase: str, dep: Dep) -> str:
         T, M, E, e = self.v.gate_tokens, self.l.model_dim, self.l.experts, self.l.elem
@@ -129,8 +159,9 @@ class _Rank:
         T, M, e = self.v.gate_tokens, self.l.model_dim, self.l.elem
         full = float(self.l.experts * self.v.full_capacity * M * e)
         flops = float(2 * T * M * self.l.top_k) if step == "decode" else 0.0
-        return self._task(phase, step, "compute", kind, _d(dep), flops=flops,
-                          bytes=full + float(e * T * M))  # fmt: skip
+        return self._task(
+            phase, step, "compute", kind, _d(dep), flops=flops, bytes=full + float(e * T * M)
+        )
 
     def _experts(self, phase: str, dep: Dep) -> str:
         v, M, e = self.v, self.l.model_dim, self.l.elem
@@ -140,8 +171,17 @@ class _Rank:
 
         def gemm(step: str, sizes: dict, shape: dict, d: Dep, **kw: Any) -> str:
             """A GEMM of `sizes`' work, run in `shape`'s layout (dgrad / wgrad views)."""
-            return self._task(phase, step, "compute", "gemm", _d(d), flops=work,
-                              bytes=_gb(e, sizes), shape=shape, **kw)  # fmt: skip
+            return self._task(
+                phase,
+                step,
+                "compute",
+                "gemm",
+                _d(d),
+                flops=work,
+                bytes=_gb(e, sizes),
+                shape=shape,
+                **kw,
+            )
 
         if phase == "fwd":
             return gemm("fc2", fc2, fc2, gemm("fc1", fc1, fc1, dep))
@@ -233,12 +273,14 @@ class _Rank:
         n, d = self.deg.esp, self.v.buf
         out = step in ("dispatch", "combine_grad")
         if out and n > 1:
-            x = self._local(phase, "dump" if step == "dispatch" else "local_combine_grad",
-                            (1 + n) * d, x)  # fmt: skip
+            x = self._local(
+                phase, "dump" if step == "dispatch" else "local_combine_grad", (1 + n) * d, x
+            )
         x = self._coll(phase, step, "all_to_all", "moe", n * d, x)
         if not out and n > 1:
-            x = self._local(phase, "local_combine" if step == "combine" else "dump_grad",
-                            (1 + n) * d, x)  # fmt: skip
+            x = self._local(
+                phase, "local_combine" if step == "combine" else "dump_grad", (1 + n) * d, x
+            )
         return x
 
     def _return(self, phase: str, step: str, gather: str, x: Dep) -> Dep:
@@ -258,11 +300,23 @@ class _Rank:
             send = [per_peer if (p - my_ep + j) % ep == 0 else 0.0 for p in peer_ep]
             recv = [per_peer if (p - my_ep - j) % ep == 0 else 0.0 for p in peer_ep]
             coll = f"L{LID}/{phase}/{step}.{j}@moe{members[0]}"
-            x = self._task(phase, step, "comm", "all_to_allv", _d(x), j, bytes=sum(send),
-                           split=send, recv_split=recv, group=members, coll=coll)  # fmt: skip
+            x = self._task(
+                phase,
+                step,
+                "comm",
+                "all_to_allv",
+                _d(x),
+                j,
+                bytes=sum(send),
+                split=send,
+                recv_split=recv,
+                group=members,
+                coll=coll,
+            )
             c = self._local(phase, combine, (1 + n) * d / ep, x, j) if n > 1 else x
-            gathers.append(self._coll(phase, gather, "all_gather", "mp", d / ep, c,
-                                      stream="comm.1", j=j))  # fmt: skip
+            gathers.append(
+                self._coll(phase, gather, "all_gather", "mp", d / ep, c, stream="comm.1", j=j)
+            )
         return gathers  # the rounds land in one buffer: the next step waits for all
 
 

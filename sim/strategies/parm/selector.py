@@ -87,8 +87,7 @@ def choose(layer: MoELayer, deg: Degrees, cluster: Any, saa: bool, algo: str | N
     return Choice("s1" if t1 <= t2 else "s2", t1, t2, fits)
 
 
-def compute_time(layer: MoELayer, vol: Volumes, cluster: Any, saa: bool, algo: str | None
-                 ) -> float:  # fmt: skip
+def compute_time(layer: MoELayer, vol: Volumes, cluster: Any, saa: bool, algo: str | None) -> float:
     """Seconds of one rank's compute tasks in the schedule (forward and backward), by the
     cluster's compute model (every rank runs the same ones), less SAA's rounds."""
     from sim.strategies.parm.schedules import _Rank
@@ -111,8 +110,11 @@ def group_fits(
     out = {}
     kinds = ["a2a"] + (["ag"] if deg.mp > 1 else []) + (["saa"] if saa and deg.mp > 1 else [])
     for kind in kinds:
-        key = (*key_base, kind, layer.experts, layer.model_dim) if kind == "saa" else (
-            *key_base, kind)  # fmt: skip
+        key = (
+            (*key_base, kind, layer.experts, layer.model_dim)
+            if kind == "saa"
+            else (*key_base, kind)
+        )
         if key not in _CACHE:
             xs = np.asarray(FIT_BYTES, dtype=float)
             ts = np.asarray([_time(kind, x, layer, deg, cluster, algo) for x in xs])
@@ -123,8 +125,9 @@ def group_fits(
     return out
 
 
-def _time(kind: str, x: float, layer: MoELayer, deg: Degrees, cluster: Any, algo: str | None
-          ) -> float:  # fmt: skip
+def _time(
+    kind: str, x: float, layer: MoELayer, deg: Degrees, cluster: Any, algo: str | None
+) -> float:
     """Simulated seconds of one collective (or the SAA pair) of x bytes per rank alone."""
     from sim.engine.engine import simulate  # the model cluster is the measuring bench
 

@@ -109,8 +109,10 @@ class Volumes:
         n, d = self.deg.esp, self.buf
         if self.schedule == "baseline" and n == 1:  # no ESP group: plain EP
             a2a = [("dispatch", "all_to_all", d), ("combine", "all_to_all", d)]
-            return {"fwd": a2a, "bwd": [("combine_grad", "all_to_all", d),
-                                        ("dispatch_grad", "all_to_all", d)]}  # fmt: skip
+            return {
+                "fwd": a2a,
+                "bwd": [("combine_grad", "all_to_all", d), ("dispatch_grad", "all_to_all", d)],
+            }
         if self.schedule == "baseline":
             esp = [("esp_gather", "all_gather", d), ("dispatch", "all_to_all", n * d)]
             fwd = esp + [("esp_reduce", "all_reduce", n * d), ("combine", "all_to_all", n * d)]
