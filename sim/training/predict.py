@@ -11,6 +11,7 @@ system and overall.
 from __future__ import annotations
 
 import csv
+import functools
 import math
 import time
 from dataclasses import dataclass, field
@@ -163,13 +164,26 @@ def read_table(path: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
-def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
-    """Simulate one run; the prediction fields of its output row."""
-    from sim.hardware.costs import CostModel
-    from sim.hardware.topology import Topology
+@dataclass
+class Prepared:
+    """A run made ready to simulate: its model, layout, precision, recipe, GPU kernels,
+    collective timer, topology and the pipeline's cost model."""
+
+    arch: Any
+    layout: Layout
+    precision: Any
+    recipe: Recipe
+    gpu: Any
+    comm: Any
+    topo: Any
+    costs: Any
+
+
+def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
+    """Everything a run's step needs, checked (one-line errors naming the row)."""
     from sim.training.comm import CommTimer
     from sim.training.kernels import GpuKernels
-    from sim.training.step import precision_of, run_step
+    from sim.training.step import precision_of
     from sim.workload.architectures import architecture
 
     arch = architecture(_lookup(MODELS, run.model, "model", run.where))
@@ -181,26 +195,48 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
     elif recipe.mtp is not None:
         arch = _with(arch, mtp=recipe.mtp)
     lay = run.layout
-    if arch.moe and lay.ep == 1 and arch.experts > 1:
-        pass  # EP 1: every GPU holds every expert (allowed)
     if arch.moe and arch.experts % lay.ep:
         raise ConfigError(f"{run.where}: ep: {lay.ep} does not divide the {arch.experts} experts")
     if not arch.moe and lay.ep > 1:
         raise ConfigError(f"{run.where}: ep: {lay.ep} for the dense model {run.model}")
-    if recipe.etp != 1:
+    if recipe.etp != lay.etp:
         lay = Layout(**{**_fields(lay), "etp": recipe.etp})
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
-    probe = Topology.load(preset, nodes=1)
+    probe = _topology(preset, 1)
     gpu = GpuKernels.from_gpu(probe.gpu, f"{run.where}: {preset}")
     prec = precision_of(run.precision, recipe)
     gpu.rate(prec.gemm)  # refuses a precision the GPU has no GEMMs for, with the row named
     per_domain = GPUS_PER_DOMAIN.get(run.system)
     nodes = math.ceil(lay.gpus / (per_domain or probe.gpus_per_node))
-    topo = Topology.load(preset, nodes=nodes)
-    comm = CommTimer(topo, CostModel.build(topo, {}), lay, per_domain)
-    costs = CostModel.build(topo, {"network": "collective"})
+    topo = _topology(preset, nodes)
+    comm = CommTimer(topo, _costs(topo, "flow"), lay, per_domain)
+    return Prepared(arch, lay, prec, recipe, gpu, comm, topo, _costs(topo, "collective"))
+
+
+@functools.lru_cache(maxsize=16)
+def _topology(preset: str, nodes: int) -> Any:
+    """A preset's topology of `nodes` nodes, built once per process (read only after)."""
+    from sim.hardware.topology import Topology
+
+    return Topology.load(preset, nodes=nodes)
+
+
+@functools.lru_cache(maxsize=32)
+def _costs(topo: Any, network: str) -> Any:
+    """The topology's cost model with the given network mode ("flow" for the collectives'
+    simulations, "collective" for the pipeline of timed tasks)."""
+    from sim.hardware.costs import CostModel
+
+    return CostModel.build(topo, {} if network == "flow" else {"network": network})
+
+
+def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
+    """Simulate one run; the prediction fields of its output row."""
+    from sim.training.step import run_step
+
+    p = prepare(run, recipe)
     t0 = time.process_time()
-    res = run_step(arch, lay, prec, recipe, gpu, comm, topo, costs)
+    res = run_step(p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm, p.topo, p.costs)
     return {
         "predicted_step_s": res.step_s,
         "predicted_tokens_per_s_per_gpu": res.tokens_per_s_per_gpu,
@@ -209,7 +245,7 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
         "memory_margin_bytes": res.memory.margin_bytes,
         "memory_parts": res.memory.parts,
         "breakdown": res.breakdown,
-        "recipe": recipe.source,
+        "recipe": p.recipe.source,
         "cpu_s": time.process_time() - t0,
         **res.meta,
     }
