@@ -232,6 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     from sim.cli_predict import add_parsers as add_predict_parser
 
     add_predict_parser(sub)  # predict (whole training steps of a table of runs)
+    from sim.cli_plan import add_parsers as add_plan_parser
+
+    add_plan_parser(sub)  # plan (the fastest layout of a model on a cluster)
     from sim.cli_report import add_parsers as add_report_parser
 
     add_report_parser(sub)

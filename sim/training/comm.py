@@ -11,6 +11,8 @@ few dozen distinct collectives, each simulated once.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 from sim.core.graph import Task, TaskGraph
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
@@ -18,6 +20,19 @@ from sim.hardware.topology import Topology
 from sim.training.layout import Layout
 
 BYTES_QUANTUM = 4096  # collectives within 4 KiB of each other share one simulation
+
+
+class Timer(Protocol):
+    """What a step model asks of its collective timer (`CommTimer`, or a stand-in that
+    answers 0 s for a bound)."""
+
+    simulations: int
+
+    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float: ...
+
+    def deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float: ...
+
+    def place(self, rank: int) -> int: ...
 
 
 class CommTimer:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from sim.training.comm import CommTimer
+from sim.training.comm import Timer
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, step_memory
@@ -99,7 +99,7 @@ class StepModel:
         prec: Precision,
         recipe: Recipe,
         gpu: GpuKernels,
-        comm: CommTimer,
+        comm: Timer,
     ):
         self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
         self.graphed: set[str] = set()
@@ -343,7 +343,7 @@ def run_step(
     prec: Precision,
     recipe: Recipe,
     gpu: GpuKernels,
-    comm: CommTimer,
+    comm: Timer,
     topo: Any,
     costs: Any,
 ) -> StepResult:

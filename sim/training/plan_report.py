@@ -1,0 +1,199 @@
+"""A plan as text, CSV, JSON, an offline HTML page (throughput vs memory of the simulated
+candidates, the Pareto front marked) and the best candidate as a one-row table that
+`moesim predict` takes; written as one output set."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from pathlib import Path
+from typing import Any
+
+from sim.training.plan import Plan
+
+COLUMNS = (
+    "rank",
+    "tp",
+    "cp",
+    "pp",
+    "vp",
+    "ep",
+    "mbs",
+    "fsdp",
+    "ep_overlap",
+    "recompute",
+    "predicted_tokens_per_s_per_gpu",
+    "predicted_step_s",
+    "mfu",
+    "peak_memory_bytes",
+    "memory_margin_bytes",
+    "fits",
+    "lower_bound_s",
+)
+PREDICT_COLUMNS = (
+    "system",
+    "model",
+    "gpus",
+    "precision",
+    "gbs",
+    "mbs",
+    "seq_len",
+    "fsdp",
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "ep",
+    "ga",
+)
+
+
+def _label(r: dict[str, Any]) -> str:
+    s = f"TP{r['tp']} CP{r['cp']} PP{r['pp']} VP{r['vp'] or 1} EP{r['ep']} MBS{r['mbs']}"
+    s += " FSDP" if r.get("fsdp") else ""
+    return s + (" +overlap" if r.get("ep_overlap") else "") + f" rc={r.get('recompute')}"
+
+
+def why(best: dict[str, Any], other: dict[str, Any]) -> str:
+    """What the best changes against another candidate, and where its time goes instead."""
+    diffs = [
+        f"{k} {other[k]} -> {best[k]}"
+        for k in ("tp", "cp", "pp", "vp", "ep", "mbs", "fsdp", "ep_overlap", "recompute")
+        if str(best.get(k)) != str(other.get(k))
+    ]
+    parts = []
+    b, o = best.get("breakdown") or {}, other.get("breakdown") or {}
+    for key, what in (
+        ("bubble_share", "pipeline bubble"),
+        ("ep_comm_s", "EP all-to-all"),
+        ("tp_comm_s", "exposed TP communication"),
+    ):
+        if key in b and key in o and abs(b[key] - o[key]) > 1e-9:
+            fmt = "{:.1%}" if key == "bubble_share" else "{:.3f} s"
+            parts.append(f"{what} {fmt.format(o[key])} -> {fmt.format(b[key])}")
+    gain = best["predicted_tokens_per_s_per_gpu"] / other["predicted_tokens_per_s_per_gpu"] - 1
+    return (
+        f"{gain:+.1%} tokens/s/GPU: "
+        + ", ".join(diffs)
+        + (f" ({'; '.join(parts)})" if parts else "")
+    )
+
+
+def text_plan(p: Plan, top: int = 10) -> str:
+    r = p.request
+    lines = [
+        f"plan: {r.model} on {r.gpus} GPUs of {r.system}, GBS {r.gbs}, sequence {r.seq_len}, "
+        f"{r.precision}",
+        f"  candidates {p.considered}, simulated {p.simulated}, dropped "
+        + (", ".join(f"{k} {v}" for k, v in sorted(p.pruned.items())) or "none"),
+        f"{'rank':>4}  {'layout':50} {'tok/s/GPU':>9} {'MFU':>6} {'mem GB':>7} {'step s':>7}",
+    ]
+    for c in p.candidates[:top]:
+        mfu = f"{100 * c['mfu']:.1f}%" if c.get("mfu") is not None else "-"
+        lines.append(
+            f"{c['rank']:>4}  {_label(c):50} {c['predicted_tokens_per_s_per_gpu']:9,.0f} "
+            f"{mfu:>6} {c['peak_memory_bytes'] / 1e9:7.1f} {c['predicted_step_s']:7.2f}"
+        )
+    if len(p.candidates) > 1:
+        lines.append("best vs runner-up: " + why(p.candidates[0], p.candidates[1]))
+    if p.given is not None:
+        g = p.given
+        if g.get("reason"):
+            lines.append(f"given layout: not built: {g['reason']}")
+        else:
+            fits = "" if g.get("fits") else " (does not fit in memory)"
+            lines.append(
+                f"given layout {_label(g)}: {g['predicted_tokens_per_s_per_gpu']:,.0f} "
+                f"tokens/s/GPU, rank {g.get('rank')} of {len(p.candidates)}{fits}"
+            )
+            if p.candidates and p.candidates[0] is not g:
+                lines.append("best vs given: " + why(p.candidates[0], g))
+    return "\n".join(lines) + "\n"
+
+
+def csv_text(p: Plan) -> str:
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    for c in p.candidates:
+        w.writerow({k: c.get(k, "") for k in COLUMNS})
+    return buf.getvalue()
+
+
+def best_row(p: Plan) -> str:
+    """The best candidate as a `moesim predict` table of one row."""
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=PREDICT_COLUMNS, extrasaction="ignore", lineterminator="\n")
+    w.writeheader()
+    if p.candidates:
+        w.writerow({k: p.candidates[0].get(k, "") for k in PREDICT_COLUMNS})
+    return buf.getvalue()
+
+
+def html_page(p: Plan) -> str:
+    import plotly.graph_objects as go
+
+    pts = p.candidates
+    front, best_mem = [], float("inf")
+    for c in sorted(pts, key=lambda c: -c["predicted_tokens_per_s_per_gpu"]):
+        if c["peak_memory_bytes"] < best_mem:
+            front.append(c)
+            best_mem = c["peak_memory_bytes"]
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[c["peak_memory_bytes"] / 1e9 for c in pts],
+            y=[c["predicted_tokens_per_s_per_gpu"] for c in pts],
+            mode="markers",
+            name="simulated",
+            text=[_label(c) for c in pts],
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=[c["peak_memory_bytes"] / 1e9 for c in front],
+            y=[c["predicted_tokens_per_s_per_gpu"] for c in front],
+            mode="lines+markers",
+            name="Pareto front",
+            text=[_label(c) for c in front],
+        )
+    )
+    if p.given is not None and p.given.get("predicted_tokens_per_s_per_gpu"):
+        g = p.given
+        fig.add_trace(
+            go.Scatter(
+                x=[g["peak_memory_bytes"] / 1e9],
+                y=[g["predicted_tokens_per_s_per_gpu"]],
+                mode="markers",
+                marker={"size": 14, "symbol": "star"},
+                name="given layout",
+                text=[_label(g)],
+            )
+        )
+    r = p.request
+    fig.update_layout(
+        title=f"{r.model} on {r.gpus} GPUs of {r.system}: {p.simulated} of {p.considered} "
+        "candidates simulated",
+        xaxis_title="peak memory per GPU, GB",
+        yaxis_title="tokens/s/GPU",
+        height=700,
+    )
+    return fig.to_html(include_plotlyjs=True, full_html=True)
+
+
+def write(p: Plan, out_dir: str | Path) -> dict[str, Path]:
+    from sim.core.io import OutputSet, atomic_write_text
+
+    files: dict[str, Path] = {}
+    with OutputSet(out_dir, "plan") as out:
+        for name, text in (
+            ("plan.csv", csv_text(p)),
+            ("plan.json", json.dumps(p.as_dict(), indent=2, default=str)),
+            ("plan.html", html_page(p)),
+            ("plan.txt", text_plan(p, 50)),
+            ("best.csv", best_row(p)),
+        ):
+            atomic_write_text(out.path(name), text)
+            files[name] = out.final(name)
+    return files

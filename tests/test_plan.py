@@ -1,0 +1,138 @@
+"""`moesim plan`: pruning never drops the optimum, memory feasibility is the memory model's,
+bad requests fail in one line."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from sim.core.errors import ConfigError
+from sim.training.plan import Candidate, Request, parse_layout, plan
+
+REQ = Request("LLAMA3_8B", "DGX-H100", 8, 16, 4096, "BF16")
+GRID = {
+    "tp": (1, 2),
+    "cp": (1,),
+    "pp": (1, 2),
+    "vp": (1, 2),
+    "mbs": (1, 2),
+    "recompute": ("none", "full"),
+}
+
+
+@pytest.fixture(scope="module")
+def exhaustive():
+    return plan(REQ, grid=GRID, prune=False)
+
+
+def test_the_pruned_plan_finds_the_exhaustive_optimum(exhaustive):
+    pruned = plan(REQ, grid=GRID)
+    assert pruned.simulated < exhaustive.simulated  # the bound removed some
+    key = ("tp", "cp", "pp", "vp", "ep", "mbs", "fsdp", "ep_overlap", "recompute")
+    best = exhaustive.candidates[0]
+    assert {k: pruned.candidates[0][k] for k in key} == {k: best[k] for k in key}
+    assert pruned.candidates[0]["predicted_step_s"] == pytest.approx(best["predicted_step_s"])
+    assert pruned.considered == exhaustive.considered
+    assert pruned.pruned["bound"] > 0
+
+
+def test_every_bound_is_below_its_simulated_step(exhaustive):
+    for c in exhaustive.candidates:
+        assert c["lower_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
+
+
+def test_ranked_candidates_fit_and_are_in_order(exhaustive):
+    speeds = [c["predicted_tokens_per_s_per_gpu"] for c in exhaustive.candidates]
+    assert speeds == sorted(speeds, reverse=True)
+    assert [c["rank"] for c in exhaustive.candidates] == list(range(1, len(speeds) + 1))
+    for c in exhaustive.candidates:
+        assert c["fits"] and c["peak_memory_bytes"] <= 80e9
+    assert exhaustive.considered == exhaustive.simulated + sum(exhaustive.pruned.values())
+
+
+def test_a_given_layout_that_does_not_fit_is_scored_and_says_so():
+    """Llama 3 70B on 8 H100s without any model parallelism cannot hold its weights."""
+    req = Request("LLAMA3_70B", "DGX-H100", 64, 64, 4096, "BF16")
+    p = plan(
+        req,
+        given=parse_layout("tp=8,pp=1,mbs=1"),
+        grid={"tp": (8,), "pp": (1, 8), "vp": (1,), "mbs": (1,), "recompute": ("none",)},
+    )
+    assert p.given is not None and p.given["fits"] is False and p.given["rank"] >= 1
+    assert all(c["fits"] for c in p.candidates)
+
+
+def test_bad_requests_fail_in_one_line():
+    with pytest.raises(ConfigError, match="no layout divides 7 GPUs with GBS 16"):
+        plan(Request("LLAMA3_8B", "DGX-H100", 7, 16, 4096, "BF16"), grid=GRID)
+    with pytest.raises(ConfigError, match=r"no layout of DeepSeekV3 on 8 GPUs .* fits: .*memory"):
+        plan(
+            Request("DeepSeekV3", "DGX-H100", 8, 64, 4096, "BF16"),
+            grid={"pp": (1,), "vp": (1,), "mbs": (1,), "recompute": ("full",)},
+        )
+    with pytest.raises(ConfigError, match="unknown model 'GPT9'"):
+        plan(Request("GPT9", "DGX-H100", 8, 16, 4096, "BF16"))
+    with pytest.raises(ConfigError, match="gpus: expected an integer >= 1"):
+        plan(Request("LLAMA3_8B", "DGX-H100", 0, 16, 4096, "BF16"))
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("tp=x", "tp: expected an integer"),
+        ("pp=0", "pp: expected an integer >= 1"),
+        ("foo=1", "unknown key 'foo'"),
+        ("tp", "expected KEY=VALUE"),
+        ("overlap=maybe", "overlap: expected on or off"),
+    ],
+)
+def test_layout_option_errors(text, needle):
+    with pytest.raises(ConfigError, match=needle):
+        parse_layout(text)
+
+
+def test_layout_option_parses_every_field():
+    c = parse_layout("tp=2,cp=2,pp=4,vp=3,ep=8,mbs=2,overlap=on,recompute=full,fsdp=on")
+    assert c == Candidate(2, 2, 4, 3, 8, 2, True, "full", True)
+
+
+def test_cli_plan_json_and_best_row_for_predict(tmp_path: Path):
+    args = [
+        sys.executable,
+        "-m",
+        "sim.cli",
+        "plan",
+        "LLAMA3_8B",
+        "--system",
+        "DGX-H100",
+        "--gpus",
+        "8",
+        "--gbs",
+        "16",
+        "--seq-len",
+        "4096",
+        "--layout",
+        "tp=1,pp=1,mbs=1",
+        "--json",
+        "--out",
+        str(tmp_path / "p"),
+    ]
+    r = subprocess.run(args, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["considered"] >= out["simulated"] >= 1 and out["candidates"][0]["rank"] == 1
+    assert out["given"]["rank"] >= 1
+    best = tmp_path / "p" / "best.csv"
+    p = subprocess.run(
+        [sys.executable, "-m", "sim.cli", "predict", str(best), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert p.returncode == 0, p.stderr
+    row = json.loads(p.stdout)["rows"][0]
+    assert row["predicted_tokens_per_s_per_gpu"] > 0 and "reason" not in row
