@@ -50,15 +50,15 @@ class MemoryReport:
 def saved_bytes(lw: LayerWork, model: StepModel) -> float:
     """Bytes one layer keeps for its backward for one micro-batch."""
     lay = model.lay
-    if lw.layer >= 0 and model._recomputed("", lw.layer):  # full: only the layer's input
+    if lw.layer >= 0 and model.recomputed("", lw.layer):  # full: only the layer's input
         return lay.mbs * lay.seq / lay.cp / lay.tp * model.a.hidden * ACT
-    if lw.layer >= 0 and model._index_in_stage.get(lw.layer, 0) < model.r.offload_layers:
+    if lw.layer >= 0 and model.index_in_stage.get(lw.layer, 0) < model.r.offload_layers:
         return 0.0  # offloaded to the host until its backward
     kept = 0.0
     for w in lw.work:
-        if model._recomputed(w.module, lw.layer):
+        if model.recomputed(w.module, lw.layer):
             continue
-        if w.name == "core_attn" and model._recomputed("mla_up_proj", lw.layer):
+        if w.name == "core_attn" and model.recomputed("mla_up_proj", lw.layer):
             # Megatron-Core's up-projection recompute regenerates Q, K and V from the latents
             # in the backward: the attention keeps its output and log-sum-exp only
             kept += w.saved_min

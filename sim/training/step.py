@@ -106,7 +106,7 @@ class StepModel:
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
         self.vstages = self._layout()
-        self._index_in_stage: dict[int, int] = {}
+        self.index_in_stage: dict[int, int] = {}
         first = 0
         layer_of: list[list[int]] = []
         for sym in self.vstages:
@@ -116,7 +116,7 @@ class StepModel:
         self.vstage_layers = layer_of
         for s in range(lay.pp):
             stage = [i for v in range(s, len(layer_of), lay.pp) for i in layer_of[v]]
-            self._index_in_stage.update({layer: k for k, layer in enumerate(stage)})
+            self.index_in_stage.update({layer: k for k, layer in enumerate(stage)})
         self.totals = {"compute_s": 0.0, "ep_comm_s": 0.0, "tp_comm_s": 0.0, "cp_comm_s": 0.0}
 
     def _layout(self) -> list[str]:
@@ -145,7 +145,7 @@ class StepModel:
             t += self.gpu.seconds(w, backward)
             if w.module not in self.graphed:
                 launches += self.gpu.launches(w, backward)
-            if backward and self._recomputed(w.module, lw.layer):
+            if backward and self.recomputed(w.module, lw.layer):
                 t += self.gpu.seconds(w)
                 launches += 0 if w.module in self.graphed else w.launches
         # the host launches ahead of the GPU, except after a host sync (a dropless dispatcher
@@ -168,12 +168,12 @@ class StepModel:
             )
         return self.comm.seconds(c.kind, "ep", c.bytes)
 
-    def _recomputed(self, module: str, layer: int = -1) -> bool:
+    def recomputed(self, module: str, layer: int = -1) -> bool:
         """Whether the recipe recomputes this module of this layer in the backward (full
         recomputation of `recompute_layers` layers per stage: the first ones of each)."""
         if self.r.recompute_full and layer >= 0:
             n = self.r.recompute_layers
-            return n is None or self._index_in_stage.get(layer, 0) < n
+            return n is None or self.index_in_stage.get(layer, 0) < n
         mods = self.r.recompute_modules
         return module in mods or ("moe" in mods and module.startswith("moe"))
 
