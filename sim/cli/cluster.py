@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sim.cli_options import check_output_file, limit_opt, limits, refuse
+from sim.cli.options import check_output_file, limit_opt, limits, refuse
 from sim.core.errors import ConfigError
 
 

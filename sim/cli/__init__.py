@@ -16,10 +16,10 @@ import tempfile
 from pathlib import Path
 from typing import Any, NoReturn
 
-from sim.cli_options import check_output_file as _check_output_file
-from sim.cli_options import limit_opt as _limit_opt
-from sim.cli_options import limits as _limits
-from sim.cli_options import refuse as _refuse
+from sim.cli.options import check_output_file as _check_output_file
+from sim.cli.options import limit_opt as _limit_opt
+from sim.cli.options import limits as _limits
+from sim.cli.options import refuse as _refuse
 from sim.core.errors import ConfigError, MoesimError
 from sim.core.io import OutputError, check_output_dir
 
@@ -223,22 +223,22 @@ def build_parser() -> argparse.ArgumentParser:
     run_opts(g)
     g.set_defaults(fn=cmd_graph)
 
-    from sim.cli_cluster import add_parsers as add_cluster_parsers
+    from sim.cli.cluster import add_parsers as add_cluster_parsers
 
     add_cluster_parsers(sub)  # topology, collectives
-    from sim.cli_studies import add_parsers as add_study_parsers
+    from sim.cli.studies import add_parsers as add_study_parsers
 
     add_study_parsers(sub)  # replay, whatif
-    from sim.cli_predict import add_parsers as add_predict_parser
+    from sim.cli.predict import add_parsers as add_predict_parser
 
     add_predict_parser(sub)  # predict (whole training steps of a table of runs)
-    from sim.cli_plan import add_parsers as add_plan_parser
+    from sim.cli.plan import add_parsers as add_plan_parser
 
     add_plan_parser(sub)  # plan (the fastest layout of a model on a cluster)
-    from sim.cli_report import add_parsers as add_report_parser
+    from sim.cli.report import add_parsers as add_report_parser
 
     add_report_parser(sub)
-    from sim.cli_sweep import add_parsers as add_sweep_parsers
+    from sim.cli.sweep import add_parsers as add_sweep_parsers
 
     add_sweep_parsers(sub)  # sweep
 
@@ -331,7 +331,3 @@ def _fail(message: str) -> int:
 
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
-
-
-if __name__ == "__main__":
-    sys.exit(main())
