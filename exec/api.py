@@ -146,7 +146,8 @@ def run_graph(
     The summary, with the files under "files"; None on ranks other than 0 under torchrun."""
     from exec.runtime.launch import check_world, launch, run_under_torchrun
     from exec.runtime.summary import summarize
-    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.analysis.chrome import write_chrome_trace
+    from sim.analysis.trace import write_table
     from sim.core.io import OutputSet, check_output_dir
 
     check_world(graph, nprocs)

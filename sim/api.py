@@ -125,7 +125,7 @@ def run(config: Any, record_links: bool = False) -> RunResult:
 
 
 def _run(config: Any, record_links: bool = False) -> RunResult:
-    """`run` with the trace as a `sim.analysis.table.TraceTable`: what `run_config` writes
+    """`run` with the trace as a `sim.analysis.trace.columns.TraceTable`: what `run_config` writes
     its output set from, without importing pandas."""
     from sim.analysis.layout_run import run_config as simulate_config
 
@@ -158,7 +158,8 @@ def write_outputs(
     (`sim.core.io.OutputSet`); adds "files" to `result.summary`."""
     import yaml
 
-    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.analysis.chrome import write_chrome_trace
+    from sim.analysis.trace import write_table
     from sim.core.io import OutputSet
 
     fmt = cfg.output.get("trace_format", "csv")

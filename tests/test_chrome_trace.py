@@ -21,10 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sim import api
-from sim.analysis.chrome import chrome_trace, layout
-from sim.analysis.chrome_tracks import flow_events
-from sim.analysis.trace import to_frame, write_chrome_trace
-from sim.analysis.trace_ns import to_ns, us
+from sim.analysis.chrome import chrome_trace, flow_events, layout, write_chrome_trace
+from sim.analysis.trace import to_frame
+from sim.analysis.trace.ns import to_ns, us
 from sim.core.graph import Task, TaskGraph
 from sim.engine.engine import simulate
 from tests.perfetto_model import load, nest, ns_from_number, ns_from_text, ts_variants

@@ -1,5 +1,5 @@
-"""A run's trace without pandas (`sim.analysis.table.TraceTable`) reads and writes exactly as
-the DataFrame it stands for: the same trace.csv bytes, the same Chrome trace, the same
+"""A run's trace without pandas (`sim.analysis.trace.columns.TraceTable`) reads and writes
+exactly as the DataFrame it stands for: the same trace.csv bytes, the same Chrome trace, the same
 summary (busy time summed as pandas sums it, bit for bit), on real runs and on tables with
 awkward tags; and the numpy rewrites of the Chrome trace's pandas steps (sub-track lanes, each
 rank's first start) agree with the pandas code they replace."""
@@ -16,9 +16,9 @@ import pytest
 
 import sim.api as api
 from benchmarks.startup import TINY
-from sim.analysis.chrome import _cummax_per_key, _lanes, chrome_trace
+from sim.analysis.chrome.document import _cummax_per_key, _lanes, chrome_trace
 from sim.analysis.summary import busy_per_stream, exposed, exposed_per_rank
-from sim.analysis.table import COLUMNS, TraceTable, col_list
+from sim.analysis.trace.columns import COLUMNS, TraceTable, col_list
 
 SMALL = {"batch": 2, "seq_len": 256, "model_dim": 512, "hidden_dim": 1024, "experts_per_gpu": 2}
 CONFIGS = {

@@ -52,7 +52,7 @@ class ConfigRun:
     """A run config built and simulated: its result, trace table, summary and workload."""
 
     result: SimResult
-    table: Any  # sim.analysis.table.TraceTable, one row per executed task
+    table: Any  # sim.analysis.trace.columns.TraceTable, one row per executed task
     summary: dict[str, Any]
     workload: Any  # sim.config.Workload
     wall_s: dict[str, float]
