@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from sim.analysis.sweep import run_sweep
-from sim.analysis.sweep_run import COLUMNS
-from sim.analysis.sweep_spec import load
-from sim.analysis.sweep_store import Store
+from sim.analysis.sweep.run import COLUMNS
+from sim.analysis.sweep.spec import load
+from sim.analysis.sweep.store import Store
 from sim.cli import main
 from sim.core.errors import ConfigError
 from tests.configs import TINY_FLAT
@@ -243,7 +243,7 @@ def _die(point):  # a worker process killed under its run (out of memory, kill -
 def test_a_dead_worker_process_stops_the_sweep_keeping_rows(tmp_path, monkeypatch):
     """Which point killed a local worker is unknown: no row is blamed, the sweep stops in one
     line, and the same command resumes it."""
-    import sim.analysis.sweep as sweep_mod
+    import sim.analysis.sweep.driver as sweep_mod
     from sim.core.errors import MoesimError
 
     spec = _spec(grid={"nodes": [2, 4]})
@@ -262,7 +262,7 @@ def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from sim.analysis import sweep as sweep_mod
+    from sim.analysis.sweep import driver as sweep_mod
 
     monkeypatch.setattr(sweep_mod, "HEARTBEAT_S", 0.01)
     go = threading.Event()

@@ -275,7 +275,7 @@ def _gib(nbytes: Any) -> str:
 
 
 def typed_param_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> None:
-    """`param.<key>` columns typed as `sweep` types them (sim.analysis.sweep_store), from the
+    """`param.<key>` columns typed as `sweep` types them (sim.analysis.sweep.store), from the
     values the rows ran with: integers, floats, or text; a parameter a strategy does not
     have is NA (or "" in a text column)."""
     for c in [c for c in df.columns if c.startswith("param.")]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sim.analysis.sweep_spec import Point
+from sim.analysis.sweep.spec import Point
 from sim.core.errors import MoesimError
 
 # The shared results row (helper `moesim report` reads it): these columns, then `param.<key>`
@@ -120,7 +120,7 @@ def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
     compute-speed changes of `moesim whatif`."""
     from sim.analysis.compare import step_tokens
     from sim.analysis.layout_run import run_config
-    from sim.analysis.whatif import with_links, with_speed
+    from sim.analysis.whatif.study import with_links, with_speed
     from sim.config import RunConfig
 
     cfg = RunConfig.from_dict(point.raw, source=point.source)
