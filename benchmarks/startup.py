@@ -82,7 +82,7 @@ from pydantic import BaseModel, TypeAdapter
 step("pydantic")
 import yaml, simpy
 step("yaml, simpy")
-import sim.core.schema, sim.core.graph_schema, sim.hardware.topology_schema
+import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
 step("topology and cost schemas (pydantic models built)")
 import sim.strategies, sim.engine.symmetric, sim.analysis.layout_run, sim.analysis.trace

@@ -365,7 +365,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def topology_presets() -> list[str]:
     """Names of the presets in topologies/ (or $MOESIM_TOPOLOGIES)."""
-    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology.spec import list_presets
 
     return list_presets()
 
@@ -391,7 +391,7 @@ def schema(name: str) -> dict[str, Any]:
 
 def describe_topology(topo: Topology) -> str:
     """Link classes, node template and fabric as text (`moesim topology show`)."""
-    from sim.hardware.topology_views import describe
+    from sim.hardware.topology.views import describe
 
     return describe(topo)
 

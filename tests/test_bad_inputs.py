@@ -233,7 +233,7 @@ def test_schema_subcommand_prints_json_schema(capsys, name):
 
 def test_every_preset_loads_and_the_schema_names_bad_links():
     from sim.hardware.topology import Topology
-    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology.spec import list_presets
 
     for name in list_presets():
         Topology.load(name)
