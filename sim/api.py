@@ -384,7 +384,7 @@ def load_topology(
 
 def schema(name: str) -> dict[str, Any]:
     """The JSON Schema of an input: `config`, `topology` or `graph` (`moesim schema`)."""
-    from sim.config.schemas import input_schema
+    from sim.config.input_schemas import input_schema
 
     return input_schema(name)
 

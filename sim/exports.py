@@ -48,7 +48,7 @@ PARAMS = "params"
 
 def _keywords() -> tuple[str, ...]:
     """The keywords `run` takes: every top-level field of a run config, and `params`."""
-    from sim.config.schema import RunSpec
+    from sim.config.run_schema import RunSpec
 
     return (*RunSpec.model_fields, PARAMS)
 

@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from sim.config import RunConfig
-from sim.config.schema import FabricSpec, ModelSpec, ParallelSpec
+from sim.config.run_schema import FabricSpec, ModelSpec, ParallelSpec
 from sim.core.errors import ConfigError
 from sim.strategies import resolve_params
 
