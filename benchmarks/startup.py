@@ -85,7 +85,7 @@ step("yaml, simpy")
 import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
 step("topology and cost schemas (pydantic models built)")
-import sim.strategies, sim.engine.symmetric, sim.analysis.layout_run, sim.analysis.trace
+import sim.strategies, sim.engine.symmetric, sim.pipeline, sim.analysis.trace
 step("sim modules (strategies, engine, topology, trace)")
 import sim.config
 step("sim.config: the run config's schema (pydantic models built)")

@@ -127,9 +127,9 @@ def run(config: Any, record_links: bool = False) -> RunResult:
 def _run(config: Any, record_links: bool = False) -> RunResult:
     """`run` with the trace as a `sim.analysis.trace.columns.TraceTable`: what `run_config` writes
     its output set from, without importing pandas."""
-    from sim.analysis.layout_run import run_config as simulate_config
+    from sim.pipeline import build_and_simulate
 
-    r = simulate_config(load_config(config), record_links=record_links)
+    r = build_and_simulate(load_config(config), record_links=record_links)
     r.summary["wall_s"] = r.wall_s
     return RunResult(r.result.graph, r.table, r.summary, r.result)
 
