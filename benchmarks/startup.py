@@ -72,8 +72,8 @@ def step(name):
     out[name] = now - t
     t = now
 step("interpreter start (site, encodings)")
-import sim.cli, sim.api
-step("sim.cli, sim.api")
+import sim.cli, sim.commands
+step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
 import numpy.random, numpy.ma
 step("numpy (with numpy.random, numpy.ma)")

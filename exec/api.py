@@ -113,7 +113,7 @@ def load_graph(
     """(graph, config or None, resolution or None): a JSON graph as is, a YAML config built
     for nprocs ranks (with --strategy / --param applied, as `moesim simulate` does) with its
     `auto` parameters chosen on the config's cluster (`sim.config.cluster.resolve_for`)."""
-    from sim.api import parse_params
+    from sim.commands import parse_params
     from sim.config import RunConfig
     from sim.config.cluster import resolve_for
     from sim.core.errors import ConfigError

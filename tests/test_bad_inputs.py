@@ -207,7 +207,7 @@ def test_non_finite_results_are_refused_by_key():
 
 
 def test_a_summary_with_infinity_never_leaves_run(monkeypatch):
-    from sim import api
+    from sim import commands
     from sim.analysis import summary
 
     real = summary.summarize
@@ -217,7 +217,7 @@ def test_a_summary_with_infinity_never_leaves_run(monkeypatch):
 
     monkeypatch.setattr(summary, "summarize", broken)
     with pytest.raises(MoesimError, match="summary.makespan_s is inf"):
-        api.run(B.CONFIGS["layout"])
+        commands.simulate_config(B.CONFIGS["layout"])
 
 
 @pytest.mark.parametrize("name", ["config", "topology", "graph", "calibration"])

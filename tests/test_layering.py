@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # `sim.config` (the run config) sits above the search; then what one run yields (its trace,
 # Chrome trace, summary and size guards), the run pipeline on them (`sim.pipeline`), the
 # studies over the pipeline (the rest of `sim.analysis`: compare, sweep, whatif, replay,
-# report, ...), `sim.api` (what the subcommands do), `sim.exports` (what `import sim`
+# report, ...), `sim.commands` (what the subcommands do), `sim.exports` (what `import sim`
 # exports) and the CLI above all. A layer is one package or module, or a tuple of them.
 SIM_LAYERS: list[str | tuple[str, ...]] = [
     "sim.core",
@@ -31,7 +31,7 @@ SIM_LAYERS: list[str | tuple[str, ...]] = [
     ("sim.analysis.trace", "sim.analysis.chrome", "sim.analysis.summary", "sim.analysis.guards"),
     "sim.pipeline",
     "sim.analysis",
-    "sim.api",
+    "sim.commands",
     "sim.exports",
     "sim.cli",
 ]

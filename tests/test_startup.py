@@ -32,7 +32,7 @@ def _imported_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
     [
         "import sim",
         "import sim.cli; sim.cli.build_parser()",
-        "import sim.api, exec.api, exec.cli",
+        "import sim.commands, exec.api, exec.cli",
     ],
 )
 def test_startup_imports_no_heavy_library(code):

@@ -123,14 +123,14 @@ def test_cross_product_rows_and_labels():
 
 
 def test_rows_are_what_api_run_gives():
-    """A point's row is the run `sim.api.run` does on the same config."""
-    from sim import api
+    """A point's row is the run `sim.commands.simulate_config` does on the same config."""
+    from sim import commands
 
     df = run_sweep(_spec(grid={"strategy": ["sequential", "pipelined:degree=2"]}), workers=1)
     for strategy, row in zip(
         [{"name": "sequential"}, {"name": "pipelined", "degree": 2}], df.itertuples()
     ):
-        s = api.run({**BASE, "strategy": strategy}).summary
+        s = commands.simulate_config({**BASE, "strategy": strategy}).summary
         assert row.makespan_s == s["makespan_s"]
         assert row.exposed_comm_s == s["exposed_comm_s"]
 

@@ -24,9 +24,9 @@ from sim.core.io import OutputError
 
 
 def cmd_schema(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
-    print(json.dumps(api.schema(a.input), indent=2))
+    print(json.dumps(commands.schema(a.input), indent=2))
     return 0
 
 

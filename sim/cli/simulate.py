@@ -1,5 +1,5 @@
 """`moesim demo`, `simulate`, `compare` and `graph`: a run config (or a task graph) built and
-simulated, parsing and printing only (sim.api does the work)."""
+simulated, parsing and printing only (sim.commands does the work)."""
 
 from __future__ import annotations
 
@@ -17,25 +17,25 @@ from sim.core.io import check_output_dir
 # first command must not leave files in the clone it is run from).
 _DEMO_OUT = str(Path(tempfile.gettempdir()) / "moesim-demo")
 
-# `sim.api` is imported inside the commands: `moesim --help` then loads argparse and nothing
+# `sim.commands` is imported inside the commands: `moesim --help` then loads argparse and nothing
 # else of note (the API's own imports are lazy too, but its dataclasses cost start-up time).
 
 
 def _emit(summary: dict[str, Any], as_json: bool) -> None:
-    from sim import api
+    from sim import commands
 
     if as_json:
         print(json.dumps(summary, indent=2, default=str))
     else:
-        print(api.format_summary(summary))
+        print(commands.format_summary(summary))
         for name, path in summary.get("files", {}).items():
             print(f"  wrote {name:13s} {path}")
 
 
 def cmd_demo(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
-    summary = api.run_config(api.demo_config(), Path(a.out))
+    summary = commands.simulate_command(commands.demo_config(), Path(a.out))
     _emit(summary, a.json)
     if not a.json:
         print("  open the Chrome trace in https://ui.perfetto.dev or chrome://tracing")
@@ -43,7 +43,7 @@ def cmd_demo(a: argparse.Namespace) -> int:
 
 
 def _cost_overrides(a: argparse.Namespace) -> dict[str, Any]:
-    from sim import api
+    from sim import commands
 
     pairs = (
         ("network", a.network),
@@ -51,17 +51,17 @@ def _cost_overrides(a: argparse.Namespace) -> dict[str, Any]:
         ("compute", a.compute),
         ("calibration", a.calibration),
     )  # `--cost KEY=VALUE`: any other costs: field (finish_rtol, symmetry, ...)
-    return {**api.parse_params(a.cost, "--cost"), **{k: v for k, v in pairs if v}}
+    return {**commands.parse_params(a.cost, "--cost"), **{k: v for k, v in pairs if v}}
 
 
 def _config(a: argparse.Namespace):
     """The run config named on the command line, with the run options applied."""
-    from sim import api
+    from sim import commands
 
-    return api.configure(
+    return commands.configure(
         a.config,
         strategy=a.strategy,
-        params=api.parse_params(a.param),
+        params=commands.parse_params(a.param),
         topology=a.topology,
         nodes=a.nodes,
         costs=_cost_overrides(a),
@@ -70,7 +70,7 @@ def _config(a: argparse.Namespace):
 
 
 def cmd_simulate(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
     if str(a.config).endswith(".json"):  # a task graph: replayed as it is
         refuse(
@@ -80,17 +80,19 @@ def cmd_simulate(a: argparse.Namespace) -> int:
         )
         if not a.topology:
             raise ConfigError("simulating a graph JSON needs --topology")
-        res = api.replay(a.config, a.topology, a.nodes, _cost_overrides(a), a.out, limits=limits(a))
+        res = commands.replay_graph(
+            a.config, a.topology, a.nodes, _cost_overrides(a), a.out, limits=limits(a)
+        )
         _emit(res.summary, a.json)
         return 0
     cfg = _config(a)
     out = a.out or cfg.output.get("dir")  # files only where asked for
-    _emit(api.run_config(cfg, None if out is None else Path(out)), a.json)
+    _emit(commands.simulate_command(cfg, None if out is None else Path(out)), a.json)
     return 0
 
 
 def cmd_compare(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
     refuse(  # one entry per strategy carries its own parameters: nothing to guess
         a,
@@ -100,7 +102,7 @@ def cmd_compare(a: argparse.Namespace) -> int:
     )
     if a.out is not None:  # an unusable --out fails before the simulations, not after
         check_output_dir(a.out)
-    res = api.compare(_config(a), a.strategies, a.out)
+    res = commands.compare_strategies(_config(a), a.strategies, a.out)
     if a.json:
         print(res.table.to_json(orient="records", indent=2))
     else:
@@ -112,10 +114,10 @@ def cmd_compare(a: argparse.Namespace) -> int:
 
 
 def cmd_graph(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
     check_output_file(a.output, "-o/--output")
-    graph = api.export_graph(_config(a), a.output)
+    graph = commands.export_graph(_config(a), a.output)
     print(f"wrote {a.output}: {len(graph)} tasks on {graph.world_size} ranks")
     return 0
 
