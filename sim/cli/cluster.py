@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sim.cli.options import check_output_file, limit_opt, limits, refuse
+from sim.cli.options import limit_opt, limits, refuse
 from sim.core.errors import ConfigError
+from sim.core.io import check_output_file
 
 
 def _size(text: str) -> int:

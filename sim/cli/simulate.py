@@ -9,9 +9,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sim.cli.options import check_output_file, limit_opt, limits, refuse
+from sim.cli.options import limit_opt, limits, refuse
 from sim.core.errors import ConfigError
-from sim.core.io import check_output_dir
+from sim.core.io import check_output_dir, check_output_file
 
 # Where `moesim demo` writes by default: a fixed place outside any checkout (the README's
 # first command must not leave files in the clone it is run from).
