@@ -2,7 +2,7 @@
 
 The parser and the error boundary; each group of subcommands is a module of this package
 (`simulate`: demo, simulate, compare, graph; `cluster`: topology, collectives; `studies`:
-replay, whatif; `predict`, `report`, `sweep`; `options`: what they share) that parses and
+replay, whatif; `predict`, `plan`, `report`, `sweep`; `options`: what they share) that parses and
 prints only, and `exec.cli` adds the executor's.
 
 User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print
