@@ -7,7 +7,7 @@ read back the way Perfetto's JSON importer reads it and its slices nested as Per
 tracker does (`tests/perfetto_model.py`): by the current importer (fractions rounded to the
 ns) and by the older jsoncpp one (`ts` from its text, `dur` truncated). Also: the events
 written, the export's CPU time and size, and what recording link utilisation costs the
-simulation (CPU time of `api.run` with and without `record_links`, median of --repeat).
+simulation (CPU time of `commands.run` with and without `record_links`, median of --repeat).
 
 With `--base DIR` (a checkout of an older commit, e.g. `git archive a22dab9 | tar -x -C DIR`),
 the same runs without recording are timed there in a subprocess: the default simulate path,
@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine  # noqa: E402
-from sim import api  # noqa: E402
+from sim import commands  # noqa: E402
 from sim.analysis.chrome import chrome_trace  # noqa: E402
 from sim.core.io import atomic_write_text  # noqa: E402
 from tests.perfetto_model import load, nest  # noqa: E402
@@ -40,12 +40,12 @@ OUT = ROOT / "benchmarks" / "results"
 CASES = {"demo, 16 GPUs": 2, "demo, 256 GPUs": 32}
 TIMING = """
 import sys, time, statistics
-from sim import api
-cfg = api.demo_config().to_dict(); cfg["nodes"] = {nodes}
-api.run(cfg)
+from sim import commands
+cfg = commands.demo_config().to_dict(); cfg["nodes"] = {nodes}
+commands.simulate_config(cfg)
 cpu = []
 for _ in range({repeat}):
-    t = time.process_time(); api.run(cfg); cpu.append(time.process_time() - t)
+    t = time.process_time(); commands.simulate_config(cfg); cpu.append(time.process_time() - t)
 print(statistics.median(cpu))
 """
 
@@ -72,19 +72,19 @@ def read(text: str) -> dict:
 
 
 def cpu_run(cfg: dict, repeat: int, record: bool) -> float:
-    api.run(cfg, record_links=record)
+    commands.simulate_config(cfg, record_links=record)
     cpu = []
     for _ in range(repeat):
         t = time.process_time()
-        api.run(cfg, record_links=record)
+        commands.simulate_config(cfg, record_links=record)
         cpu.append(time.process_time() - t)
     return statistics.median(cpu)
 
 
 def one(label: str, nodes: int, repeat: int, base: str | None) -> dict:
-    cfg = api.demo_config().to_dict()
+    cfg = commands.demo_config().to_dict()
     cfg["nodes"] = nodes
-    r = api.run(cfg, record_links=True)
+    r = commands.simulate_config(cfg, record_links=True)
     row: dict = {"case": label, "gpus": r.graph.world_size, "tasks": len(r.trace)}
     row["before"] = read(json.dumps(before(r.trace)))
     t = time.process_time()
@@ -138,7 +138,7 @@ def markdown(rows: list[dict], where: str, repeat: int, base: str | None) -> str
     lines += [
         "",
         "The export after, and what recording link utilisation costs the run "
-        "(`api.run(cfg, record_links=True)`, what `moesim simulate --out` does):",
+        "(`commands.simulate_config(cfg, record_links=True)`, what `moesim simulate --out` does):",
         "",
         "| case | events (X / s+f / C / M) | size (KiB) | export CPU (s) | run CPU (s) "
         "| run CPU recording (s) |" + (" run CPU at base (s) |" if base else ""),

@@ -100,9 +100,9 @@ def corpus(n: int, seed: int) -> list[tuple[str, B.Case]]:
 
 def _built_graph() -> dict[str, Any]:
     """A strategy's own graph (8 ranks, forward and backward), as `moesim graph` writes it."""
-    from sim import api
+    from sim import commands
 
-    return api.build_graph(B.CONFIGS["pipelined"]).to_dict()
+    return commands.build_graph(B.CONFIGS["pipelined"]).to_dict()
 
 
 # -- running ----------------------------------------------------------------------------------

@@ -64,10 +64,10 @@ def a2a_floor(df) -> float:
 
 
 def one(topo: str, nodes: int, preset: str, strategy: dict) -> dict:
-    from sim import api
+    from sim import commands
 
     t0 = time.process_time()
-    r = api.run(
+    r = commands.simulate_config(
         {
             "topology": topo,
             "nodes": nodes,

@@ -53,10 +53,10 @@ CASES: dict[str, dict[str, Any]] = {
 
 
 def run_case(name: str) -> dict[str, Any]:
-    from sim import api
+    from sim import commands
 
     t0, c0 = time.perf_counter(), time.process_time()
-    r = api.run(CASES[name])
+    r = commands.simulate_config(CASES[name])
     wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     s = r.summary
     return {

@@ -72,8 +72,8 @@ def step(name):
     out[name] = now - t
     t = now
 step("interpreter start (site, encodings)")
-import sim.cli, sim.api
-step("sim.cli, sim.api")
+import sim.cli, sim.commands
+step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
 import numpy.random, numpy.ma
 step("numpy (with numpy.random, numpy.ma)")
@@ -82,10 +82,10 @@ from pydantic import BaseModel, TypeAdapter
 step("pydantic")
 import yaml, simpy
 step("yaml, simpy")
-import sim.core.schema, sim.core.graph_schema, sim.hardware.topology_schema
+import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
 step("topology and cost schemas (pydantic models built)")
-import sim.strategies, sim.engine.symmetric, sim.analysis.layout_run, sim.analysis.trace
+import sim.strategies, sim.engine.symmetric, sim.pipeline, sim.analysis.trace
 step("sim modules (strategies, engine, topology, trace)")
 import sim.config
 step("sim.config: the run config's schema (pydantic models built)")

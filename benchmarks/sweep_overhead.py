@@ -48,9 +48,9 @@ def cpu(args: list[str]) -> tuple[float, float]:
 def row_write_s(spec: str, n: int = 50) -> float:
     """Median wall seconds of writing one row (Parquet part, fsync, rename)."""
     sys.path.insert(0, str(ROOT))
-    from sim.analysis.sweep_run import error_fields
-    from sim.analysis.sweep_spec import load
-    from sim.analysis.sweep_store import Store
+    from sim.analysis.sweep.run import error_fields
+    from sim.analysis.sweep.spec import load
+    from sim.analysis.sweep.store import Store
 
     sweep = load(spec)
     p = sweep.points[0]
@@ -72,7 +72,7 @@ def main() -> None:
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     sys.path.insert(0, str(ROOT))
-    from sim.analysis.sweep_spec import load
+    from sim.analysis.sweep.spec import load
 
     points = len(load(a.spec).points)
     rows = []

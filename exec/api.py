@@ -113,7 +113,7 @@ def load_graph(
     """(graph, config or None, resolution or None): a JSON graph as is, a YAML config built
     for nprocs ranks (with --strategy / --param applied, as `moesim simulate` does) with its
     `auto` parameters chosen on the config's cluster (`sim.config.cluster.resolve_for`)."""
-    from sim.api import parse_params
+    from sim.commands import parse_params
     from sim.config import RunConfig
     from sim.config.cluster import resolve_for
     from sim.core.errors import ConfigError
@@ -146,7 +146,8 @@ def run_graph(
     The summary, with the files under "files"; None on ranks other than 0 under torchrun."""
     from exec.runtime.launch import check_world, launch, run_under_torchrun
     from exec.runtime.summary import summarize
-    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.analysis.chrome import write_chrome_trace
+    from sim.analysis.trace import write_table
     from sim.core.io import OutputSet, check_output_dir
 
     check_world(graph, nprocs)

@@ -84,7 +84,7 @@ def _check_procs(nprocs: int, timeout: float) -> None:
 def cmd_calibrate(a: argparse.Namespace) -> int:
     from exec import api
     from exec.errors import require_torch
-    from sim.cli_options import check_output_file
+    from sim.core.io import check_output_file
 
     require_torch()
     _check_procs(a.nprocs, a.timeout)

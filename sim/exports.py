@@ -6,7 +6,7 @@
     w = sim.whatif("my.yaml", {"link.*.bw": "*2"}); w.before["makespan_s"], w.after[...]
     rep = sim.replay("traces/exec-gloo-2r"); rep.summary["replay"]["error"]
 
-`sim.api` holds the functions behind the `moesim` subcommands; these wrap them with what a
+`sim.commands` holds what the `moesim` subcommands do; these wrap them with what a
 notebook wants: overrides as keywords (the CLI's run options, any config field, and dotted
 paths into the config such as `"model.routing.s"`), DataFrames back, and every bad argument
 a one-line `ConfigError` naming it. Heavy libraries load inside the functions.
@@ -20,7 +20,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.api import RunResult, demo_config, load_config
+from sim.commands import RunResult, demo_config, load_config
 from sim.core.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -36,6 +36,7 @@ __all__ = [
     "compare",
     "demo_config",
     "load_config",
+    "predict",
     "replay",
     "run",
     "sweep",
@@ -48,7 +49,7 @@ PARAMS = "params"
 
 def _keywords() -> tuple[str, ...]:
     """The keywords `run` takes: every top-level field of a run config, and `params`."""
-    from sim.config.schema import RunSpec
+    from sim.config.run_schema import RunSpec
 
     return (*RunSpec.model_fields, PARAMS)
 
@@ -130,7 +131,7 @@ def run(config: Any, **overrides: Any) -> RunResult:
     `**{"model.routing.s": 1.2}`). A task graph (a TaskGraph or a `.json` path) is simulated
     as it is on `topology=` (`nodes=`, `costs=` and `limits=` also apply). Returns the
     summary, the trace DataFrame (one row per task) and the graph."""
-    from sim import api
+    from sim import commands
     from sim.core.graph import TaskGraph
 
     if isinstance(config, TaskGraph) or (
@@ -144,14 +145,14 @@ def run(config: Any, **overrides: Any) -> RunResult:
             )
         if not overrides.get("topology"):
             raise ConfigError("a task graph needs topology= (a preset or a topology YAML)")
-        return api.replay(
+        return commands.replay_graph(
             config,
             overrides["topology"],
             overrides.get("nodes"),
             overrides.get("costs"),
             limits=overrides.get("limits"),
         )
-    return api.run(_config(config, overrides))
+    return commands.simulate_config(_config(config, overrides))
 
 
 def compare(
@@ -160,7 +161,7 @@ def compare(
     """Several strategies ("name" or "name:key=value,...") simulated on one config (with
     the same keyword overrides as `run`), one row each; with `out`, the table and chart are
     also written into that directory."""
-    from sim import api
+    from sim import commands
 
     if isinstance(strategies, str) or not isinstance(strategies, (list, tuple)):
         raise ConfigError(
@@ -169,7 +170,7 @@ def compare(
         )
     if not strategies or not all(isinstance(s, str) for s in strategies):
         raise ConfigError(f"strategies: expected a non-empty list of strings, got {strategies!r}")
-    return api.compare(_config(config, overrides), list(strategies), out).table
+    return commands.compare_strategies(_config(config, overrides), list(strategies), out).table
 
 
 def sweep(spec: Any, **options: Any) -> pd.DataFrame:

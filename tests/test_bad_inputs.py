@@ -207,7 +207,7 @@ def test_non_finite_results_are_refused_by_key():
 
 
 def test_a_summary_with_infinity_never_leaves_run(monkeypatch):
-    from sim import api
+    from sim import commands
     from sim.analysis import summary
 
     real = summary.summarize
@@ -217,7 +217,7 @@ def test_a_summary_with_infinity_never_leaves_run(monkeypatch):
 
     monkeypatch.setattr(summary, "summarize", broken)
     with pytest.raises(MoesimError, match="summary.makespan_s is inf"):
-        api.run(B.CONFIGS["layout"])
+        commands.simulate_config(B.CONFIGS["layout"])
 
 
 @pytest.mark.parametrize("name", ["config", "topology", "graph", "calibration"])
@@ -233,7 +233,7 @@ def test_schema_subcommand_prints_json_schema(capsys, name):
 
 def test_every_preset_loads_and_the_schema_names_bad_links():
     from sim.hardware.topology import Topology
-    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology.spec import list_presets
 
     for name in list_presets():
         Topology.load(name)

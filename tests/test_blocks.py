@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from sim import api
+from sim import commands
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.engine.engine import simulate
@@ -160,8 +160,8 @@ def test_one_replica_stands_for_all_with_gradient_reductions():
         "strategy": {"name": "pipelined", "degree": 2},
         "passes": ["fwd", "bwd"],
     }
-    on = api.run({**raw, "costs": {"symmetry": "on"}}).summary
-    off = api.run({**raw, "costs": {"symmetry": "off"}}).summary
+    on = commands.simulate_config({**raw, "costs": {"symmetry": "on"}}).summary
+    off = commands.simulate_config({**raw, "costs": {"symmetry": "off"}}).summary
     assert on["symmetry"]["used"] and on["symmetry"]["replicas"] == 2
     assert on["makespan_s"] == pytest.approx(off["makespan_s"], rel=1e-9)
 

@@ -20,11 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from sim import api
-from sim.analysis.chrome import chrome_trace, layout
-from sim.analysis.chrome_tracks import flow_events
-from sim.analysis.trace import to_frame, write_chrome_trace
-from sim.analysis.trace_ns import to_ns, us
+from sim import commands
+from sim.analysis.chrome import chrome_trace, flow_events, layout, write_chrome_trace
+from sim.analysis.trace import to_frame
+from sim.analysis.trace.ns import to_ns, us
 from sim.core.graph import Task, TaskGraph
 from sim.engine.engine import simulate
 from tests.perfetto_model import load, nest, ns_from_number, ns_from_text, ts_variants
@@ -32,10 +31,10 @@ from tests.test_engine import TOPO, costs
 from tests.test_network import GB
 
 
-def _run(nodes: int) -> api.RunResult:
-    cfg = api.demo_config().to_dict()
+def _run(nodes: int) -> commands.RunResult:
+    cfg = commands.demo_config().to_dict()
     cfg["nodes"] = nodes
-    return api.run(cfg, record_links=True)
+    return commands.simulate_config(cfg, record_links=True)
 
 
 @pytest.fixture(scope="module")
@@ -333,10 +332,10 @@ def test_link_utilisation_integrates_to_link_bytes(symmetric, demo):
     carried, in a plain run and in a symmetric one (one link simulated per orbit)."""
     r = demo
     if symmetric:
-        cfg = api.demo_config().to_dict()
+        cfg = commands.demo_config().to_dict()
         cfg["parallel"] = {"ep": 8, "dp": 2}
         cfg["costs"] = dict(cfg["costs"], symmetry="on")
-        r = api.run(cfg, record_links=True)
+        r = commands.simulate_config(cfg, record_links=True)
     tl, topo = r.sim.link_timeline, r.sim.topology
     assert (r.sim.stats.get("symmetry") or {}).get("used", False) == symmetric
     cls = np.array(topo.link_class_names)

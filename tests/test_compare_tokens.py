@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from sim.analysis.compare import step_tokens
-from sim.analysis.layout_run import simulate_layout
 from sim.core.errors import ConfigError
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
+from sim.pipeline import simulate_layout
 from sim.strategies import Cluster, build
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import from_spec

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from sim.config import RunConfig
-from sim.config.schema import RunSpec
+from sim.config.run_schema import RunSpec
 from sim.core.errors import ConfigError
 from sim.core.schema import json_schema
 

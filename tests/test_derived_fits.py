@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from sim.analysis import collbench
-from sim.api import compare
+from sim.commands import compare_strategies as compare
 from sim.hardware.costs import CostModel
 from sim.hardware.costs.compute import RooflineCompute
 from sim.hardware.costs.derived import collective_fit, gemm_fit

@@ -215,7 +215,7 @@ def test_bad_resources_are_one_line_errors(resources, field):
 def test_bad_resources_in_a_run_config_name_the_field():
     from pydantic import ValidationError
 
-    from sim.config.schema import CostsSpec
+    from sim.config.run_schema import CostsSpec
 
     with pytest.raises(ValidationError, match="max_connections"):
         CostsSpec.model_validate({"resources": {"max_connections": 0}})

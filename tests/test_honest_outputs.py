@@ -17,7 +17,7 @@ import json
 import pytest
 
 import sim
-from sim import api
+from sim import commands
 from sim.analysis.compare import compare
 from sim.analysis.summary import format_summary, summarize
 from sim.config import RunConfig
@@ -66,8 +66,8 @@ def test_comparisons_across_work_say_so(uniform, skewed):
 
 def test_compare_rows_carry_tokens_and_a_note_when_they_differ(tmp_path):
     """Dropless DeepEP keeps every choice where the capacity-bound sequential layer drops."""
-    cfg = api.load_config(_demo_with(ZIPF))
-    res = api.compare(cfg, ["sequential", "deepep"], tmp_path / "cmp")
+    cfg = commands.load_config(_demo_with(ZIPF))
+    res = commands.compare_strategies(cfg, ["sequential", "deepep"], tmp_path / "cmp")
     df = res.table.set_index("strategy")
     assert df.loc["deepep", "tokens_dropped"] == 0
     assert df.loc["deepep", "tokens_kept"] == df.loc["sequential", "tokens_routed"] == CHOICES
@@ -101,13 +101,13 @@ def test_a_graph_without_the_counts_reports_unknown_not_zero(uniform, tmp_path):
     for k in ("tokens_per_layer", "model_states"):
         doc["meta"].pop(k)
     g = TaskGraph.from_dict(doc)
-    s = api.replay(g, "dgx-a100", 2).summary
+    s = commands.replay_graph(g, "dgx-a100", 2).summary
     assert s["tokens_per_layer"]["kept"] is None and s["tokens_per_layer"]["dropped"] is None
     assert s["model_state_bytes"] is None and s["peak_memory_bytes"] is None
     assert "unknown" in format_summary(s)
     path = tmp_path / "g.json"
     uniform.graph.to_json(path)  # with its meta: the replay reports them
-    back = api.replay(str(path), "dgx-a100", 2).summary
+    back = commands.replay_graph(str(path), "dgx-a100", 2).summary
     assert back["tokens_per_layer"]["kept"] == CHOICES
     assert back["model_state_bytes"] == uniform.summary["model_state_bytes"]
 

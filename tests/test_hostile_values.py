@@ -40,8 +40,8 @@ def _no_simulation(monkeypatch) -> None:
         raise AssertionError("simulated before the inputs were checked")
 
     monkeypatch.setattr("sim.engine.engine.simulate", ran)
-    monkeypatch.setattr("sim.analysis.whatif._run_config", ran)
-    monkeypatch.setattr("sim.analysis.whatif._run_graph", ran)
+    monkeypatch.setattr("sim.analysis.whatif.study._run_config", ran)
+    monkeypatch.setattr("sim.analysis.whatif.study._run_graph", ran)
 
 
 @pytest.mark.parametrize(

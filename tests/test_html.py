@@ -58,7 +58,7 @@ def pages(tmp: Path) -> dict[str, Path]:
     from sim.analysis.report import build
     from sim.analysis.report import write as write_report
     from sim.analysis.validate import write_report as write_validation
-    from sim.api import compare
+    from sim.commands import compare_strategies as compare
     from sim.hardware.topology import Topology
     from tests.test_compare import CFG
 

@@ -194,11 +194,11 @@ def test_lancet_claim_on_a_small_model():
     """Issue 13's claim, qualitatively: on a paper cluster (one p3dn node, flow network),
     both passes leave less all-to-all time exposed than Tutel's overlap and never lengthen
     the step (the numbers are benchmarks/lancet.py's)."""
-    from sim import api
+    from sim import commands
 
     model = {"preset": "gpt2-s-moe", "batch": 4, "seq_len": 128, "blocks": {"n": 4}}
     runs = {
-        name: api.run(
+        name: commands.simulate_config(
             {
                 "topology": "p3dn-v100",
                 "nodes": 1,

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from sim import api
+from sim import commands
 from sim.core.errors import DeadlockError
 from sim.core.graph import Task, TaskGraph
 from sim.core.issue import in_issue_order, stuck
@@ -126,8 +126,10 @@ def test_a_builder_order_by_stream_is_what_deadlocked():
 def test_the_demo_runs_on_one_hardware_queue():
     """The issue's report: the demo config with max_connections 1 deadlocked."""
     cfg = yaml.safe_load(DEMO.read_text())
-    one = api.run({**cfg, "costs": {**cfg["costs"], "resources": {"max_connections": 1}}})
-    eight = api.run(cfg)
+    one = commands.simulate_config(
+        {**cfg, "costs": {**cfg["costs"], "resources": {"max_connections": 1}}}
+    )
+    eight = commands.simulate_config(cfg)
     assert one.summary["makespan_s"] >= eight.summary["makespan_s"]
 
 

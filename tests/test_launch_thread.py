@@ -100,7 +100,7 @@ def test_bad_launch_s_is_a_one_line_error(bad):
 def test_bad_launch_s_in_a_run_config_names_the_field():
     from pydantic import ValidationError
 
-    from sim.config.schema import CostsSpec
+    from sim.config.run_schema import CostsSpec
 
     with pytest.raises(ValidationError, match="launch_s"):
         CostsSpec.model_validate({"resources": {"launch_s": -1.0}})

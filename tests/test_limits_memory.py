@@ -129,12 +129,12 @@ def test_max_pairs_is_a_limit_name_and_raises():
 def test_all_to_allv_splits_are_bounded_while_the_graph_grows():
     """A graph's all-to-allv splits (members x peers per collective, tens of bytes each) count
     against limits.max_matrix as tasks are added: megatron_ep's layers multiply them."""
-    from sim import api
+    from sim import commands
 
     cfg = RunConfig.demo().with_overrides(
         strategy="megatron_ep", nodes=4, limits={"max_matrix": 5_000}
     )
     t0 = time.monotonic()
     with pytest.raises(ConfigError, match=r"all-to-allv split entries.*limits\.max_matrix"):
-        api.build_graph(cfg)
+        commands.build_graph(cfg)
     assert time.monotonic() - t0 < 10

@@ -1,5 +1,5 @@
-"""Routes inside a node come from `sim.hardware.node_routes.cheapest_path`, moesim's own
-Dijkstra search: on every preset it picks exactly the route networkx picked before it (so no
+"""Routes inside a node come from `sim.hardware.topology.node_routes.cheapest_path`, moesim's
+own Dijkstra search: on every preset it picks exactly the route networkx picked before it (so no
 result moved), and on random graphs full of equal-cost paths it finds a path of networkx's
 cost through no blocked node, or none where networkx finds none."""
 
@@ -10,9 +10,9 @@ import random
 import networkx as nx
 import pytest
 
-from sim.hardware.node_routes import NoPath, add_edge, cheapest_path
 from sim.hardware.topology import Topology
-from sim.hardware.topology_spec import list_presets
+from sim.hardware.topology.node_routes import NoPath, add_edge, cheapest_path
+from sim.hardware.topology.spec import list_presets
 
 
 def _nx_routes(topo: Topology) -> dict[str, list]:

@@ -18,7 +18,8 @@ import os
 import pytest
 import yaml
 
-from sim.cli import _DEMO_OUT, main
+from sim.cli import main
+from sim.cli.simulate import _DEMO_OUT
 from sim.core.io import MANIFEST, verify_set
 from tests.configs import SMALL
 

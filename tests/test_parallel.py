@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from sim import api
+from sim import commands
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.hardware.topology import Topology
@@ -91,10 +91,10 @@ def test_a_config_without_parallel_keeps_one_ep_group_of_the_world():
 
 
 def test_replicas_build_one_replica_and_lay_it_over_the_world():
-    r = api.run(_cfg(parallel={"ep": 8}))
+    r = commands.simulate_config(_cfg(parallel={"ep": 8}))
     g = r.graph
     assert g.world_size == 32 and g.meta["layout"] == {"ep": 8, "dp": 4, "tp": 1, "esp": 1}
-    one = api.run(_cfg(nodes=1)).graph  # the replica alone: ranks 0..7
+    one = commands.simulate_config(_cfg(nodes=1)).graph  # the replica alone: ranks 0..7
     assert len(g) == 4 * len(one)
     for t in g:
         d = t.rank // 8
@@ -102,27 +102,37 @@ def test_replicas_build_one_replica_and_lay_it_over_the_world():
         if t.group is not None:  # every collective stays inside its replica
             assert {m // 8 for m in t.group} == {d}
     # replicas on separate nodes of a non-blocking fabric do not slow each other
-    assert r.summary["makespan_s"] == pytest.approx(api.run(_cfg(nodes=1)).summary["makespan_s"])
+    assert r.summary["makespan_s"] == pytest.approx(
+        commands.simulate_config(_cfg(nodes=1)).summary["makespan_s"]
+    )
 
 
 def test_replicas_sharing_leaf_uplinks_slow_each_other_down():
     """Two replicas of 2 nodes on leaves of 3 nodes: leaf 1 carries replica 0's node 2 and
     replica 1's node 3; with oversubscribed uplinks their all-to-alls contend there."""
     fabric = {"type": "fat_tree", "nodes_per_leaf": 3, "oversubscription": 4.0}
-    alone = api.run(_cfg(nodes=2, fabric=fabric, passes=["fwd"])).summary["makespan_s"]
-    both = api.run(_cfg(fabric=fabric, parallel={"ep": 16}, passes=["fwd"])).summary
+    alone = commands.simulate_config(_cfg(nodes=2, fabric=fabric, passes=["fwd"])).summary[
+        "makespan_s"
+    ]
+    both = commands.simulate_config(
+        _cfg(fabric=fabric, parallel={"ep": 16}, passes=["fwd"])
+    ).summary
     assert both["makespan_s"] > alone * 1.01
     flat = {"type": "switch"}
-    alone_flat = api.run(_cfg(nodes=2, fabric=flat, passes=["fwd"])).summary["makespan_s"]
-    both_flat = api.run(_cfg(fabric=flat, parallel={"ep": 16}, passes=["fwd"])).summary
+    alone_flat = commands.simulate_config(_cfg(nodes=2, fabric=flat, passes=["fwd"])).summary[
+        "makespan_s"
+    ]
+    both_flat = commands.simulate_config(
+        _cfg(fabric=flat, parallel={"ep": 16}, passes=["fwd"])
+    ).summary
     assert both_flat["makespan_s"] == pytest.approx(alone_flat, rel=1e-9)
 
 
 def test_ted_takes_its_tp_from_the_layout():
-    r = api.run(_cfg(strategy={"name": "ted"}, parallel={"tp": 4, "dp": 2}))
+    r = commands.simulate_config(_cfg(strategy={"name": "ted"}, parallel={"tp": 4, "dp": 2}))
     assert r.graph.meta["tp"] == 4 and r.graph.meta["ep"] == 4
     assert r.graph.meta["layout"] == {"ep": 4, "dp": 2, "tp": 4, "esp": 1}
-    same = api.run(_cfg(strategy={"name": "ted", "tp": 4}, parallel={"dp": 2}))
+    same = commands.simulate_config(_cfg(strategy={"name": "ted", "tp": 4}, parallel={"dp": 2}))
     assert same.summary["makespan_s"] == r.summary["makespan_s"]
 
 
@@ -159,7 +169,7 @@ def test_sliced_experts_take_esp_from_the_layout():
         model=model,
         parallel={"ep": 8, "esp": 2, "dp": 2},
     )
-    r = api.run(cfg)
+    r = commands.simulate_config(cfg)
     assert r.graph.meta["expert_shards"] == 2
     gathers = [t for t in r.graph if t.kind == "all_gather"]
     assert gathers and all(len(t.group) == 2 and t.group[1] == t.group[0] + 1 for t in gathers)
@@ -196,7 +206,7 @@ def test_dualpipe_takes_its_devices_from_parallel_pp(variant, stages):
     """2 replicas of 2 pipeline devices of EP 8 on 32 GPUs: the replica's graph is the
     pipeline (DualPipe: a stage per device; DualPipeV: the V's two per device), laid over
     both replicas, every collective inside one device's EP group."""
-    r = api.run(_dualpipe(variant=variant))
+    r = commands.simulate_config(_dualpipe(variant=variant))
     g = r.graph
     assert g.world_size == 32 and g.meta["layout"]["pp"] == 2 and g.meta["pp"] == stages
     for t in g:

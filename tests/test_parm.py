@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from sim import api
+from sim import commands
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.engine.engine import simulate
@@ -295,14 +295,14 @@ def test_a_config_takes_parms_layout_from_parallel():
         "strategy": {"name": "parm", "schedule": "s2"},
         "passes": ["fwd", "bwd"],
     }
-    r = api.run(RunConfig.from_dict(raw))
+    r = commands.simulate_config(RunConfig.from_dict(raw))
     assert r.graph.meta["parallel"] == {"ep": 2, "esp": 4, "tp": 4, "tp_overlay": True}
     assert r.summary["makespan_s"] > 0
     steps = {t.tags["step"] for t in r.graph}
     assert {"mp_split", "dump", "local_combine", "mp_gather"} <= steps
     bad = raw | {"strategy": {"name": "parm", "esp": 2}}
     with pytest.raises(ConfigError, match="parallel.esp: 4 disagrees with strategy.esp 2"):
-        api.run(RunConfig.from_dict(bad))
+        commands.simulate_config(RunConfig.from_dict(bad))
 
 
 @pytest.mark.parametrize(

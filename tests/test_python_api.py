@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 import sim
-from sim import api
+from sim import commands
 from sim.cli import main
 from sim.core.errors import ConfigError
 from tests.configs import SMALL
@@ -40,10 +40,21 @@ def test_import_sim_loads_nothing_heavy_until_a_function_is_used():
     heavy = {"pandas", "numpy", "simpy", "torch", "plotly", "networkx", "yaml", "tqdm"}
     seen = _modules_after("import sim; sim.__version__; dir(sim); sim.__all__")
     assert not heavy & seen
-    assert "sim.exports" not in seen and "sim.api" not in seen
+    assert "sim.exports" not in seen and "sim.commands" not in seen
     # the first use loads what the function needs, and still no torch
     seen = _modules_after("import sim; sim.run")
     assert "sim.exports" in seen and "torch" not in seen
+
+
+def test_one_python_api_surface():
+    """`import sim` is the Python API; `sim.commands` (what the subcommands do) gives none of
+    its functions an exported name unless it is that very object (issue 22, item 5:
+    `sim.api.compare` returned a Comparison where `sim.compare` returns a DataFrame)."""
+    import sim.commands
+
+    for name in sim.__all__:
+        if hasattr(sim.commands, name):
+            assert getattr(sim.commands, name) is getattr(sim, name), name
 
 
 def test_exports_are_listed_and_resolve():
@@ -54,7 +65,7 @@ def test_exports_are_listed_and_resolve():
             assert getattr(sim, name) is not None
     from sim.config import RunConfig
 
-    assert sim.RunConfig is RunConfig and sim.load_config is api.load_config
+    assert sim.RunConfig is RunConfig and sim.load_config is commands.load_config
     assert isinstance(sim.demo_config(), RunConfig)
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         sim.nope  # noqa: B018
@@ -64,7 +75,7 @@ def test_run_overrides_equal_the_edited_config(cfg_path):
     r = sim.run(cfg_path, nodes=2, params={"degree": 4}, **{"model.top_k": 2})
     edited = {**SMALL, "nodes": 2, "model": {**SMALL["model"], "top_k": 2}}
     edited["strategy"] = {"name": "pipelined", "degree": 4}
-    ref = api.run(edited)
+    ref = commands.simulate_config(edited)
     assert r.summary["makespan_s"] == ref.summary["makespan_s"]
     assert r.summary["params"]["degree"] == 4 and r.graph.world_size == 16
     assert isinstance(r.trace, pd.DataFrame) and len(r.trace) == len(ref.trace) == len(r.graph)
@@ -95,7 +106,7 @@ def test_run_strategy_and_costs(cfg_path):
 
 def test_run_a_task_graph(cfg_path, tmp_path):
     g = tmp_path / "g.json"
-    api.export_graph(api.load_config(cfg_path), g)
+    commands.export_graph(commands.load_config(cfg_path), g)
     r = sim.run(g, topology="dgx-a100")
     assert r.summary["makespan_s"] == pytest.approx(sim.run(cfg_path).summary["makespan_s"])
     with pytest.raises(ConfigError, match="needs topology="):

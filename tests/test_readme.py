@@ -72,7 +72,7 @@ def _needs_gpus(cmd: str) -> bool:
 def scratch(tmp_path, monkeypatch):
     """A directory laid out as a user's: my.yaml, cal.yaml, and the repository's traces,
     benchmarks and topologies beside them."""
-    from sim import api
+    from sim import commands
 
     shutil.copy(ROOT / "sim" / "configs" / "demo.yaml", tmp_path / "my.yaml")
     shutil.copy(CALIBRATION, tmp_path / "cal.yaml")
@@ -82,7 +82,7 @@ def scratch(tmp_path, monkeypatch):
     _results(tmp_path / "new.parquet", 1.02)
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MOESIM_PROGRESS", "0")
-    assert api.load_config("my.yaml").strategy  # the copy is a valid config
+    assert commands.load_config("my.yaml").strategy  # the copy is a valid config
     return tmp_path
 
 

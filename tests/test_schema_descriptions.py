@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from sim.cli import main
-from sim.config.schemas import INPUTS
+from sim.config.input_schemas import INPUTS
 
 
 def properties(node: Any, path: str) -> Iterator[tuple[str, dict[str, Any]]]:

@@ -32,7 +32,7 @@ def _imported_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
     [
         "import sim",
         "import sim.cli; sim.cli.build_parser()",
-        "import sim.api, exec.api, exec.cli",
+        "import sim.commands, exec.api, exec.cli",
     ],
 )
 def test_startup_imports_no_heavy_library(code):
@@ -51,7 +51,7 @@ def test_help_imports_no_heavy_library():
 @pytest.mark.parametrize("as_json", [True, False])
 def test_simulate_imports_no_dataframe_graph_or_plot_library(tmp_path, as_json):
     """The run, its summary, trace.csv and the Chrome trace come from the trace's columns
-    (sim.analysis.table), routes inside a node from sim.hardware.node_routes."""
+    (sim.analysis.trace.columns), routes inside a node from sim.hardware.topology.node_routes."""
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(json.dumps(TINY))
     argv = ["simulate", str(cfg), "--out", str(tmp_path / "out")] + ["--json"] * as_json

@@ -62,13 +62,13 @@ def test_every_strategy_is_one_object_on_the_list():
 
 
 def test_new_strategy_simulates_and_shows_its_params(lead):
-    import sim.api as api
+    import sim.commands as commands
 
-    r = api.run({**CFG, "strategy": {"name": "leadpipe", "degree": 2, "lead": 3}})
+    r = commands.simulate_config({**CFG, "strategy": {"name": "leadpipe", "degree": 2, "lead": 3}})
     assert r.summary["strategy"] == "leadpipe"
     assert r.summary["params"] == {"degree": 2, "order": "tutel", "lead": 3}
     assert r.graph.meta["params"]["lead"] == 3
-    same = api.run({**CFG, "strategy": {"name": "pipelined", "degree": 2}})
+    same = commands.simulate_config({**CFG, "strategy": {"name": "pipelined", "degree": 2}})
     assert r.summary["makespan_s"] == pytest.approx(same.summary["makespan_s"])
 
 
@@ -82,14 +82,14 @@ def test_new_strategy_in_compare(lead):
 
 
 def test_new_strategy_params_typed_and_checked(lead):
-    import sim.api as api
+    import sim.commands as commands
 
     with pytest.raises(ConfigError, match=r"strategy\.lead: expected a positive integer, got 'x'"):
-        api.run({**CFG, "strategy": {"name": "leadpipe", "lead": "x"}})
+        commands.simulate_config({**CFG, "strategy": {"name": "leadpipe", "lead": "x"}})
     with pytest.raises(ConfigError, match=r"unknown parameter\(s\) \['tail'\] for 'leadpipe'"):
-        api.run({**CFG, "strategy": {"name": "leadpipe", "tail": 1}})
+        commands.simulate_config({**CFG, "strategy": {"name": "leadpipe", "tail": 1}})
     with pytest.raises(ConfigError, match=r"strategy\.degree: expected a positive integer"):
-        api.run({**CFG, "strategy": {"name": "leadpipe", "degree": True}})
+        commands.simulate_config({**CFG, "strategy": {"name": "leadpipe", "degree": True}})
 
 
 def test_new_strategy_in_schema_config(lead, capsys):

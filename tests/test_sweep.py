@@ -8,9 +8,9 @@ import pytest
 import yaml
 
 from sim.analysis.sweep import run_sweep
-from sim.analysis.sweep_run import COLUMNS
-from sim.analysis.sweep_spec import load
-from sim.analysis.sweep_store import Store
+from sim.analysis.sweep.run import COLUMNS
+from sim.analysis.sweep.spec import load
+from sim.analysis.sweep.store import Store
 from sim.cli import main
 from sim.core.errors import ConfigError
 from tests.configs import TINY_FLAT
@@ -123,14 +123,14 @@ def test_cross_product_rows_and_labels():
 
 
 def test_rows_are_what_api_run_gives():
-    """A point's row is the run `sim.api.run` does on the same config."""
-    from sim import api
+    """A point's row is the run `sim.commands.simulate_config` does on the same config."""
+    from sim import commands
 
     df = run_sweep(_spec(grid={"strategy": ["sequential", "pipelined:degree=2"]}), workers=1)
     for strategy, row in zip(
         [{"name": "sequential"}, {"name": "pipelined", "degree": 2}], df.itertuples()
     ):
-        s = api.run({**BASE, "strategy": strategy}).summary
+        s = commands.simulate_config({**BASE, "strategy": strategy}).summary
         assert row.makespan_s == s["makespan_s"]
         assert row.exposed_comm_s == s["exposed_comm_s"]
 
@@ -243,7 +243,7 @@ def _die(point):  # a worker process killed under its run (out of memory, kill -
 def test_a_dead_worker_process_stops_the_sweep_keeping_rows(tmp_path, monkeypatch):
     """Which point killed a local worker is unknown: no row is blamed, the sweep stops in one
     line, and the same command resumes it."""
-    import sim.analysis.sweep as sweep_mod
+    import sim.analysis.sweep.driver as sweep_mod
     from sim.core.errors import MoesimError
 
     spec = _spec(grid={"nodes": [2, 4]})
@@ -262,7 +262,7 @@ def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
-    from sim.analysis import sweep as sweep_mod
+    from sim.analysis.sweep import driver as sweep_mod
 
     monkeypatch.setattr(sweep_mod, "HEARTBEAT_S", 0.01)
     go = threading.Event()

@@ -3,10 +3,10 @@
 `costs.symmetry: on` may only change how much is simulated, never the answer: for every
 strategy of `sim.strategies.STRATEGIES` on multi-node layouts (2, 4 and 8 DGX H100 nodes;
 expert parallelism inside a node and across nodes; data-parallel replicas), the run through
-`sim.api.run` with symmetry on gives the makespan and summary of the run with it off. A
-strategy whose graph cannot be folded exactly must be refused (the summary says why), never
-folded wrongly: DeepEP's all-to-allv across nodes was folded with only the representatives'
-per-peer sizes and came out 2.5x too fast at 64 GPUs (issue 21, item 1).
+`sim.commands.simulate_config` with symmetry on gives the makespan and summary of the run
+with it off. A strategy whose graph cannot be folded exactly must be refused (the summary
+says why), never folded wrongly: DeepEP's all-to-allv across nodes was folded with only the
+representatives' per-peer sizes and came out 2.5x too fast at 64 GPUs (issue 21, item 1).
 
 The default run covers every strategy on one layout (each layout in turn); the whole grid
 runs with `pytest -m slow`.
@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from sim import api
+from sim import commands
 from sim.strategies import STRATEGIES
 from tests.golden import outputs
 
@@ -85,8 +85,8 @@ def _assert_close(a: Any, b: Any, where: str) -> None:
 
 @pytest.mark.parametrize("name, nodes, parallel", list(_cases()))
 def test_symmetry_on_equals_off(name, nodes, parallel):
-    on = api.run(_config(name, nodes, parallel, "on")).summary
-    off = api.run(_config(name, nodes, parallel, "off")).summary
+    on = commands.simulate_config(_config(name, nodes, parallel, "on")).summary
+    off = commands.simulate_config(_config(name, nodes, parallel, "off")).summary
     sym = on.get("symmetry") or {}
     # what was folded, or the sentence saying why not: never silent
     assert sym.get("used") or sym.get("reason"), sym
@@ -99,8 +99,8 @@ def test_symmetry_on_equals_off(name, nodes, parallel):
 
 def test_deepep_across_nodes_is_refused_by_auto_with_the_reason():
     """The reported case: 64 GPUs, EP64 on eight nodes, the default `auto`."""
-    auto = api.run(_config("deepep", 8, {"ep": 64}, "auto")).summary
-    off = api.run(_config("deepep", 8, {"ep": 64}, "off")).summary
+    auto = commands.simulate_config(_config("deepep", 8, {"ep": 64}, "auto")).summary
+    off = commands.simulate_config(_config("deepep", 8, {"ep": 64}, "off")).summary
     assert auto["makespan_s"] == pytest.approx(off["makespan_s"], rel=1e-9)
     assert not auto["symmetry"]["used"]
     assert "all_to_allv" in auto["symmetry"]["reason"]
@@ -110,5 +110,5 @@ def test_folding_still_applies_where_exact():
     """The equality above is not bought by refusing everything: uniform strategies across
     nodes and replicated DeepEP inside a node are still folded."""
     for name, nodes, parallel in (("pipelined", 8, {"ep": 64}), ("deepep", 4, {"ep": 8, "dp": 4})):
-        sym = api.run(_config(name, nodes, parallel, "on")).summary["symmetry"]
+        sym = commands.simulate_config(_config(name, nodes, parallel, "on")).summary["symmetry"]
         assert sym["used"] and sym["ranks_simulated"] < sym["ranks"], (name, sym)

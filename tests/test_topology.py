@@ -12,8 +12,8 @@ import yaml
 
 from sim.core.errors import TopologyError
 from sim.hardware.topology import Topology
-from sim.hardware.topology_spec import list_presets, topologies_dir
-from sim.hardware.topology_views import cluster_graph
+from sim.hardware.topology.spec import list_presets, topologies_dir
+from sim.hardware.topology.views import cluster_graph
 
 PRESETS = list_presets()
 

@@ -1,5 +1,5 @@
-"""A run's trace without pandas (`sim.analysis.table.TraceTable`) reads and writes exactly as
-the DataFrame it stands for: the same trace.csv bytes, the same Chrome trace, the same
+"""A run's trace without pandas (`sim.analysis.trace.columns.TraceTable`) reads and writes
+exactly as the DataFrame it stands for: the same trace.csv bytes, the same Chrome trace, the same
 summary (busy time summed as pandas sums it, bit for bit), on real runs and on tables with
 awkward tags; and the numpy rewrites of the Chrome trace's pandas steps (sub-track lanes, each
 rank's first start) agree with the pandas code they replace."""
@@ -14,16 +14,16 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import sim.api as api
+import sim.commands as commands
 from benchmarks.startup import TINY
-from sim.analysis.chrome import _cummax_per_key, _lanes, chrome_trace
+from sim.analysis.chrome.document import _cummax_per_key, _lanes, chrome_trace
 from sim.analysis.summary import busy_per_stream, exposed, exposed_per_rank
-from sim.analysis.table import COLUMNS, TraceTable, col_list
+from sim.analysis.trace.columns import COLUMNS, TraceTable, col_list
 
 SMALL = {"batch": 2, "seq_len": 256, "model_dim": 512, "hidden_dim": 1024, "experts_per_gpu": 2}
 CONFIGS = {
     "tiny": TINY,
-    "demo": api.demo_config(),
+    "demo": commands.demo_config(),
     "two_streams_zipf": {
         "topology": "dgx-a100",
         "nodes": 2,
@@ -73,7 +73,7 @@ def _exposed_pandas(df: pd.DataFrame) -> list[float]:  # the code exposed_per_ra
 
 @pytest.mark.parametrize("name", list(CONFIGS))
 def test_table_reads_and_writes_as_its_frame(name):
-    r = api._run(CONFIGS[name], record_links=True)
+    r = commands._simulate_table(CONFIGS[name], record_links=True)
     table = r.trace
     assert isinstance(table, TraceTable)
     df = table.to_frame()
@@ -89,7 +89,7 @@ def test_table_reads_and_writes_as_its_frame(name):
 
 
 def test_run_still_returns_a_dataframe():
-    r = api.run(TINY)
+    r = commands.simulate_config(TINY)
     assert isinstance(r.trace, pd.DataFrame) and list(r.trace.columns) == COLUMNS
 
 

@@ -12,8 +12,8 @@ from sim.core.errors import TopologyError
 from sim.core.graph_schema import DTYPES
 from sim.hardware.costs.gemm import DTYPE_BYTES
 from sim.hardware.topology import Topology
-from sim.hardware.topology_schema import KernelParams
-from sim.hardware.topology_spec import list_presets, topologies_dir
+from sim.hardware.topology.schema import KernelParams
+from sim.hardware.topology.spec import list_presets, topologies_dir
 
 PRESETS = list_presets()
 HOPPER = ("dgx-h100", "dgx-h100-superpod", "h800", "hgx-h200")

@@ -24,7 +24,6 @@ from typing import Any
 import pandas as pd
 import yaml
 
-from sim.analysis.layout_run import simulate_layout
 from sim.analysis.summary import summarize, work_note
 from sim.analysis.trace import to_frame
 from sim.config import RunConfig
@@ -32,6 +31,7 @@ from sim.core.errors import ConfigError
 from sim.core.progress import iterate
 from sim.core.safeload import load_value
 from sim.hardware.costs import CostModel
+from sim.pipeline import simulate_layout
 from sim.strategies import STRATEGIES, Cluster, build, resolve_params
 
 LABEL_KEYS = ("batch", "seq_len", "model_dim", "hidden_dim", "experts_per_gpu", "experts", "top_k")
@@ -275,7 +275,7 @@ def _gib(nbytes: Any) -> str:
 
 
 def typed_param_columns(df: pd.DataFrame, rows: list[dict[str, Any]]) -> None:
-    """`param.<key>` columns typed as `sweep` types them (sim.analysis.sweep_store), from the
+    """`param.<key>` columns typed as `sweep` types them (sim.analysis.sweep.store), from the
     values the rows ran with: integers, floats, or text; a parameter a strategy does not
     have is NA (or "" in a text column)."""
     for c in [c for c in df.columns if c.startswith("param.")]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from sim.hardware.topology import Topology
-from sim.hardware.topology_views import cluster_graph
+from sim.hardware.topology.views import cluster_graph
 
 ROW = {
     "spine": 6.0,

@@ -8,13 +8,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.analysis.table import busy_sums, col_array, stream_kinds
+from sim.analysis.trace.columns import busy_sums, col_array, stream_kinds
 from sim.engine.engine import SimResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.analysis.table import TraceTable
+    from sim.analysis.trace.columns import TraceTable
 
 
 def merge(intervals: np.ndarray) -> list[tuple[float, float]]:

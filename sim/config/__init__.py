@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from sim.config.routing_file import check_calibration_file, load_matrix_file
-from sim.config.schema import RunSpec, check_params
+from sim.config.run_schema import RunSpec, check_params
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.limits import DEFAULT as DEFAULT_LIMITS
@@ -44,7 +44,7 @@ class RunConfig:
 
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
-        """Checked against the schema (`sim.config.schema.RunSpec`) first: every field's
+        """Checked against the schema (`sim.config.run_schema.RunSpec`) first: every field's
         type, range and spelling, all problems of the file in one line."""
         check(RunSpec, raw, source)
         calibration = (raw.get("costs") or {}).get("calibration")

@@ -1,6 +1,6 @@
 """The schema of a run config's `model:` section (pydantic): the MoE layer's sizes, its
 routing and the transformer blocks around it (`sim.workload.moe`, `sim.workload.blocks`).
-`sim.config.schema.RunSpec` holds it; a preset (`{preset: NAME}`) is expanded before it is
+`sim.config.run_schema.RunSpec` holds it; a preset (`{preset: NAME}`) is expanded before it is
 checked."""
 
 from __future__ import annotations

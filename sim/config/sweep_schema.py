@@ -9,8 +9,8 @@
       - {model.model_dim: [1024, 2048], model.hidden_dim: [4096, 8192]}
     passes: [fwd, bwd]            # replaces the base's passes
 
-The keys are those of `moesim whatif --set` (sim.analysis.whatif_keys); they are checked,
-and every point's config validated, by sim.analysis.sweep_spec before anything runs.
+The keys are those of `moesim whatif --set` (sim.analysis.whatif.keys); they are checked,
+and every point's config validated, by sim.analysis.sweep.spec before anything runs.
 """
 
 from __future__ import annotations

@@ -143,6 +143,22 @@ def check_output_dir(path: str | Path, what: str = "--out") -> Path:
     return p
 
 
+def check_output_file(path: str, what: str) -> None:
+    """An output file's path that cannot be written fails before the work, in one line: also
+    one that holds a device, FIFO, socket, directory or link, which the write would replace
+    (`check_replaceable`). The option is remembered for the writer's errors."""
+    if path == "":
+        raise ConfigError(f"{what}: expected a file path, got ''")
+    p = Path(path)
+    if p.is_dir() and not p.is_symlink():
+        raise ConfigError(f"{what} {p}: is a directory, expected a file path")
+    check_replaceable(p, what)
+    check_output_dir(p.parent, what)
+    if len(os.fsencode(p.name)) > 255:
+        raise ConfigError(f"{what} {p}: the name {p.name[:40]!r}... is over 255 bytes")
+    name_output(p, what)
+
+
 STAGE_PREFIX = ".moesim-new-"  # + pid + "-": a set being written (sim.core.io.OutputSet)
 # a complete set being swapped in: a staging folder renamed to this prefix is committed (its
 # swap is finished by whoever finds it, `settle_set`); it starts with STAGE_PREFIX so that a

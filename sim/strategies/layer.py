@@ -17,6 +17,7 @@ under the one rule of `sim.strategies.activations` (every chunk writes a slice o
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -172,133 +173,100 @@ class _RankBuilder(ComputeSteps):
 
     # -- passes --------------------------------------------------------------------------
     def pass_(self, phase: str, seq: list[tuple[str, int, str]]) -> None:
-        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
-        E, C = l.experts, l.capacity
-        fwd = phase == "fwd"
-        first_step, second_step = (
-            ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
-        )
-        # order chunks are processed in: forward 0..r-1, backward reversed (Tutel)
-        chunks = list(range(self.r)) if fwd else list(reversed(range(self.r)))
-        gate_flops = 2.0 * T * M * E * (1 if fwd else 2)
-        gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
-        buf = float(e * E * C * M)
-        if fwd:
-            gate = self._compute(phase, "gate", "gate", gate_flops, gate_bytes, [])
-            head = self._compute(phase, "encode", "encode", 0.0, float(e * T * M) + buf, [gate])
+        """One pass of the layer on this rank: `forward` or `backward`; `seq` is the issue
+        order of the exchanges (`sim.strategies.chunking.comm_order`)."""
+        if phase == "fwd":
+            self.forward(seq)
         else:
-            head = self._compute(phase, "decode_grad", "encode", 0.0, float(e * T * M) + buf, [])
-        # Comm tasks are created first and queued in issue order at the end: the second
-        # exchange of a chunk depends on expert tasks that must exist by id first.
+            self.backward(seq)
+
+    def _gate_costs(self, fwd: bool) -> tuple[float, float, float]:
+        """The gate's FLOPs (its gradient twice the forward's) and bytes, and the bytes of
+        the padded [E, C, M] buffer the encode writes and the decode reads."""
+        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops = 2.0 * T * M * l.experts * (1 if fwd else 2)
+        gate_bytes = float(e * (T * M + M * l.experts) + 4 * T * l.experts)
+        return gate_flops, gate_bytes, float(e * l.experts * l.capacity * M)
+
+    def forward(self, seq: list[tuple[str, int, str]]) -> None:
+        """gate -> encode -> per chunk (0..r-1): dispatch, fc1, fc2, combine -> decode."""
+        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops, gate_bytes, buf = self._gate_costs(fwd=True)
+        gate = self._compute("fwd", "gate", "gate", gate_flops, gate_bytes, [])
+        head = self._compute("fwd", "encode", "encode", 0.0, float(e * T * M) + buf, [gate])
+        chunks = list(range(self.r))
+        steps = ("dispatch", "combine")
+        tail = self._chunks("fwd", seq, chunks, head, steps, self._experts_forward)
+        self._compute(
+            "fwd", "decode", "decode", float(2 * T * M * l.top_k), buf + float(e * T * M), tail
+        )
+
+    def backward(self, seq: list[tuple[str, int, str]]) -> None:
+        """The forward mirrored, chunks in reverse (Tutel): decode gradient -> per chunk:
+        combine gradient, fc2 and fc1 dgrad + wgrad, dispatch gradient -> encode gradient ->
+        gate gradient."""
+        e, T, M = self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops, gate_bytes, buf = self._gate_costs(fwd=False)
+        head = self._compute("bwd", "decode_grad", "encode", 0.0, float(e * T * M) + buf, [])
+        chunks = list(reversed(range(self.r)))
+        steps = ("combine_grad", "dispatch_grad")
+        tail = self._chunks("bwd", seq, chunks, head, steps, self._experts_backward)
+        enc = self._compute("bwd", "encode_grad", "decode", 0.0, buf + float(e * T * M), tail)
+        self._compute("bwd", "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+
+    def _chunks(
+        self,
+        phase: str,
+        seq: list[tuple[str, int, str]],
+        chunks: list[int],
+        head: str,
+        steps: tuple[str, str],
+        experts: Callable[[str, int, str], str],
+    ) -> list[str]:
+        """The chunked middle of a pass: each chunk's first exchange (after `head`), its
+        expert steps (`experts`: the last one's id), its second exchange. Comm tasks are
+        created first and queued in issue order at the end: the second exchange of a chunk
+        depends on expert tasks that must exist by id first. The second exchanges' ids, in
+        the order chunks are processed."""
+        first_step, second_step = steps
         comm_plan = [(what, chunks[j], stream) for what, j, stream in seq]
         comm: dict[tuple[str, int], tuple[str, Task]] = {}
         for what, j, stream in comm_plan:
-            if what == "first":
-                comm[(what, j)] = (
-                    stream,
-                    self._exchange(
-                        phase,
-                        first_step,
-                        j,
-                        stream,
-                        [head],
-                        reverse=False,  # dispatch, and its gradient's way: to experts
-                    ),
-                )
-        expert_last: dict[int, str] = {}
-        for j in chunks:
-            got = comm[("first", j)][1].id
-            fc1, fc2, _ = self._expert_shapes(j)
-            f1 = 2.0 * fc1["batch"] * fc1["m"] * fc1["n"] * fc1["k"]
-            f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
-            if fwd:
-                a = self._compute(
-                    phase,
-                    "fc1",
-                    "gemm",
-                    f1,
-                    self._gemm_bytes(fc1),
-                    [got],
-                    j,
-                    fc1,
-                )
-                expert_last[j] = self._compute(
-                    phase,
-                    "fc2",
-                    "gemm",
-                    f2,
-                    self._gemm_bytes(fc2),
-                    [a],
-                    j,
-                    fc2,
-                )
-            else:
-                # dgrad and wgrad of fc2 then fc1: twice the forward GEMM work
-                d2 = self._compute(
-                    phase,
-                    "fc2_dgrad",
-                    "gemm",
-                    f2,
-                    self._gemm_bytes(fc2),
-                    [got],
-                    j,
-                    dgrad_shape(fc2),
-                )
-                w2 = self._compute(
-                    phase,
-                    "fc2_wgrad",
-                    "gemm",
-                    f2,
-                    self._gemm_bytes(fc2),
-                    [d2],
-                    j,
-                    wgrad_shape(fc2),
-                )
-                d1 = self._compute(
-                    phase, "fc1_dgrad", "gemm", f1, self._gemm_bytes(fc1), [w2], j, dgrad_shape(fc1)
-                )
-                expert_last[j] = self._compute(
-                    phase,
-                    "fc1_wgrad",
-                    "gemm",
-                    f1,
-                    self._gemm_bytes(fc1),
-                    [d1],
-                    j,
-                    wgrad_shape(fc1),
-                )
+            if what == "first":  # dispatch, and its gradient's way: to experts
+                task = self._exchange(phase, first_step, j, stream, [head], reverse=False)
+                comm[(what, j)] = (stream, task)
+        expert_last = {j: experts(phase, j, comm[("first", j)][1].id) for j in chunks}
         for what, j, stream in comm_plan:
-            if what == "second":
+            if what == "second":  # combine, and its gradient's way: to tokens
+                deps = [expert_last[j]]
                 comm[(what, j)] = (
                     stream,
-                    self._exchange(
-                        phase,
-                        second_step,
-                        j,
-                        stream,
-                        [expert_last[j]],
-                        reverse=True,  # combine, and its gradient's way: to tokens
-                    ),
+                    self._exchange(phase, second_step, j, stream, deps, reverse=True),
                 )
         for what, j, _stream in comm_plan:
             stream, task = comm[(what, j)]
             self._add(stream, task)
-        second_ids = {j: comm[("second", j)][1].id for j in chunks}
-        tail_deps = [second_ids[j] for j in chunks]
-        if fwd:
-            self._compute(
-                phase,
-                "decode",
-                "decode",
-                float(2 * T * M * l.top_k),
-                buf + float(e * T * M),
-                tail_deps,
-            )
-        else:
-            enc = self._compute(
-                phase, "encode_grad", "decode", 0.0, buf + float(e * T * M), tail_deps
-            )
-            self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+        return [comm[("second", j)][1].id for j in chunks]
+
+    def _experts_forward(self, phase: str, j: int, got: str) -> str:
+        """fc1 then fc2 of chunk `j` once its tokens arrived (`got`); the last one's id."""
+        fc1, fc2, _ = self._expert_shapes(j)
+        f1 = 2.0 * fc1["batch"] * fc1["m"] * fc1["n"] * fc1["k"]
+        f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
+        a = self._compute(phase, "fc1", "gemm", f1, self._gemm_bytes(fc1), [got], j, fc1)
+        return self._compute(phase, "fc2", "gemm", f2, self._gemm_bytes(fc2), [a], j, fc2)
+
+    def _experts_backward(self, phase: str, j: int, got: str) -> str:
+        """dgrad and wgrad of fc2 then fc1 (twice the forward GEMM work) of chunk `j` once
+        its gradient arrived (`got`); the last one's id."""
+        fc1, fc2, _ = self._expert_shapes(j)
+        f1 = 2.0 * fc1["batch"] * fc1["m"] * fc1["n"] * fc1["k"]
+        f2 = 2.0 * fc2["batch"] * fc2["m"] * fc2["n"] * fc2["k"]
+        b1, b2 = self._gemm_bytes(fc1), self._gemm_bytes(fc2)
+        d2 = self._compute(phase, "fc2_dgrad", "gemm", f2, b2, [got], j, dgrad_shape(fc2))
+        w2 = self._compute(phase, "fc2_wgrad", "gemm", f2, b2, [d2], j, wgrad_shape(fc2))
+        d1 = self._compute(phase, "fc1_dgrad", "gemm", f1, b1, [w2], j, dgrad_shape(fc1))
+        return self._compute(phase, "fc1_wgrad", "gemm", f1, b1, [d1], j, wgrad_shape(fc1))
 
     def tensors(self) -> dict[str, float]:
         """Bytes of the layer's tensors on this rank: T_I and T_O are the padded [E, C, M]

@@ -130,7 +130,7 @@ def _sha(obj: Any) -> str:
 
 
 def digest(cfg: dict[str, Any]) -> dict[str, Any]:
-    import sim.api as api
+    import sim.commands as commands
     from sim.core.errors import MoesimError
 
     cfg = json.loads(json.dumps(cfg))
@@ -140,7 +140,7 @@ def digest(cfg: dict[str, Any]) -> dict[str, Any]:
         world = Topology.load(cfg["topology"], nodes=cfg["nodes"]).world_size
         cfg["model"]["experts"] = max(1, world // 2)
     try:
-        r = api.run(cfg)
+        r = commands.simulate_config(cfg)
     except MoesimError as e:
         return {"error": str(e)}
     summary = {k: v for k, v in r.summary.items() if k not in ("wall_s", "files")}

@@ -131,68 +131,90 @@ class _RankTasks:
         return ({"batch": 1, "m": rows, "n": H, "k": M}, {"batch": 1, "m": rows, "n": M, "k": H})
 
     def passes(self, passes: tuple[str, ...], disp_row: float, bf16_row: float) -> list[Task]:
-        l, e, T, M, E = self.l, self.l.elem, self.l.tokens, self.l.model_dim, self.l.experts
+        """This rank's tasks of the passes asked for (`forward`, `backward`); `disp_row` and
+        `bf16_row` are the bytes of a dispatched token row and of a BF16 one."""
+        if "fwd" in passes:
+            self.forward(disp_row, bf16_row)
+        if "bwd" in passes:
+            self.backward(bf16_row)
+        return self.out
+
+    def _gemms(self) -> tuple[dict, dict, float, float, float, float]:
+        """The experts' fc1 and fc2 shapes on this rank, their FLOPs and their bytes."""
+        e = self.l.elem
         fc1, fc2 = self._shapes()
         f1, f2 = (2.0 * s["m"] * s["n"] * s["k"] for s in (fc1, fc2))
+        b1, b2 = (
+            float(e * (s["m"] * s["k"] + s["m"] * s["n"] + s["k"] * s["n"])) for s in (fc1, fc2)
+        )
+        return fc1, fc2, f1, f2, b1, b2
 
-        def gb(s: dict) -> float:
-            return float(e * (s["m"] * s["k"] + s["m"] * s["n"] + s["k"] * s["n"]))
+    def _gate_bytes(self) -> float:
+        l, T, M = self.l, self.l.tokens, self.l.model_dim
+        return float(l.elem * (T * M + M * l.experts) + 4 * T * l.experts)
 
-        gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
+    def forward(self, disp_row: float, bf16_row: float) -> None:
+        """gate -> layout -> notify (the counts) and the host's wait on them -> dispatch ->
+        fc1, fc2 -> combine -> decode."""
+        l, e, T, M, E = self.l, self.l.elem, self.l.tokens, self.l.model_dim, self.l.experts
+        fc1, fc2, f1, f2, b1, b2 = self._gemms()
         recv_rows = float(self.v.gpu_tokens[:, self.rank].sum())
-        if "fwd" in passes:
-            gate = self._compute("fwd", "gate", "gate", 2.0 * T * M * E, gate_bytes, [])
-            # layout kernel: per-token rank / node masks from the top-k indices
-            lay = self._compute(
-                "fwd", "layout", "elementwise", 0.0, float(4 * T * (l.top_k + l.world)), [gate]
+        gate = self._compute("fwd", "gate", "gate", 2.0 * T * M * E, self._gate_bytes(), [])
+        # layout kernel: per-token rank / node masks from the top-k indices
+        lay = self._compute(
+            "fwd", "layout", "elementwise", 0.0, float(4 * T * (l.top_k + l.world)), [gate]
+        )
+        notify = self._add(
+            Task(
+                task_id(self.rank, 0, "fwd", "notify"),
+                self.rank,
+                "comm",
+                "all_to_all",
+                deps=[lay],
+                bytes=float(COUNT_BYTES * l.world * (1 + l.local_experts)),
+                group=self.group,
+                coll="L0/fwd/notify",
+                tags=step_tags(0, "fwd", "notify"),
             )
-            notify = self._add(
-                Task(
-                    task_id(self.rank, 0, "fwd", "notify"),
-                    self.rank,
-                    "comm",
-                    "all_to_all",
-                    deps=[lay],
-                    bytes=float(COUNT_BYTES * l.world * (1 + l.local_experts)),
-                    group=self.group,
-                    coll="L0/fwd/notify",
-                    tags=step_tags(0, "fwd", "notify"),
-                )
+        )
+        # the host waits on the received counts (mapped memory) to size the buffers
+        wait = self._add(
+            Task(
+                task_id(self.rank, 0, "fwd", "notify_wait"),
+                self.rank,
+                "copy",
+                "d2h",
+                deps=[notify],
+                bytes=float(COUNT_BYTES * (1 + l.local_experts)),
+                host_sync=True,
+                tags=step_tags(0, "fwd", "notify_wait"),
             )
-            # the host waits on the received counts (mapped memory) to size the buffers
-            wait = self._add(
-                Task(
-                    task_id(self.rank, 0, "fwd", "notify_wait"),
-                    self.rank,
-                    "copy",
-                    "d2h",
-                    deps=[notify],
-                    bytes=float(COUNT_BYTES * (1 + l.local_experts)),
-                    host_sync=True,
-                    tags=step_tags(0, "fwd", "notify_wait"),
-                )
-            )
-            got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False)
-            a = self._compute("fwd", "fc1", "gemm", f1, gb(fc1), [got], fc1)
-            b = self._compute("fwd", "fc2", "gemm", f2, gb(fc2), [a], fc2)
-            back = self._exchange("fwd", "combine", [b], bf16_row, combine=True)
-            self._compute(
-                "fwd",
-                "decode",
-                "decode",
-                float(2 * T * M * l.top_k),
-                float(e * (recv_rows + T) * M),
-                [back],
-            )
-        if "bwd" in passes:
-            got = self._exchange("bwd", "combine_grad", [], bf16_row, combine=False)
-            d2 = self._compute("bwd", "fc2_dgrad", "gemm", f2, gb(fc2), [got], dgrad_shape(fc2))
-            w2 = self._compute("bwd", "fc2_wgrad", "gemm", f2, gb(fc2), [d2], wgrad_shape(fc2))
-            d1 = self._compute("bwd", "fc1_dgrad", "gemm", f1, gb(fc1), [w2], dgrad_shape(fc1))
-            w1 = self._compute("bwd", "fc1_wgrad", "gemm", f1, gb(fc1), [d1], wgrad_shape(fc1))
-            back = self._exchange("bwd", "dispatch_grad", [w1], bf16_row, combine=True)
-            self._compute("bwd", "gate_grad", "gate", 4.0 * T * M * E, gate_bytes, [back])
-        return self.out
+        )
+        got = self._exchange("fwd", "dispatch", [wait], disp_row, combine=False)
+        a = self._compute("fwd", "fc1", "gemm", f1, b1, [got], fc1)
+        b = self._compute("fwd", "fc2", "gemm", f2, b2, [a], fc2)
+        back = self._exchange("fwd", "combine", [b], bf16_row, combine=True)
+        self._compute(
+            "fwd",
+            "decode",
+            "decode",
+            float(2 * T * M * l.top_k),
+            float(e * (recv_rows + T) * M),
+            [back],
+        )
+
+    def backward(self, bf16_row: float) -> None:
+        """combine gradient -> fc2 and fc1 dgrad + wgrad -> dispatch gradient -> gate
+        gradient (every gradient row BF16)."""
+        T, M, E = self.l.tokens, self.l.model_dim, self.l.experts
+        fc1, fc2, f1, f2, b1, b2 = self._gemms()
+        got = self._exchange("bwd", "combine_grad", [], bf16_row, combine=False)
+        d2 = self._compute("bwd", "fc2_dgrad", "gemm", f2, b2, [got], dgrad_shape(fc2))
+        w2 = self._compute("bwd", "fc2_wgrad", "gemm", f2, b2, [d2], wgrad_shape(fc2))
+        d1 = self._compute("bwd", "fc1_dgrad", "gemm", f1, b1, [w2], dgrad_shape(fc1))
+        w1 = self._compute("bwd", "fc1_wgrad", "gemm", f1, b1, [d1], wgrad_shape(fc1))
+        back = self._exchange("bwd", "dispatch_grad", [w1], bf16_row, combine=True)
+        self._compute("bwd", "gate_grad", "gate", 4.0 * T * M * E, self._gate_bytes(), [back])
 
 
 def dispatch_tokens(vol: Volumes) -> np.ndarray:

@@ -3,6 +3,8 @@ broadcast and local compute (see the package doc)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from sim.core.graph import Task
 from sim.strategies.activations import place
 from sim.strategies.fastermoe.layout import StepLayout
@@ -195,135 +197,170 @@ class _RankBuilder(ComputeSteps):
 
     # -- passes ------------------------------------------------------------------------------
     def pass_(self, phase: str) -> None:
-        l, e = self.l, self.l.elem
-        T, M, E, C = l.tokens, l.model_dim, l.experts, l.capacity
-        fwd = phase == "fwd"
-        gate_flops = 2.0 * T * M * E * (1 if fwd else 2)
-        gate_bytes = float(e * (T * M + M * E) + 4 * T * E)
-        buf = float(e * E * C * M)
-        first_step, second_step = (
-            ("dispatch", "combine") if fwd else ("combine_grad", "dispatch_grad")
-        )
-        shadow_done: list[str] = []
-        if fwd:
-            gate = self._compute(phase, "gate", "gate", gate_flops, gate_bytes, [])
-            head = self._compute(phase, "encode", "encode", 0.0, float(e * T * M) + buf, [gate])
-            ready = gate
-            if self.auto:  # FasterMoE all-gathers the counts before choosing what to shadow
-                ready = self._add(
-                    "comm",
-                    Task(
-                        self._id(phase, "counts"),
-                        self.rank,
-                        "comm",
-                        "all_gather",
-                        deps=[gate],
-                        bytes=float(E * COUNT_BYTES),
-                        group=self.world,
-                        coll="L0/fwd/counts",
-                        tags=step_tags(0, phase, "counts"),
-                    ),
-                )
-            bcast = {}
-            for x in self.lay.shadow:
-                o = x // l.local_experts
-                bcast[x] = self._add(
-                    "comm.1",
-                    Task(
-                        self._id(phase, "shadow_bcast", x),
-                        self.rank,
-                        "comm.1",
-                        "broadcast",
-                        deps=[ready],
-                        bytes=param_bytes(l),
-                        group=self.rings[o],
-                        algo="ring",
-                        coll=f"L0/fwd/shadow_bcast.{x}",
-                        allocs={f"shadow.{x}": param_bytes(l)},
-                        tags=step_tags(0, phase, "shadow_bcast") | {"expert": x},
-                    ),
-                )
+        """One pass of the layer on this rank: `forward` or `backward`."""
+        if phase == "fwd":
+            self.forward()
         else:
-            head = self._compute(phase, "decode_grad", "encode", 0.0, float(e * T * M) + buf, [])
-            # Shadow backward first: its gradient all-reduce then overlaps the steps.
+            self.backward()
+
+    def _gate_costs(self, fwd: bool) -> tuple[float, float, float]:
+        """The gate's FLOPs (its gradient twice the forward's) and bytes, and the bytes of
+        the padded [E, C, M] buffer the encode writes and the decode reads."""
+        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops = 2.0 * T * M * l.experts * (1 if fwd else 2)
+        gate_bytes = float(e * (T * M + M * l.experts) + 4 * T * l.experts)
+        return gate_flops, gate_bytes, float(e * l.experts * l.capacity * M)
+
+    def forward(self) -> None:
+        """gate -> encode -> the count all-gather (auto) and shadowed experts' broadcasts ->
+        per step: dispatch to group G + s, fc1, fc2, combine back -> shadowed experts on my
+        own tokens -> decode."""
+        l, e, T, M = self.l, self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops, gate_bytes, buf = self._gate_costs(fwd=True)
+        gate = self._compute("fwd", "gate", "gate", gate_flops, gate_bytes, [])
+        head = self._compute("fwd", "encode", "encode", 0.0, float(e * T * M) + buf, [gate])
+        bcast = self._shadow_broadcasts(self._counts(gate) if self.auto else gate)
+
+        def experts(s: int, fc1: dict, fc2: dict, got: str) -> str:
+            return self._expert_fwd("fwd", "", s, fc1, fc2, [got], [])
+
+        first, last_of = self._steps("fwd", "dispatch", head, experts)
+        # Shadowed experts on my own tokens, once their parameters are in; after the steps,
+        # so a late broadcast never holds up the steps' compute.
+        shadow_done = []
+        for x in self.lay.shadow:
+            shapes = self._shadow_shapes(x)
+            if shapes is None:
+                continue
+            fc1, fc2 = shapes
+            frees = [] if self.keep else [f"shadow.{x}"]  # its parameters
+            shadow_done.append(
+                self._expert_fwd("fwd", "shadow_", x, fc1, fc2, [bcast[x], head], frees)
+            )
+        tail = self._returns("fwd", "combine", first, last_of) + shadow_done
+        self._compute(
+            "fwd", "decode", "decode", float(2 * T * M * l.top_k), buf + float(e * T * M), tail
+        )
+        if not self.keep:
             for x in self.lay.shadow:
-                last = head
-                shapes = self._shadow_shapes(x)
-                if shapes is not None:
-                    fc1, fc2 = shapes
-                    d1, last = self._expert_bwd(phase, "shadow_", x, fc1, fc2, [head])
-                    shadow_done.append(d1)
-                self._add(
+                if self._shadow_shapes(x) is None:  # nothing used it: freed right away
+                    self.streams["compute"][-1].frees.append(f"shadow.{x}")
+
+    def backward(self) -> None:
+        """decode gradient -> shadowed experts' backward and their gradients' all-reduce
+        first (it then overlaps the steps) -> per step: combine gradient, fc2 and fc1 dgrad +
+        wgrad, dispatch gradient -> encode gradient -> gate gradient."""
+        e, T, M = self.l.elem, self.l.tokens, self.l.model_dim
+        gate_flops, gate_bytes, buf = self._gate_costs(fwd=False)
+        head = self._compute("bwd", "decode_grad", "encode", 0.0, float(e * T * M) + buf, [])
+        shadow_done = self._shadow_backward(head)
+
+        def experts(s: int, fc1: dict, fc2: dict, got: str) -> str:
+            return self._expert_bwd("bwd", "", s, fc1, fc2, [got])[1]
+
+        first, last_of = self._steps("bwd", "combine_grad", head, experts)
+        tail = self._returns("bwd", "dispatch_grad", first, last_of) + shadow_done
+        enc = self._compute("bwd", "encode_grad", "decode", 0.0, buf + float(e * T * M), tail)
+        self._compute("bwd", "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+
+    def _counts(self, gate: str) -> str:
+        """FasterMoE all-gathers the token counts before choosing what to shadow."""
+        return self._add(
+            "comm",
+            Task(
+                self._id("fwd", "counts"),
+                self.rank,
+                "comm",
+                "all_gather",
+                deps=[gate],
+                bytes=float(self.l.experts * COUNT_BYTES),
+                group=self.world,
+                coll="L0/fwd/counts",
+                tags=step_tags(0, "fwd", "counts"),
+            ),
+        )
+
+    def _shadow_broadcasts(self, ready: str) -> dict[int, str]:
+        """Each shadowed expert's parameters broadcast from its owner, once `ready`."""
+        l, bcast = self.l, {}
+        for x in self.lay.shadow:
+            o = x // l.local_experts
+            bcast[x] = self._add(
+                "comm.1",
+                Task(
+                    self._id("fwd", "shadow_bcast", x),
+                    self.rank,
                     "comm.1",
-                    Task(
-                        self._id(phase, "shadow_reduce", x),
-                        self.rank,
-                        "comm.1",
-                        "all_reduce",
-                        deps=[last],
-                        bytes=param_bytes(l),
-                        group=self.world,
-                        coll=f"L0/bwd/shadow_reduce.{x}",
-                        frees=[f"shadow.{x}"] if self.has_fwd else [],
-                        tags=step_tags(0, phase, "shadow_reduce") | {"expert": x},
-                    ),
-                )
-        # Exchanges are created first and queued in issue order at the end: the second
-        # exchange of a step depends on compute tasks that must exist by id first.
-        n = self.lay.n
+                    "broadcast",
+                    deps=[ready],
+                    bytes=param_bytes(l),
+                    group=self.rings[o],
+                    algo="ring",
+                    coll=f"L0/fwd/shadow_bcast.{x}",
+                    allocs={f"shadow.{x}": param_bytes(l)},
+                    tags=step_tags(0, "fwd", "shadow_bcast") | {"expert": x},
+                ),
+            )
+        return bcast
+
+    def _shadow_backward(self, head: str) -> list[str]:
+        """Each shadowed expert's backward on my own tokens, then its parameters' gradient
+        all-reduced; the input gradients' ids."""
+        done = []
+        for x in self.lay.shadow:
+            last = head
+            shapes = self._shadow_shapes(x)
+            if shapes is not None:
+                fc1, fc2 = shapes
+                d1, last = self._expert_bwd("bwd", "shadow_", x, fc1, fc2, [head])
+                done.append(d1)
+            self._add(
+                "comm.1",
+                Task(
+                    self._id("bwd", "shadow_reduce", x),
+                    self.rank,
+                    "comm.1",
+                    "all_reduce",
+                    deps=[last],
+                    bytes=param_bytes(self.l),
+                    group=self.world,
+                    coll=f"L0/bwd/shadow_reduce.{x}",
+                    frees=[f"shadow.{x}"] if self.has_fwd else [],
+                    tags=step_tags(0, "bwd", "shadow_reduce") | {"expert": x},
+                ),
+            )
+        return done
+
+    def _steps(
+        self,
+        phase: str,
+        step: str,
+        head: str,
+        experts: Callable[[int, dict, dict, str], str],
+    ) -> tuple[dict[int, Task], dict[int, str]]:
+        """Each step's first exchange (`step`, after `head`; created, queued by `_returns`)
+        and my experts' work on what it brought (`experts`: the last task's id); by step,
+        the exchanges and the last task of each (the exchange itself where no rows came)."""
         first: dict[int, Task] = {}
         for what, s, stream in self.seq:
             if what == "first":
-                first[s] = self._exchange(phase, first_step, s, stream, [head], back=False)
+                first[s] = self._exchange(phase, step, s, stream, [head], back=False)
         last_of: dict[int, str] = {}
-        for s in range(n):
+        for s in range(self.lay.n):
             shapes = self._shapes(s)
-            if shapes is None:
-                last_of[s] = first[s].id
-                continue
-            fc1, fc2 = shapes
-            got = first[s].id
-            if fwd:
-                last_of[s] = self._expert_fwd(phase, "", s, fc1, fc2, [got], [])
-            else:
-                _, last_of[s] = self._expert_bwd(phase, "", s, fc1, fc2, [got])
+            last_of[s] = first[s].id if shapes is None else experts(s, *shapes, first[s].id)
+        return first, last_of
 
-        if fwd:
-            # Shadowed experts on my own tokens, once their parameters are in; after the
-            # steps, so a late broadcast never holds up the steps' compute.
-            for x in self.lay.shadow:
-                shapes = self._shadow_shapes(x)
-                if shapes is None:
-                    continue
-                fc1, fc2 = shapes
-                shadow_done.append(
-                    self._expert_fwd(
-                        phase,
-                        "shadow_",
-                        x,
-                        fc1,
-                        fc2,
-                        [bcast[x], head],
-                        [] if self.keep else [f"shadow.{x}"],  # its parameters
-                    )
-                )
-
+    def _returns(
+        self, phase: str, step: str, first: dict[int, Task], last_of: dict[int, str]
+    ) -> list[str]:
+        """Each step's second exchange (`step`, back to the tokens' ranks), then every
+        exchange queued in issue order: created first, since the second exchange of a step
+        depends on compute tasks that must exist by id first. The second exchanges' ids."""
         second: dict[int, Task] = {}
         for what, s, stream in self.seq:
             if what == "second":
-                second[s] = self._exchange(phase, second_step, s, stream, [last_of[s]], back=True)
-
+                second[s] = self._exchange(phase, step, s, stream, [last_of[s]], back=True)
         for what, s, stream in self.seq:
             self._add(stream, first[s] if what == "first" else second[s])
-        tail = [second[s].id for s in range(n)] + shadow_done
-        if fwd:
-            self._compute(
-                phase, "decode", "decode", float(2 * T * M * l.top_k), buf + float(e * T * M), tail
-            )
-            if not self.keep:
-                for x in self.lay.shadow:
-                    if self._shadow_shapes(x) is None:  # nothing used it: freed right away
-                        self.streams["compute"][-1].frees.append(f"shadow.{x}")
-        else:
-            enc = self._compute(phase, "encode_grad", "decode", 0.0, buf + float(e * T * M), tail)
-            self._compute(phase, "gate_grad", "gate", gate_flops, gate_bytes, [enc])
+        return [second[s].id for s in range(self.lay.n)]

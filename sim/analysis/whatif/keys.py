@@ -2,7 +2,7 @@
 
 A value is a number (`4`, `1e-6`) or YAML (`zipf`, `[1, 2]`); `*k` multiplies the
 base's value by k (`link.nvlink3.bw=*2`, `strategy.degree=*2`, `compute.speed=*0.5`).
-`apply` puts changes into a run config; sweeps (`sim.analysis.sweep_spec`) vary the same keys.
+`apply` puts changes into a run config; sweeps (`sim.analysis.sweep.spec`) vary the same keys.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from sim.config import RunConfig
-from sim.config.schema import FabricSpec, ModelSpec, ParallelSpec
+from sim.config.run_schema import FabricSpec, ModelSpec, ParallelSpec
 from sim.core.errors import ConfigError
 from sim.strategies import resolve_params
 

@@ -5,8 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from sim.cli_options import check_output_file, limit_opt, limits, refuse
+from sim.cli.options import limit_opt, limits, refuse
 from sim.core.errors import ConfigError
+from sim.core.io import check_output_file
 
 
 def _size(text: str) -> int:
@@ -22,11 +23,11 @@ def _size(text: str) -> int:
 
 
 def cmd_collectives(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
     if a.out is not None:
         check_output_file(a.out, "--out")
-    sweep = api.collective_sweep(
+    sweep = commands.collective_sweep(
         a.topology,
         a.collective,
         a.algo,
@@ -41,12 +42,12 @@ def cmd_collectives(a: argparse.Namespace) -> int:
     text = sweep.report(as_json=a.json)
     print(text)
     if a.out:
-        api.write_text(a.out, text)
+        commands.write_text(a.out, text)
     return 0
 
 
 def cmd_topology(a: argparse.Namespace) -> int:
-    from sim import api
+    from sim import commands
 
     if a.action == "list":
         refuse(
@@ -60,20 +61,20 @@ def cmd_topology(a: argparse.Namespace) -> int:
             },
             "to `topology list` (they apply to `topology show NAME`)",
         )
-        for name in api.topology_presets():
+        for name in commands.topology_presets():
             print(name)
         return 0
     if not a.name:
         raise ConfigError("topology show: name a preset or a YAML file")
     if a.draw is not None:
         check_output_file(a.draw, "--draw")
-    topo = api.load_topology(a.name, nodes=a.nodes, limits=limits(a))
-    print(api.describe_topology(topo))
+    topo = commands.load_topology(a.name, nodes=a.nodes, limits=limits(a))
+    print(commands.describe_topology(topo))
     if a.draw:
-        print(f"  drew {api.draw_topology(topo, a.draw)}")
+        print(f"  drew {commands.draw_topology(topo, a.draw)}")
     if a.routes:
         print("  routes from gpu0:")
-        for dst, links in api.routes_from_gpu0(topo):
+        for dst, links in commands.routes_from_gpu0(topo):
             print(f"    rank 0 -> {dst}: " + " ".join(links))
     return 0
 

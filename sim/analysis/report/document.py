@@ -3,7 +3,7 @@
 From results in the shared row schema (sim.analysis.results): the best strategy per config,
 a per-config comparison chart (time per token, the metric strategies are ranked by), the
 simulated against measured makespans where a validate output gave measurements, timelines of
-chosen cases (sim.analysis.report_timelines) and, against a baseline, every (config,
+chosen cases (sim.analysis.report.timelines) and, against a baseline, every (config,
 strategy) whose time per token moved beyond the threshold. Exit status for CI: 0 no
 regression, 1 a regression (a slower time per token, or a run that was ok and now fails),
 2 bad input. Rows with status error are listed, never fatal.
@@ -229,9 +229,9 @@ def _num(x: float) -> str:
 
 def write(rep: Report, out_dir: str | Path, timelines: int = 2) -> dict[str, Path]:
     """report.html (self-contained), report.md and report.json, as one output set."""
-    from sim.analysis import report_charts
+    import sim.analysis.report.charts as report_charts
     from sim.analysis.html import write_page
-    from sim.analysis.report_timelines import timeline_figures
+    from sim.analysis.report.timelines import timeline_figures
     from sim.core.io import OutputSet
 
     figures = report_charts.figures(rep)

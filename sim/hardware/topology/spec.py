@@ -1,5 +1,5 @@
 """Reading a topology: the YAML file of a preset or a path, read safely, with its fields
-checked against the topology schema (`sim.hardware.topology_schema`) before the node's links
+checked against the topology schema (`sim.hardware.topology.schema`) before the node's links
 and routes are wired.
 """
 
@@ -11,14 +11,14 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError, TopologyError
-from sim.hardware.topology_schema import DEVICE_TYPES, TopologySpec
+from sim.hardware.topology.schema import DEVICE_TYPES, TopologySpec
 
 __all__ = ["DEVICE_TYPES", "LinkClass", "check_spec", "expand_pairs", "link_classes", "read_spec"]
 
 
 def topologies_dir() -> Path:
     env = os.environ.get("MOESIM_TOPOLOGIES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "topologies"
+    return Path(env) if env else Path(__file__).resolve().parents[3] / "topologies"
 
 
 def list_presets() -> list[str]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from sim.analysis.sweep_spec import Point
+from sim.analysis.sweep.spec import Point
 from sim.core.errors import MoesimError
 
 # The shared results row (helper `moesim report` reads it): these columns, then `param.<key>`
@@ -116,15 +116,15 @@ def _busy(busy: dict[str, float], kind: str) -> float:
 
 def simulate_point(point: Point) -> tuple[dict[str, Any], int]:
     """The summary of one point's run and the distinct tokens its step processes: the run
-    `sim.api.run` makes (sim.analysis.layout_run.run_config), plus the link and
+    `sim.run` makes (sim.pipeline.build_and_simulate), plus the link and
     compute-speed changes of `moesim whatif`."""
     from sim.analysis.compare import step_tokens
-    from sim.analysis.layout_run import run_config
-    from sim.analysis.whatif import with_links, with_speed
+    from sim.analysis.whatif.study import with_links, with_speed
     from sim.config import RunConfig
+    from sim.pipeline import build_and_simulate
 
     cfg = RunConfig.from_dict(point.raw, source=point.source)
-    r = run_config(
+    r = build_and_simulate(
         cfg,
         edit_topology=lambda topo: with_links(topo, list(point.links)),
         edit_costs=lambda costs: with_speed(costs, point.speed),

@@ -1,13 +1,14 @@
-"""The Python API: what the `moesim` command does, callable from scripts and notebooks.
+"""What each `moesim` subcommand does, for the CLI (`sim.cli` parses arguments, calls these
+and prints) and tests. The Python API is `import sim` (`sim.exports`), which wraps these; no
+name here is one of its names unless it is the same object.
 
-`run(config)` builds one strategy's task graph, simulates it and returns the graph, the trace
-frame and the summary; `run_config` does the same and writes the output set; `replay`
-simulates any task graph JSON; `compare`, `export_graph`, `collective_sweep` and the topology
-functions back the other subcommands. The CLI (`sim.cli`) only parses arguments, calls these
-and prints.
+`simulate_config(config)` builds one strategy's task graph, simulates it and returns the
+graph, the trace frame and the summary; `simulate_command` also writes the output set
+(`moesim simulate`); `replay_graph` simulates a task graph as it is; `compare_strategies`,
+`export_graph`, `collective_sweep` and the topology functions back the other subcommands.
 
 Everything heavy (pandas, numpy, networkx, SimPy, plotly, YAML) is imported inside the
-functions that need it, so `import sim.api` stays as cheap as `moesim --help` must be.
+functions that need it, so `import sim.commands` stays as cheap as `moesim --help` must be.
 """
 
 from __future__ import annotations
@@ -116,36 +117,40 @@ def export_graph(config: Any, path: str | Path) -> TaskGraph:
     return graph
 
 
-def run(config: Any, record_links: bool = False) -> RunResult:
+def simulate_config(config: Any, record_links: bool = False) -> RunResult:
     """Build and simulate one run config (a RunConfig, a mapping or a YAML path); with
     `record_links`, the utilisation of each link class over time (for the Chrome trace)."""
-    result = _run(config, record_links)
+    result = _simulate_table(config, record_links)
     result.trace = result.trace.to_frame()  # the TraceTable as a DataFrame
     return result
 
 
-def _run(config: Any, record_links: bool = False) -> RunResult:
-    """`run` with the trace as a `sim.analysis.table.TraceTable`: what `run_config` writes
-    its output set from, without importing pandas."""
-    from sim.analysis.layout_run import run_config as simulate_config
+def _simulate_table(config: Any, record_links: bool = False) -> RunResult:
+    """`simulate_config` with the trace as a `sim.analysis.trace.columns.TraceTable`: what
+    `simulate_command` writes its output set from, without importing pandas."""
+    from sim.pipeline import build_and_simulate
 
-    r = simulate_config(load_config(config), record_links=record_links)
+    r = build_and_simulate(load_config(config), record_links=record_links)
     r.summary["wall_s"] = r.wall_s
     return RunResult(r.result.graph, r.table, r.summary, r.result)
 
 
-def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True) -> dict[str, Any]:
-    """`run`, then (unless `out_dir` is None) the output set written atomically into
-    `out_dir`: the trace table, the Chrome trace (unless `want_trace` is false or the config
-    turns it off), the resolved config.yaml and summary.json. Returns the summary, with the
-    files written under "files"."""
+def simulate_command(
+    config: Any, out_dir: str | Path | None, want_trace: bool = True
+) -> dict[str, Any]:
+    """`moesim simulate`: `simulate_config`, then (unless `out_dir` is None) the output set
+    written atomically into `out_dir`: the trace table, the Chrome trace (unless `want_trace`
+    is false or the config turns it off), the resolved config.yaml and summary.json. Returns
+    the summary, with the files written under "files"."""
     from sim.core.io import check_output_dir
 
     cfg = load_config(config)
     if out_dir is not None:  # an unusable output path fails before the run, not after it
         check_output_dir(out_dir)
     chrome = out_dir is not None and want_trace and cfg.output.get("chrome_trace", True)
-    result = _run(cfg, record_links=bool(chrome))  # link utilisation: for the Chrome trace
+    result = _simulate_table(
+        cfg, record_links=bool(chrome)
+    )  # link utilisation: for the Chrome trace
     if out_dir is not None:
         write_outputs(cfg, result, Path(out_dir), want_trace)
     return result.summary
@@ -154,11 +159,12 @@ def run_config(config: Any, out_dir: str | Path | None, want_trace: bool = True)
 def write_outputs(
     cfg: RunConfig, result: RunResult, out_dir: Path, want_trace: bool = True
 ) -> None:
-    """The output set of a run (see `run_config`): each file atomically, the manifest last
+    """The output set of a run (see `simulate_command`): each file atomically, the manifest last
     (`sim.core.io.OutputSet`); adds "files" to `result.summary`."""
     import yaml
 
-    from sim.analysis.trace import write_chrome_trace, write_table
+    from sim.analysis.chrome import write_chrome_trace
+    from sim.analysis.trace import write_table
     from sim.core.io import OutputSet
 
     fmt = cfg.output.get("trace_format", "csv")
@@ -187,7 +193,7 @@ def format_summary(summary: dict[str, Any]) -> str:
 # -- task graphs from elsewhere ----------------------------------------------------------------
 
 
-def replay(
+def replay_graph(
     graph: TaskGraph | str | Path,
     topology: str | Path,
     nodes: int | None = None,
@@ -198,7 +204,8 @@ def replay(
     """Simulate a task graph (or its JSON file, from `moesim graph` or any builder) on a
     topology. `nodes` None: just enough nodes for the graph's ranks (not the preset's
     default). With `out_dir`, the trace table and Chrome trace are written there and listed
-    under the summary's "files". `limits` raises size limits (`sim.core.limits`)."""
+    under the summary's "files". `limits` raises size limits (`sim.core.limits`). (`sim.run`
+    takes a graph too; `sim.replay` replays a measured trace, a `sim.analysis.replay.Replay`.)"""
     from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
     from sim.analysis.summary import summarize
     from sim.analysis.trace import to_frame, write_trace_files
@@ -253,9 +260,12 @@ class Comparison:
         return to_markdown(self.table)
 
 
-def compare(config: Any, strategies: list[str], out_dir: str | Path | None = None) -> Comparison:
-    """Simulate several strategies ("name" or "name:k=v,...") on one run config; with
-    `out_dir`, write the table (CSV, Markdown) and a chart there."""
+def compare_strategies(
+    config: Any, strategies: list[str], out_dir: str | Path | None = None
+) -> Comparison:
+    """`moesim compare`: several strategies ("name" or "name:k=v,...") simulated on one run
+    config; with `out_dir`, the table (CSV, Markdown) and a chart written there. (`sim.compare`
+    returns the table alone, a DataFrame.)"""
     from sim.analysis.compare import compare as compare_frame
     from sim.analysis.compare import write
     from sim.core.finite import check_finite
@@ -364,7 +374,7 @@ def write_text(path: str | Path, text: str) -> Path:
 
 def topology_presets() -> list[str]:
     """Names of the presets in topologies/ (or $MOESIM_TOPOLOGIES)."""
-    from sim.hardware.topology_spec import list_presets
+    from sim.hardware.topology.spec import list_presets
 
     return list_presets()
 
@@ -383,14 +393,14 @@ def load_topology(
 
 def schema(name: str) -> dict[str, Any]:
     """The JSON Schema of an input: `config`, `topology` or `graph` (`moesim schema`)."""
-    from sim.config.schemas import input_schema
+    from sim.config.input_schemas import input_schema
 
     return input_schema(name)
 
 
 def describe_topology(topo: Topology) -> str:
     """Link classes, node template and fabric as text (`moesim topology show`)."""
-    from sim.hardware.topology_views import describe
+    from sim.hardware.topology.views import describe
 
     return describe(topo)
 

@@ -3,7 +3,7 @@
 A run's trace (`sim.analysis.trace`: one row per executed task, COLUMNS) is held as the
 columns pandas would be given, a `TraceTable`. The summary, trace.csv and the Chrome trace are
 made from it directly, so a run imports no pandas (~0.4 s of CPU at start-up, more than a
-small run's whole work); `TraceTable.to_frame()` is the DataFrame `sim.api.run` returns.
+small run's whole work); `TraceTable.to_frame()` is the DataFrame `sim.run` returns.
 
 Whatever reads a trace takes either a DataFrame or a TraceTable through `col_list`, `col_array`,
 `col_strings` and `take_rows`, and sees the same values from both: a tag column of integers with

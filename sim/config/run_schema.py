@@ -29,12 +29,12 @@ from sim.hardware.costs_schema import (
     ResourceParams,
     check_quantiles,
 )
-from sim.hardware.topology_schema import FABRIC_FIELDS
+from sim.hardware.topology.schema import FABRIC_FIELDS
 
 
 class FabricSpec(Strict):
     """Fields replacing the topology's own `fabric:` ones (the topology schema checks the
-    result: `sim.hardware.topology_schema.FabricSpec`). A field may be omitted but not null:
+    result: `sim.hardware.topology.schema.FabricSpec`). A field may be omitted but not null:
     the override is merged into the topology's fabric as given, where a null would reach the
     arithmetic (the fields are typed without `| None`, the default None standing for absent)."""
 

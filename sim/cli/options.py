@@ -1,14 +1,12 @@
 """Options and checks the `moesim` subcommands share: size limits, refusing options that do
-not apply, output paths checked before the work."""
+not apply (output paths are checked before the work by `sim.core.io`'s `check_output_dir`
+and `check_output_file`)."""
 
 from __future__ import annotations
 
 import argparse
-import os
-from pathlib import Path
 
 from sim.core.errors import ConfigError
-from sim.core.io import check_output_dir, check_replaceable, name_output
 
 
 def limits(a: argparse.Namespace) -> dict[str, int]:
@@ -24,22 +22,6 @@ def refuse(a: argparse.Namespace, options: dict[str, str], why: str) -> None:
         raise ConfigError(
             f"{' and '.join(given)} {'does' if len(given) == 1 else 'do'} not apply {why}"
         )
-
-
-def check_output_file(path: str, what: str) -> None:
-    """An output file's path that cannot be written fails before the work, in one line: also
-    one that holds a device, FIFO, socket, directory or link, which the write would replace
-    (`sim.core.io.check_replaceable`). The option is remembered for the writer's errors."""
-    if path == "":
-        raise ConfigError(f"{what}: expected a file path, got ''")
-    p = Path(path)
-    if p.is_dir() and not p.is_symlink():
-        raise ConfigError(f"{what} {p}: is a directory, expected a file path")
-    check_replaceable(p, what)
-    check_output_dir(p.parent, what)
-    if len(os.fsencode(p.name)) > 255:
-        raise ConfigError(f"{what} {p}: the name {p.name[:40]!r}... is over 255 bytes")
-    name_output(p, what)
 
 
 def limit_opt(sp: argparse.ArgumentParser) -> None:

@@ -1,7 +1,7 @@
 """A sweep spec expanded into its points, each validated before anything runs.
 
 A point is one run: the base config with one value of every swept key applied (through
-`sim.analysis.whatif_keys.apply`, the same machinery as `moesim whatif --set`). Its `run_id`
+`sim.analysis.whatif.keys.apply`, the same machinery as `moesim whatif --set`). Its `run_id`
 is a hash of what the run depends on (the resolved config, link changes, compute speed), so
 it is the same across restarts and machines; its labels name the config point without the
 strategy (`config`) and the strategy (`strategy`), as the results rows carry them.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sim.analysis import whatif_keys as keys
+import sim.analysis.whatif.keys as keys
 from sim.config import RunConfig
 from sim.config.sweep_schema import SweepSpec
 from sim.core.errors import ConfigError, MoesimError
@@ -210,7 +210,7 @@ def _check_clusters(points: list[Point]) -> None:
     """Every distinct cluster and cost model builds (a topology name, a node count, fabric
     options, link classes that exist, costs the network model can use) before the first
     run: a typo fails the sweep, not each of its rows."""
-    from sim.analysis.whatif import with_links
+    from sim.analysis.whatif.study import with_links
     from sim.core.limits import applied
     from sim.hardware.costs import CostModel
 

@@ -4,10 +4,10 @@ Dask distributed cluster, one results row per run written as it finishes, resuma
     df = run_sweep("sweep.yaml", out="out/sweep")                  # local processes
     df = run_sweep("sweep.yaml", out="out/sweep", scheduler="tcp://head:8786")   # Dask
 
-The same function (`sim.analysis.sweep_run.run_point`) runs every point wherever it runs;
-it returns the row and the driver writes it (`sim.analysis.sweep_store`), so workers need
+The same function (`sim.analysis.sweep.run.run_point`) runs every point wherever it runs;
+it returns the row and the driver writes it (`sim.analysis.sweep.store`), so workers need
 `sim` installed but no shared file system. Every point is validated before the first run
-(`sim.analysis.sweep_spec`); a point whose run fails is a row with status "error".
+(`sim.analysis.sweep.spec`); a point whose run fails is a row with status "error".
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any
 
 import pandas as pd
 
-from sim.analysis.sweep_run import error_fields, run_point
-from sim.analysis.sweep_spec import Point, load
-from sim.analysis.sweep_store import Store, frame
+from sim.analysis.sweep.run import error_fields, run_point
+from sim.analysis.sweep.spec import Point, load
+from sim.analysis.sweep.store import Store, frame
 from sim.core.errors import ConfigError, MoesimError
 
 Row = dict[str, Any]

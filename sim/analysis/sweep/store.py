@@ -22,8 +22,8 @@ from typing import Any
 
 import pandas as pd
 
-from sim.analysis.sweep_run import BOOL_COLUMNS, COLUMNS, FLOAT_COLUMNS, INT_COLUMNS
-from sim.analysis.sweep_spec import Sweep, text
+from sim.analysis.sweep.run import BOOL_COLUMNS, COLUMNS, FLOAT_COLUMNS, INT_COLUMNS
+from sim.analysis.sweep.spec import Sweep, text
 from sim.core.errors import ConfigError
 from sim.core.io import OutputSet, atomic_write_bytes, atomic_write_text, check_output_dir
 

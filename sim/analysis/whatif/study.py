@@ -6,7 +6,7 @@
 
 The base is a run config (YAML path, mapping or RunConfig), a task graph (JSON path or
 TaskGraph; it needs a topology) or a measured trace (anything sim.analysis.replay imports, or
-a replay graph). Keys (sim.analysis.whatif_keys): topology, nodes, a link class's bandwidth or
+a replay graph). Keys (sim.analysis.whatif.keys): topology, nodes, a link class's bandwidth or
 latency (`link.nvlink3.bw=*2`, `link.*.latency=1e-6`), compute speed (`compute.speed=*0.5`:
 every compute task twice as long), the layer (`model.capacity_factor=1.5`, `model.routing.s=
 1.5`: Zipf skew, switching a uniform routing to Zipf), the strategy and its parameters
@@ -30,7 +30,7 @@ from typing import Any, NamedTuple
 
 import pandas as pd
 
-from sim.analysis import whatif_keys as keys
+import sim.analysis.whatif.keys as keys
 from sim.analysis.replay import (
     DEFAULT_TOPOLOGY,
     LAUNCH_TAG,

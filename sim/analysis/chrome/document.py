@@ -4,7 +4,7 @@ Times. Every start and end is rounded once to integer nanoseconds and a slice's 
 the difference of those integers, so a task that starts when the previous one on its stream
 ends is never seen to overlap it (converting `ts` and `dur` separately did: 1e-12 us of
 overlap made Perfetto drop the slice as badly nested). The integers are written as
-microseconds that Perfetto reads back exactly (`sim.analysis.trace_ns`). No
+microseconds that Perfetto reads back exactly (`sim.analysis.trace.ns`). No
 `displayTimeUnit`: some Perfetto versions take "ns" there as the unit of `ts`.
 
 Layout. A process per rank, "rank 07 (node 0)": zero-padded because Perfetto's UI orders
@@ -20,7 +20,7 @@ length at the instant the next one starts is shown by Perfetto inside that one: 
 slices of one timestamp longest first.)
 
 Flows and counters (dependency arrows, link utilisation, memory) are in
-`sim.analysis.chrome_tracks`.
+`sim.analysis.chrome.tracks`.
 """
 
 from __future__ import annotations
@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.analysis.chrome_tracks import Tracks, counter_events, flow_events
-from sim.analysis.table import col_array, col_list, col_strings, take_rows
-from sim.analysis.trace_ns import to_ns, us
+from sim.analysis.chrome.tracks import Tracks, counter_events, flow_events
+from sim.analysis.trace.columns import col_array, col_list, col_strings, take_rows
+from sim.analysis.trace.ns import to_ns, us
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_text
 from sim.core.kinds import STREAM_KINDS
@@ -43,7 +43,7 @@ from sim.engine.result import SimResult
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.analysis.table import TraceTable
+    from sim.analysis.trace.columns import TraceTable
 
 __all__ = ["Tracks", "chrome_trace", "to_ns", "us", "write_chrome_trace"]
 

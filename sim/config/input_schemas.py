@@ -1,5 +1,5 @@
 """The JSON Schemas of moesim's inputs, for editors and validators (`moesim schema NAME`):
-the run config (`sim.config.schema`), the topology (`sim.hardware.topology_schema`), the
+the run config (`sim.config.run_schema`), the topology (`sim.hardware.topology.schema`), the
 task graph (`sim.core.graph_schema`), the calibration file (`sim.hardware.calibration_schema`)
 and the sweep spec (`sim.config.sweep_schema`)."""
 
@@ -15,7 +15,7 @@ INPUTS = ("config", "topology", "graph", "calibration", "sweep")
 
 def input_schema(name: str) -> dict[str, Any]:
     if name == "config":
-        from sim.config.schema import RunSpec, strategy_schemas
+        from sim.config.run_schema import RunSpec, strategy_schemas
 
         schema = json_schema(RunSpec, "moesim run config")
         # each strategy's parameters, from its Params model: one of them is the entry
@@ -28,7 +28,7 @@ def input_schema(name: str) -> dict[str, Any]:
             spec["anyOf"] = [{"$ref": f"#/$defs/strategy.{n}"} for n in per]
         return schema
     if name == "topology":
-        from sim.hardware.topology_schema import TopologySpec
+        from sim.hardware.topology.schema import TopologySpec
 
         return json_schema(TopologySpec, "moesim topology")
     if name == "graph":

@@ -1,40 +1,21 @@
-"""The trace: one row per executed task per rank, the schema both engines write.
-
-Columns: id, rank, stream, kind, start, end, duration, sync_wait (s; time a collective member
-waited for the others), bytes, flops, and the tags layer, phase, step, chunk. Times are seconds
-from the start of the run. Written as CSV or Parquet, and exported to Chrome trace JSON
-(chrome://tracing or ui.perfetto.dev): a process per rank, a thread per stream
-(`sim.analysis.chrome`, re-exported here).
-"""
+"""A run's trace made (a TraceTable without pandas, or a DataFrame) and written: CSV or
+Parquet, and with its Chrome trace (`sim.analysis.chrome`) in an output set."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sim.analysis.chrome import chrome_trace, write_chrome_trace
-from sim.analysis.table import COLUMNS, TAGS, TraceTable
+from sim.analysis.trace.columns import TraceTable
 from sim.core.errors import ConfigError
-from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_bytes, atomic_write_text
-from sim.engine.engine import SimResult
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from sim.core.graph import TaskGraph
     from sim.core.io import OutputSet
-
-__all__ = [
-    "COLUMNS",
-    "TAGS",
-    "TraceTable",
-    "chrome_trace",
-    "table",
-    "to_frame",
-    "write_chrome_trace",
-    "write_table",
-    "write_trace_files",
-]
+    from sim.engine.result import SimResult
 
 
 def table(res: SimResult) -> TraceTable:
@@ -75,6 +56,8 @@ def write_trace_files(
     """trace.csv and trace.chrome.json as files `prefix`trace.* of the output set `out`
     (the Chrome trace with the graph's arrows and memory, and what `res` recorded: see
     `chrome_trace`); their final paths by kind."""
+    from sim.analysis.chrome import write_chrome_trace  # the Chrome trace reads the columns
+
     write_table(df, out.path(f"{prefix}trace.csv"))
     write_chrome_trace(df, out.path(f"{prefix}trace.chrome.json"), None, graph, res)
     return {

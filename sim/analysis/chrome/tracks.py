@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from sim.analysis.table import col_list, col_strings
-from sim.analysis.trace_ns import to_ns, us
+from sim.analysis.trace.columns import col_list, col_strings
+from sim.analysis.trace.ns import to_ns, us
 from sim.core.graph import TaskGraph
 from sim.core.kinds import COLLECTIVE_KINDS
 from sim.engine.result import SimResult
@@ -36,8 +36,8 @@ from sim.engine.result import SimResult
 if TYPE_CHECKING:
     import pandas as pd
 
-    from sim.analysis.chrome import Layout
-    from sim.analysis.table import TraceTable
+    from sim.analysis.chrome.document import Layout
+    from sim.analysis.trace.columns import TraceTable
 
 MAX_FLOWS = 20_000
 MIB = float(2**20)

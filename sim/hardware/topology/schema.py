@@ -212,7 +212,7 @@ FABRIC_FIELDS = {
 
 
 class FabricSpec(Strict):
-    """The network between nodes (`sim.hardware.fabric`); also the run config's `fabric:`
+    """The network between nodes (`sim.hardware.topology.fabric`); also the run config's `fabric:`
     overrides, merged over a topology's before this check."""
 
     type: Literal[FABRIC_TYPES] = Field(description=FABRIC_FIELDS["type"])  # type: ignore[valid-type]

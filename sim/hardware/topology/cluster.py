@@ -6,9 +6,9 @@ instance with its own bandwidth, so traffic in opposite directions never compete
 
 Routing is hierarchical and exact for the single-switch fabric: inside a node, the cheapest
 path (time per byte, GPUs never forward); across nodes, the source GPU's NIC, the fabric, then
-the destination GPU's NIC. `sim.hardware.topology_views.cluster_graph` builds the whole cluster
+the destination GPU's NIC. `sim.hardware.topology.views.cluster_graph` builds the whole cluster
 as a networkx graph, which the tests use as the reference for the hierarchical routes; the YAML
-is read and its fields checked in `sim.hardware.topology_spec`.
+is read and its fields checked in `sim.hardware.topology.spec`.
 
 Link instances are numbered `node * links_per_node + local_id`, so a route between two ranks
 is a template route shifted by node offsets; this is what lets `sim.hardware.network` build the link
@@ -27,9 +27,9 @@ import numpy as np
 
 from sim.core import limits
 from sim.core.errors import TopologyError
-from sim.hardware.fabric import Fabric
-from sim.hardware.node_routes import NoPath, add_edge, cheapest_path
-from sim.hardware.topology_spec import (
+from sim.hardware.topology.fabric import Fabric
+from sim.hardware.topology.node_routes import NoPath, add_edge, cheapest_path
+from sim.hardware.topology.spec import (
     LinkClass,
     check_spec,
     expand_pairs,
@@ -149,7 +149,7 @@ class Topology:
         self._template_routes()
 
     def _template_routes(self) -> None:
-        # the node as a directed graph (sim.hardware.node_routes: a search without networkx)
+        # the node as a directed graph (`node_routes`: a search without networkx)
         succ: dict[str, dict[str, float]] = {d: {} for d in self.devices}
         pred: dict[str, dict[str, float]] = {d: {} for d in self.devices}
         lids: dict[tuple[str, str], int] = {}

@@ -1,5 +1,6 @@
-"""One replica's graph simulated over every data-parallel replica of a parallel layout, and
-a run config built and simulated that way (what `sim.api.run` and sweeps share)."""
+"""The run pipeline: a run config built and simulated (`build_and_simulate`: what `sim.run`,
+`moesim simulate` and sweeps share), one replica's graph simulated over every data-parallel
+replica of its parallel layout (`simulate_layout`: also what `compare` runs)."""
 
 from __future__ import annotations
 
@@ -52,13 +53,13 @@ class ConfigRun:
     """A run config built and simulated: its result, trace table, summary and workload."""
 
     result: SimResult
-    table: Any  # sim.analysis.table.TraceTable, one row per executed task
+    table: Any  # sim.analysis.trace.columns.TraceTable, one row per executed task
     summary: dict[str, Any]
     workload: Any  # sim.config.Workload
     wall_s: dict[str, float]
 
 
-def run_config(
+def build_and_simulate(
     cfg: Any,
     edit_topology: Callable[[Topology], Topology] | None = None,
     edit_costs: Callable[[Any], Any] | None = None,
@@ -66,7 +67,7 @@ def run_config(
 ) -> ConfigRun:
     """Build one config's graph (one replica's) and simulate it over its layout, inside the
     config's size limits: the ranks, tasks and flows bounded before they are built or run.
-    The one path `sim.api.run` and sweeps share; `edit_topology` / `edit_costs` apply what-if
+    The one path `sim.run` and sweeps share; `edit_topology` / `edit_costs` apply what-if
     changes (link speeds, compute speed) to the loaded cluster; `record_links` samples each
     link class's utilisation over time (for the Chrome trace's counters)."""
     from sim.analysis.guards import check_flows, finite_summary, jitter_replicas
@@ -105,7 +106,7 @@ def run_config(
             record_links=record_links,
         )
         t2 = time.perf_counter()
-        df = table(res)  # no pandas: `sim.api.run` makes the DataFrame
+        df = table(res)  # no pandas: `sim.run` makes the DataFrame
         summary = summarize(res, df)
     if cfg.parallel is not None and wl.layout is not None:
         summary["parallel"] = wl.layout.as_dict()

@@ -1,0 +1,162 @@
+"""`moesim`: simulate MoE layers, inspect topologies, export task graphs.
+
+The parser and the error boundary; each group of subcommands is a module of this package
+(`simulate`: demo, simulate, compare, graph; `cluster`: topology, collectives; `studies`:
+replay, whatif; `predict`, `plan`, `report`, `sweep`; `options`: what they share) that parses and
+prints only, and `exec.cli` adds the executor's.
+
+User mistakes (bad config, bad graph, impossible topology, simulated deadlock) print
+`moesim: error: ...` (one line; a deadlock adds its wait-for cycle, at most 8 lines) and exit
+2, without a traceback; outputs are written as sets swapped in whole (`sim.core.io`), so
+nothing is left half-written and a failed run keeps the previous set.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from typing import Any, NoReturn
+
+from sim.core.errors import ConfigError, MoesimError
+from sim.core.io import OutputError
+
+
+def cmd_schema(a: argparse.Namespace) -> int:
+    from sim import commands
+
+    print(json.dumps(commands.schema(a.input), indent=2))
+    return 0
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line, like every other error of the command (the
+    usage it would print first is one `--help` away)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False  # subcommands too: `--str` is not `--strategy`
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"moesim: error: {self.prog}: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from sim import __version__
+
+    p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
+    p.add_argument("--version", action="version", version=f"moesim {__version__}")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    from sim.cli.simulate import add_parsers as add_run_parsers
+
+    add_run_parsers(sub)  # demo, simulate, compare, graph
+    from sim.cli.cluster import add_parsers as add_cluster_parsers
+
+    add_cluster_parsers(sub)  # topology, collectives
+    from sim.cli.studies import add_parsers as add_study_parsers
+
+    add_study_parsers(sub)  # replay, whatif
+    from sim.cli.predict import add_parsers as add_predict_parser
+
+    add_predict_parser(sub)  # predict (whole training steps of a table of runs)
+    from sim.cli.plan import add_parsers as add_plan_parser
+
+    add_plan_parser(sub)  # plan (the fastest layout of a model on a cluster)
+    from sim.cli.report import add_parsers as add_report_parser
+
+    add_report_parser(sub)
+    from sim.cli.sweep import add_parsers as add_sweep_parsers
+
+    add_sweep_parsers(sub)  # sweep
+
+    sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
+    sc.add_argument("input", choices=["config", "topology", "graph", "calibration", "sweep"])
+    sc.set_defaults(fn=cmd_schema)
+
+    from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run
+
+    add_parsers(sub)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The error boundary: every user mistake and every refused file or path becomes one
+    line on stderr and exit 2, never a traceback."""
+    import signal
+
+    # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
+    signal.signal(signal.SIGTERM, _interrupt)
+    args = build_parser().parse_args(argv)
+    from sim.core import progress  # bars on stderr for a person; none when a program reads --json
+
+    progress.set_enabled(False if getattr(args, "json", False) else None)
+    if args.fn.__module__.startswith("sim.") and args.cmd != "schema":  # the simulator's
+        _single_threaded_blas()
+    try:
+        _finite_options(args)
+        return args.fn(args)
+    except MoesimError as e:
+        return _fail(str(e))
+    except UnicodeDecodeError as e:
+        return _fail(f"not UTF-8 text ({e.reason} at byte {e.start})")
+    except RecursionError:
+        return _fail("input nested too deeply")
+    except MemoryError:
+        return _fail("out of memory (an input or a size limit too large?)")
+    except BrokenPipeError:  # `moesim ... | head`: the reader left; nothing to report
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - silence the exit-time flush
+        return 0
+    except OutputError as e:  # names the option and the path asked for (not a temp name)
+        return _fail(str(e))
+    except OSError as e:
+        where = f" {e.filename}" if e.filename else ""
+        return _fail(f"{e.strerror or e}{where}")
+    except KeyboardInterrupt:
+        print("moesim: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # YAML and other parser errors raised past a loader
+        if type(e).__module__.startswith("yaml"):
+            return _fail(f"not valid YAML ({' '.join(str(e).split())})")
+        raise
+
+
+# what OpenBLAS reads for its thread count, in its order
+_BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS")
+
+
+def _single_threaded_blas() -> None:
+    """numpy loaded with one BLAS thread. OpenBLAS starts a thread per core when numpy is
+    imported, and they spin: ~0.1 s of CPU on 2 cores (more on more), a fifth of a small
+    `moesim simulate`, while the simulator does no large linear algebra (its least-squares
+    fits are a few rows). A thread count the user set is kept; the environment is restored
+    at once, so processes started later (executor ranks, sweep workers' own children) see
+    it as it was."""
+    if "numpy" in sys.modules or any(k in os.environ for k in _BLAS_THREADS):
+        return
+    os.environ[_BLAS_THREADS[0]] = "1"
+    try:
+        import numpy  # noqa: F401
+    finally:
+        del os.environ[_BLAS_THREADS[0]]
+
+
+def _finite_options(args: argparse.Namespace) -> None:
+    """No option takes NaN or infinity (argparse's float() reads both): `--timeout nan`
+    would otherwise reach a timer, `--oversubscription inf` a fabric."""
+    import math
+
+    for name, value in vars(args).items():
+        if isinstance(value, float) and not math.isfinite(value):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(f"{flag}: expected a finite number, got {value}")
+
+
+def _fail(message: str) -> int:
+    print(f"moesim: error: {' '.join(message.split())}", file=sys.stderr)
+    return 2
+
+
+def _interrupt(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt
