@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.training.plan import Plan
+from sim.training.predict import REQUIRED
 
 COLUMNS = (
     "rank",
@@ -31,22 +32,7 @@ COLUMNS = (
     "fits",
     "lower_bound_s",
 )
-PREDICT_COLUMNS = (
-    "system",
-    "model",
-    "gpus",
-    "precision",
-    "gbs",
-    "mbs",
-    "seq_len",
-    "fsdp",
-    "tp",
-    "pp",
-    "cp",
-    "vp",
-    "ep",
-    "ga",
-)
+PREDICT_COLUMNS = REQUIRED  # the best candidate as a row `moesim predict` reads
 
 
 def _label(r: dict[str, Any]) -> str:
