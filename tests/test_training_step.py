@@ -210,3 +210,13 @@ def test_cli_refuses_a_table_without_its_columns(tmp_path: Path) -> None:
     assert p.returncode == 2 and "Traceback" not in p.stderr
     assert "missing column(s) gpus, precision" in p.stderr
     assert len(p.stderr.strip().splitlines()) == 1
+
+
+def test_rows_on_worker_processes_are_the_rows_in_order() -> None:
+    rows = [ROW, {**ROW, "model": "GPT5"}, {**ROW, "gbs": "32"}]
+    one, two = predict_rows(rows), predict_rows(rows, workers=2)
+    keys = ("predicted_step_s", "peak_memory_bytes", "reason")
+    assert [[r.get(k) for k in keys] for r in one["rows"]] == [
+        [r.get(k) for k in keys] for r in two["rows"]
+    ]
+    assert one["mape"] == two["mape"]

@@ -16,6 +16,8 @@ def cmd_predict(a: argparse.Namespace) -> int:
 
     if a.out is not None:  # an unusable --out fails before anything is simulated
         check_output_dir(a.out)
+    if a.workers < 1:
+        raise ConfigError(f"--workers {a.workers}: expected an integer >= 1")
     rows = read_table(a.table)
     if a.rows:
         picked = []
@@ -25,7 +27,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
             picked.append(n)
         rows = [{**rows[n - 1], "_row": n} for n in picked]
     with progress.Bar(total=len(rows), desc="predict", unit="row") as bar:
-        result = predict_rows(rows, progress=lambda i, n: bar.update(1))
+        result = predict_rows(rows, progress=lambda i, n: bar.set(i), workers=a.workers)
     files = write(result, a.out) if a.out is not None else {}
     if a.json:
         out = {**result, "files": {k: str(v) for k, v in files.items()}}
@@ -61,5 +63,6 @@ def add_parsers(sub: Any) -> None:
     p.add_argument(
         "--out", metavar="DIR", help="write predictions.csv, .json, .html and .txt as one set"
     )
+    p.add_argument("--workers", type=int, default=1, help="local processes (default 1)")
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "mape": ...}')
     p.set_defaults(fn=cmd_predict)
