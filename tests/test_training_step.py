@@ -220,3 +220,21 @@ def test_rows_on_worker_processes_are_the_rows_in_order() -> None:
         [r.get(k) for k in keys] for r in two["rows"]
     ]
     assert one["mape"] == two["mape"]
+
+
+def test_measured_kernels_replace_the_presets_for_their_system(tmp_path: Path) -> None:
+    """A GPU suite's proposed_kernels.yaml (`--kernels SYSTEM=FILE`) is used for that system's
+    rows: halving the GEMM shares slows the step; a bad file is one line, exit 2."""
+    from sim.training.predict import load_kernels
+
+    f = tmp_path / "k.yaml"
+    f.write_text("# measured\nkernels:\n  gemm: {bf16: 0.4, fp8: 0.37}\n")
+    base = predict_rows([ROW])["rows"][0]["predicted_step_s"]
+    slow = predict_rows([ROW], kernels=dict([load_kernels(f"DGX-H100={f}")]))
+    assert slow["rows"][0]["predicted_step_s"] > base * 1.3
+    other = predict_rows([ROW], kernels=dict([load_kernels(f"DGX-B200={f}")]))
+    assert other["rows"][0]["predicted_step_s"] == pytest.approx(base)
+    f.write_text("kernels:\n  attention_fwd: 1.5\n")
+    p = _cli("predict", str(tmp_path / "t.csv"), "--kernels", f"DGX-H100={f}")
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert "attention_fwd" in p.stderr

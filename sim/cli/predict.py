@@ -18,6 +18,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
         check_output_dir(a.out)
     if a.workers < 1:
         raise ConfigError(f"--workers {a.workers}: expected an integer >= 1")
+    from sim.training.predict import load_kernels
+
+    kernels = dict(load_kernels(s) for s in a.kernels or [])
     rows = read_table(a.table)
     if a.rows:
         picked = []
@@ -27,7 +30,9 @@ def cmd_predict(a: argparse.Namespace) -> int:
             picked.append(n)
         rows = [{**rows[n - 1], "_row": n} for n in picked]
     with progress.Bar(total=len(rows), desc="predict", unit="row") as bar:
-        result = predict_rows(rows, progress=lambda i, n: bar.set(i), workers=a.workers)
+        result = predict_rows(
+            rows, progress=lambda i, n: bar.set(i), workers=a.workers, kernels=kernels
+        )
     files = write(result, a.out) if a.out is not None else {}
     if a.json:
         out = {**result, "files": {k: str(v) for k, v in files.items()}}
@@ -64,5 +69,12 @@ def add_parsers(sub: Any) -> None:
         "--out", metavar="DIR", help="write predictions.csv, .json, .html and .txt as one set"
     )
     p.add_argument("--workers", type=int, default=1, help="local processes (default 1)")
+    p.add_argument(
+        "--kernels",
+        action="append",
+        metavar="SYSTEM=FILE",
+        help="repeatable: measured gpu.kernels (a GPU suite's proposed_kernels.yaml) over the "
+        "preset's for that system's rows",
+    )
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "mape": ...}')
     p.set_defaults(fn=cmd_predict)

@@ -179,6 +179,30 @@ class Prepared:
     costs: Any
 
 
+def load_kernels(spec: str) -> tuple[str, dict[str, Any]]:
+    """`SYSTEM=FILE`: measured `gpu.kernels` figures (a GPU suite's proposed_kernels.yaml, or
+    any YAML with a `kernels:` mapping) that replace the preset's for that system's rows."""
+    from sim.core.safeload import load_yaml
+    from sim.hardware.topology.schema import KernelParams
+
+    if "=" not in spec:
+        raise ConfigError(f"--kernels {spec!r}: expected SYSTEM=FILE, e.g. DGX-H100=kernels.yaml")
+    system, path = spec.split("=", 1)
+    _lookup(SYSTEMS, system, "system", "--kernels")
+    raw = load_yaml(path, "kernels file")
+    if not isinstance(raw, dict) or not isinstance(raw.get("kernels"), dict):
+        raise ConfigError(f"{path}: expected a mapping with a `kernels:` mapping of gpu.kernels")
+    try:
+        KernelParams.model_validate(raw["kernels"])
+    except Exception as e:  # pydantic's ValidationError: its first problem, on one line
+        first = str(e).splitlines()
+        raise ConfigError(f"{path}: kernels: {' '.join(first[1:3]) or first[0]}") from None
+    return system, dict(raw["kernels"])
+
+
+KERNELS: dict[str, dict[str, Any]] = {}  # measured gpu.kernels per system (--kernels)
+
+
 def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     """Everything a run's step needs, checked (one-line errors naming the row)."""
     from sim.training.comm import CommTimer
@@ -203,7 +227,11 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
         lay = Layout(**{**_fields(lay), "etp": recipe.etp})
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
     probe = _topology(preset, 1)
-    gpu = GpuKernels.from_gpu(probe.gpu, f"{run.where}: {preset}")
+    spec = probe.gpu
+    measured = KERNELS.get(run.system) or KERNELS.get(preset)
+    if measured:  # measured figures over the preset's, field by field
+        spec = {**spec, "kernels": {**(spec.get("kernels") or {}), **measured}}
+    gpu = GpuKernels.from_gpu(spec, f"{run.where}: {preset}")
     prec = precision_of(run.precision, recipe)
     gpu.rate(prec.gemm)  # refuses a precision the GPU has no GEMMs for, with the row named
     per_domain = GPUS_PER_DOMAIN.get(run.system)
@@ -267,7 +295,9 @@ def predict_one(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     """One row (its 1-based number, its columns): its columns plus the predictions and the
     error, or its reason."""
     i, cols = item
-    rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
+    if cols.get("_kernels"):  # a worker process: the parent's measured kernels
+        KERNELS.update(cols["_kernels"])
+    rec: dict[str, Any] = {k: v for k, v in cols.items() if k not in ("_row", "_kernels")}
     try:
         run = parse_row(rec, int(cols.get("_row", i)))
         rec.update(predict_run(run))
@@ -280,11 +310,17 @@ def predict_one(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
 
 
 def predict_rows(
-    rows: list[dict[str, Any]], progress: Any = None, workers: int = 1
+    rows: list[dict[str, Any]],
+    progress: Any = None,
+    workers: int = 1,
+    kernels: dict[str, dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """Every row predicted (or given its reason), on `workers` local processes; the MAPE per
-    system and overall where measured. Rows keep their order."""
-    items = list(enumerate(rows, start=1))
+    system and overall where measured. Rows keep their order. `kernels`: measured
+    `gpu.kernels` per system (`load_kernels`), over the presets'."""
+    KERNELS.clear()
+    KERNELS.update(kernels or {})
+    items = [(i, {**r, "_kernels": kernels} if kernels else r) for i, r in enumerate(rows, 1)]
     out: list[dict[str, Any]] = []
     if workers > 1 and len(items) > 1:
         from concurrent.futures import ProcessPoolExecutor
