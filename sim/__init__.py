@@ -23,6 +23,7 @@ __all__ = [
     "compare",
     "demo_config",
     "load_config",
+    "plan",
     "predict",
     "replay",
     "run",

@@ -239,3 +239,26 @@ def predict(table: str | Path | list[dict[str, Any]], rows: list[int] | None = N
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(table_rows):
             raise ConfigError(f"rows: {n!r} is not a row of the table (1..{len(table_rows)})")
     return predict_rows([{**table_rows[n - 1], "_row": n} for n in picked])
+
+
+def plan(
+    model: str,
+    system: str,
+    gpus: int,
+    gbs: int,
+    seq_len: int,
+    precision: str = "BF16",
+    layout: str | None = None,
+    workers: int = 1,
+) -> dict:
+    """The fastest layouts of `model` on `gpus` GPUs of `system` (`moesim plan`):
+    `{"considered", "simulated", "pruned", "candidates": [...ranked], "given"}`; `layout`
+    ("tp=1,pp=2,vp=12,ep=8,mbs=1", ...) is also scored and ranked."""
+    from sim.training.plan import Request, parse_layout
+    from sim.training.plan import plan as run_plan
+
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")
+    req = Request(model, system, gpus, gbs, seq_len, str(precision).upper())
+    given = parse_layout(layout, "layout") if layout else None
+    return run_plan(req, given=given, workers=workers).as_dict()

@@ -136,3 +136,12 @@ def test_cli_plan_json_and_best_row_for_predict(tmp_path: Path):
     assert p.returncode == 0, p.stderr
     row = json.loads(p.stdout)["rows"][0]
     assert row["predicted_tokens_per_s_per_gpu"] > 0 and "reason" not in row
+
+
+def test_plan_from_python_is_the_cli_plan():
+    import sim
+
+    out = sim.plan("LLAMA3_8B", "DGX-H100", gpus=8, gbs=16, seq_len=4096, layout="tp=1,mbs=1")
+    assert out["candidates"][0]["rank"] == 1 and out["given"]["rank"] >= 1
+    with pytest.raises(ConfigError, match="workers: expected an integer >= 1"):
+        sim.plan("LLAMA3_8B", "DGX-H100", 8, 16, 4096, workers=0)
