@@ -232,6 +232,10 @@ def test_measured_kernels_replace_the_presets_for_their_system(tmp_path: Path) -
     base = predict_rows([ROW])["rows"][0]["predicted_step_s"]
     slow = predict_rows([ROW], kernels=dict([load_kernels(f"DGX-H100={f}")]))
     assert slow["rows"][0]["predicted_step_s"] > base * 1.3
+    on_workers = predict_rows([ROW, ROW], workers=2, kernels=dict([load_kernels(f"DGX-H100={f}")]))
+    assert [r["predicted_step_s"] for r in on_workers["rows"]] == [
+        slow["rows"][0]["predicted_step_s"]
+    ] * 2
     other = predict_rows([ROW], kernels=dict([load_kernels(f"DGX-B200={f}")]))
     assert other["rows"][0]["predicted_step_s"] == pytest.approx(base)
     f.write_text("kernels:\n  attention_fwd: 1.5\n")

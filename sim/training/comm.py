@@ -11,6 +11,7 @@ few dozen distinct collectives, each simulated once.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 from sim.core.graph import Task, TaskGraph
@@ -44,7 +45,7 @@ class CommTimer:
     ):
         self.topo, self.costs, self.layout = topo, costs, layout
         self.per_domain = per_domain or topo.gpus_per_node
-        self._cache: dict[tuple[str, str, int, str | None], float] = {}
+        self._cache: dict[tuple, float] = {}
         self.simulations = 0
 
     def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
@@ -54,10 +55,14 @@ class CommTimer:
         n = self.layout.size(dim) if dim != "pp" else 2
         if n <= 1 or nbytes <= 0:
             return 0.0
+        return self._cached((kind, dim, algo), nbytes, lambda b: self._simulate(kind, dim, b, algo))
+
+    def _cached(self, what: tuple, nbytes: float, run: Callable[[float], float]) -> float:
+        """`run(bytes)` once per `what` and byte count (rounded to BYTES_QUANTUM)."""
         q = max(1, int(round(nbytes / BYTES_QUANTUM)))
-        key = (kind, dim, q, algo)
+        key = (*what, q)
         if key not in self._cache:
-            self._cache[key] = self._simulate(kind, dim, q * BYTES_QUANTUM, algo)
+            self._cache[key] = run(q * BYTES_QUANTUM)
             self.simulations += 1
         return self._cache[key]
 
@@ -68,15 +73,10 @@ class CommTimer:
         node holding one of its experts (over RDMA to the GPU of the same local index). A
         token's chance of touching a node of `e` of the `experts` with top-k routing spread
         evenly: 1 - C(experts - e, k) / C(experts, k)."""
-        n = self.layout.ep
-        if n <= 1 or nbytes <= 0:
+        if self.layout.ep <= 1 or nbytes <= 0:
             return 0.0
-        q = max(1, int(round(nbytes / BYTES_QUANTUM)))
-        key = ("deepep" + (".combine" if combine else ""), "ep", q, str(sms))
-        if key not in self._cache:
-            self._cache[key] = self._deepep(q * BYTES_QUANTUM, top_k, experts, combine, sms)
-            self.simulations += 1
-        return self._cache[key]
+        what = ("deepep", "combine" if combine else "dispatch", sms)
+        return self._cached(what, nbytes, lambda b: self._deepep(b, top_k, experts, combine, sms))
 
     def _deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
         lay = self.layout

@@ -182,17 +182,15 @@ class _FreeComm:
         return rank
 
 
-def lower_bound(p: Any) -> float:
+def lower_bound(model: Any, works: list[list[list[Any]]]) -> float:
     """Seconds a step takes at least: the busiest stage's compute stream over the step (its
     passes as the simulation builds them, host-bound stretches included, every collective
     free) plus the pipeline's fill and drain of (PP - 1) chunks of the lightest stage (the
     interleaved schedule's bubble when stages are even), plus the optimizer step. The
-    simulated step adds communication to that."""
-    from sim.training.step import StepModel
-
-    model = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _FreeComm())
-    progs, _ = model.stage_programs()
-    lay = p.layout
+    simulated step adds communication to that. `model`: a step model whose collectives are
+    free (`_FreeComm`); `works`: its chunk works."""
+    progs, _ = model.stage_programs(works)
+    lay = model.lay
     per_stage = [
         sum(
             ph.seconds
@@ -270,13 +268,14 @@ def plan(
         if c.tp > p.topo.gpus_per_node:
             pruned["invalid"] = pruned.get("invalid", 0) + 1
             continue
-        model = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm)
+        # collectives free: memory needs none, and the bound leaves them out
+        model = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _FreeComm())
         works = model.chunk_work()
         mem = step_memory(model, works)
         if not mem.fits and c != given:
             pruned["memory"] = pruned.get("memory", 0) + 1
             continue
-        feasible.append((lower_bound(p), c, recipe))
+        feasible.append((lower_bound(model, works), c, recipe))
     if not space:
         g = {**GRID, **(grid or {})}
         raise ConfigError(
@@ -298,6 +297,7 @@ def plan(
         i = 0
         while i < len(feasible):
             chunk: list[tuple[Request, Candidate, Recipe]] = []
+            bounds: list[float] = []
             while i < len(feasible) and len(chunk) < batch:
                 bound, c, recipe = feasible[i]
                 i += 1
@@ -305,10 +305,11 @@ def plan(
                     pruned["bound"] = pruned.get("bound", 0) + 1
                     continue
                 chunk.append((req, c, recipe))
+                bounds.append(bound)
             jobs = pool.map(_evaluate, chunk) if pool else map(_evaluate, chunk)
-            for (_, c, _), rec in zip(chunk, jobs):
+            for (_, c, _), bound, rec in zip(chunk, bounds, jobs):
                 out.simulated += 1
-                rec["lower_bound_s"] = next(b for b, cc, _ in feasible if cc == c)
+                rec["lower_bound_s"] = bound
                 rec["_candidate"] = c
                 done.append(rec)
                 if rec.get("predicted_step_s"):

@@ -14,7 +14,7 @@ import csv
 import functools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -215,16 +215,16 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
         run.model, run.system, run.precision, str(run.columns.get("release", "")).strip()
     )
     if "w/o mtp" in run.variant.lower():
-        arch = _with(arch, mtp=0)
+        arch = replace(arch, mtp=0)
     elif recipe.mtp is not None:
-        arch = _with(arch, mtp=recipe.mtp)
+        arch = replace(arch, mtp=recipe.mtp)
     lay = run.layout
     if arch.moe and arch.experts % lay.ep:
         raise ConfigError(f"{run.where}: ep: {lay.ep} does not divide the {arch.experts} experts")
     if not arch.moe and lay.ep > 1:
         raise ConfigError(f"{run.where}: ep: {lay.ep} for the dense model {run.model}")
     if recipe.etp != lay.etp:
-        lay = Layout(**{**_fields(lay), "etp": recipe.etp})
+        lay = replace(lay, etp=recipe.etp)  # checked again by Layout
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
     probe = _topology(preset, 1)
     spec = probe.gpu
@@ -279,25 +279,11 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
     }
 
 
-def _fields(lay: Layout) -> dict[str, Any]:
-    from dataclasses import asdict
-
-    return asdict(lay)
-
-
-def _with(arch: Any, **kw: Any) -> Any:
-    from dataclasses import replace
-
-    return replace(arch, **kw)
-
-
 def predict_one(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
     """One row (its 1-based number, its columns): its columns plus the predictions and the
     error, or its reason."""
     i, cols = item
-    if cols.get("_kernels"):  # a worker process: the parent's measured kernels
-        KERNELS.update(cols["_kernels"])
-    rec: dict[str, Any] = {k: v for k, v in cols.items() if k not in ("_row", "_kernels")}
+    rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
     try:
         run = parse_row(rec, int(cols.get("_row", i)))
         rec.update(predict_run(run))
@@ -320,12 +306,15 @@ def predict_rows(
     `gpu.kernels` per system (`load_kernels`), over the presets'."""
     KERNELS.clear()
     KERNELS.update(kernels or {})
-    items = [(i, {**r, "_kernels": kernels} if kernels else r) for i, r in enumerate(rows, 1)]
+    items = list(enumerate(rows, start=1))
     out: list[dict[str, Any]] = []
     if workers > 1 and len(items) > 1:
         from concurrent.futures import ProcessPoolExecutor
 
-        with ProcessPoolExecutor(min(workers, len(items))) as pool:
+        pool = ProcessPoolExecutor(
+            min(workers, len(items)), initializer=KERNELS.update, initargs=(kernels or {},)
+        )
+        with pool:
             for rec in pool.map(predict_one, items):
                 out.append(rec)
                 if progress is not None:

@@ -201,24 +201,21 @@ class StepModel:
                 if c is None:
                     continue
                 kind = (c.bwd_kind or c.kind) if backward else c.kind
-                sec = self.comm.seconds(kind, c.dim, c.bytes * (2 if backward else 1))
+                nbytes = c.bytes * (2 if backward else 1)
                 if c.dim == "cp":  # per ring step, beside the attention kernel of that step
                     steps = self.lay.cp - 1
-                    step_s = (
-                        self.comm.seconds("send", "cp", c.bytes * (2 if backward else 1) / steps)
-                        * steps
-                    )
+                    step_s = self.comm.seconds("send", "cp", nbytes / steps) * steps
                     attn = self.gpu.seconds(
                         next(w for w in lw.work if w.name == "core_attn"), backward
                     )
                     sec = max(0.0, step_s - attn)
                     self.totals["cp_comm_s"] += sec
-                elif self.r.tp_comm_overlap:
-                    # split into TP chunks, each beside the GEMM of the one before: the first
-                    # chunk's transfer is exposed (Wang et al., ASPLOS'23 decomposition)
-                    sec /= self.lay.tp
-                    self.totals["tp_comm_s"] += sec
                 else:
+                    sec = self.comm.seconds(kind, c.dim, nbytes)
+                    if self.r.tp_comm_overlap:
+                        # split into TP chunks, each beside the GEMM of the one before: the
+                        # first chunk's transfer is exposed (Wang et al., ASPLOS'23)
+                        sec /= self.lay.tp
                     self.totals["tp_comm_s"] += sec
                 t += sec
             out.append(
@@ -283,8 +280,12 @@ class StepModel:
             rs += self.comm.seconds("reduce_scatter", "edp", expert * r.grad_reduce_bytes)
         return ag, rs
 
-    def stage_programs(self) -> tuple[list[StagePrograms], list[list[list[LayerWork]]]]:
-        works = self.chunk_work()
+    def stage_programs(
+        self, works: list[list[list[LayerWork]]] | None = None
+    ) -> tuple[list[StagePrograms], list[list[list[LayerWork]]]]:
+        """Per stage, the phases of its passes and its layers' DP collectives; `works`: the
+        chunks' layer works if the caller built them already (`chunk_work`)."""
+        works = works if works is not None else self.chunk_work()
         progs = []
         for s in range(self.lay.pp):
             fwd, bwd, gather, reduce = [], [], [], []
