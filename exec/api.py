@@ -200,13 +200,16 @@ def check_layer(
     seed: int = 0,
     torchrun: bool = False,
     resolution: Resolution | None = None,
+    record_routing: str | None = None,
 ) -> LayerCheck | None:
     """Run the real MoE layer of the config's strategy (or of a graph built by
     sim.strategies, whose meta carries its layer and strategy) forward and backward, and
     compare outputs and gradients with the reference. None on ranks other than 0 under
     torchrun. A config's `auto` parameters run as `resolution` (`load_graph`) resolved
     them; under a routing model the gate reproduces the simulator's token counts and the
-    report compares them and the all-to-allv splits with the simulator's graph."""
+    report compares them and the all-to-allv splits with the simulator's graph.
+    `record_routing`: a router map file (`sim.workload.routing.replay`) to write the real
+    gate's choices to, for `{kind: replay}` runs."""
     from dataclasses import replace
 
     from exec.errors import ExecError
@@ -246,6 +249,11 @@ def check_layer(
     if resolution is not None and resolution.notes:
         resolved["notes"] = resolution.notes
     if needs_layouts(name, params, spec):  # sliced experts, TP groups: the gate's own routing
+        if record_routing is not None:
+            raise ExecError(
+                f"--record-routing: {name}'s layout runs the reference layer, whose gate is "
+                "not the one the strategy runs; record with another strategy"
+            )
         spec = replace(spec, demand=None)
         report = _check_layout(spec, name, params, nprocs, backend, timeout_s, torchrun)
         return None if report is None else LayerCheck(report | resolved, spec, layout=True)
@@ -255,6 +263,9 @@ def check_layer(
     )
     if report is None:
         return None
+    if record_routing is not None:
+        _record_routing(record_routing, report["_ranks"], spec)
+        report["recorded_routing"] = record_routing
     if spec.demand is not None:
         from exec.layers.split_check import compare
         from sim.workload.gate_plan import plan
@@ -266,6 +277,17 @@ def check_layer(
         report["equal"] = report["equal"] and (routing["matches"] or not routing["realisable"])
     report.pop("_ranks", None)
     return LayerCheck(report | resolved, spec, layout=False)
+
+
+def _record_routing(path: str, ranks: list[dict[str, Any]], spec: Any) -> None:
+    """The sequential run's gate choices of every rank as a one-step, one-layer router map."""
+    import numpy as np
+
+    from sim.workload.routing.replay import counts_from_choices, write
+
+    choices = np.stack([r["variants"]["sequential"]["expert"] for r in ranks])  # [P, T, k]
+    counts = counts_from_choices(choices, spec.experts)[None, None]
+    write(path, counts, experts=spec.experts, top_k=spec.top_k, tokens=spec.tokens)
 
 
 def _check_layout(

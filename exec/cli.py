@@ -165,6 +165,12 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         help="run the real MoE layer with the config's strategy and compare it to sequential",
     )
     e.add_argument("--seed", type=int, default=0, help="seed of the real layer's data (--moe)")
+    e.add_argument(
+        "--record-routing",
+        metavar="FILE.npz",
+        help="with --moe: write the real gate's choices as a router map, replayable with "
+        "model.routing {kind: replay, file: FILE.npz}",
+    )
     e.add_argument("--strategy", help="override strategy.name (a run config only)")
     e.add_argument(
         "--param",
@@ -199,6 +205,12 @@ def cmd_exec(a: argparse.Namespace) -> int:
         raise ExecError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
+    if a.record_routing is not None:
+        if not a.moe:
+            raise ExecError("--record-routing records the real gate: it needs --moe")
+        from sim.core.io import check_output_file
+
+        check_output_file(a.record_routing, "--record-routing")
     graph, cfg, res = api.load_graph(a.graph, nprocs, a.strategy, a.param)
     where = a.out or (cfg.output.get("dir") if cfg is not None else None)
     if where is None and not a.moe:  # a measurement is kept, and only where asked for
@@ -206,7 +218,15 @@ def cmd_exec(a: argparse.Namespace) -> int:
     out = Path(where or ".")
     if a.moe:
         check = api.check_layer(
-            graph, cfg, nprocs, a.backend, a.timeout, a.seed, torchrun, resolution=res
+            graph,
+            cfg,
+            nprocs,
+            a.backend,
+            a.timeout,
+            a.seed,
+            torchrun,
+            resolution=res,
+            record_routing=a.record_routing,
         )
         if check is None:  # not rank 0 under torchrun: rank 0 prints
             return 0

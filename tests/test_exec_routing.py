@@ -4,6 +4,8 @@ are the simulator's choices on the config's cluster; every strategy still equals
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 import yaml
@@ -241,3 +243,43 @@ def test_a_routing_no_gate_can_make_is_reported(capsys):
     out = capsys.readouterr().out
     assert "DIFFERENT from the simulator's" in out and "no top-k routing" in out
     assert g.differences()[0] in out and "8 checked, 1 DIFFERENT" in out
+
+
+def test_dropless_log_normal_routing_runs_for_real_and_records_a_replayable_map(tmp_path, capsys):
+    """The real gate follows a log-normal dropless routing (nothing dropped, the simulator's
+    splits sent), and `--record-routing` writes the choices as a map `replay` reads back."""
+    from sim.cli import main
+    from sim.config import RunConfig
+
+    cfg = {
+        "topology": "dgx-a100",
+        "model": {
+            "batch": 1,
+            "seq_len": 64,
+            "model_dim": 16,
+            "hidden_dim": 24,
+            "experts_per_gpu": 2,
+            "top_k": 2,
+            "dtype": "fp32",
+            "dropless": True,
+            "routing": {"kind": "lognormal", "gpu": {"max_mean": 1.5}, "seed": 4},
+        },
+        "strategy": {"name": "pipelined", "degree": 2, "order": "two_streams"},
+        "costs": {"compute": "alpha_beta", "network": "collective"},
+        "passes": ["fwd", "bwd"],
+    }
+    path = tmp_path / "moe.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    rmap = tmp_path / "routing.npz"
+    args = ["exec", str(path), "--nprocs", "2", "--moe", "--json", "--record-routing", str(rmap)]
+    rc = main(args)
+    out, err = capsys.readouterr()
+    assert rc == 0, err
+    report = json.loads(out)
+    assert report["dropped_choices"] == 0 and report["equal"]
+    assert report["routing"]["kept_equal_simulator"] and report["routing"]["matches"]
+    layer = RunConfig.load(path).layer(2)
+    cfg["model"]["routing"] = {"kind": "replay", "file": str(rmap)}
+    path.write_text(yaml.safe_dump(cfg))
+    replayed = RunConfig.load(path).layer(2)
+    assert (replayed.routed_matrix == layer.routed_matrix).all()

@@ -65,6 +65,7 @@ class MoESpec:
     seed: int = 0
     # per rank, choices per expert the gate makes (sim.workload.gate_plan); None: the gate's own
     demand: tuple[tuple[int, ...], ...] | None = None
+    dropless: bool = False  # every choice kept: C is the largest demand (T under the gate's own)
 
     def __post_init__(self) -> None:
         check_sizes(
@@ -106,6 +107,7 @@ class MoESpec:
             activation,
             seed,
             demand,
+            layer.dropless,
         )
 
     @property
@@ -114,8 +116,14 @@ class MoESpec:
 
     @property
     def capacity(self) -> int:
-        """C, as sim.workload.moe.MoELayer.capacity: slots per (rank, expert)."""
-        return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
+        """C, as sim.workload.moe.MoELayer.capacity: slots per (rank, expert). Dropless: the
+        largest demand, or under the gate's own choices T (an expert gets each token once at
+        most), so that nothing is dropped whatever the gate picks."""
+        if not self.dropless:
+            return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
+        if self.demand is None:
+            return self.tokens
+        return max(1, max(max(row) for row in self.demand))
 
 
 # -- seeded data ------------------------------------------------------------------------------

@@ -36,4 +36,5 @@ def sim_layer(spec: MoESpec) -> MoELayer:
         top_k=spec.top_k,
         capacity_factor=spec.capacity_factor,
         dtype="fp32",
+        dropless=spec.dropless,
     )

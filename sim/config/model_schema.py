@@ -22,20 +22,54 @@ MAX_EXPERTS = 2**20
 Dim = Annotated[int, Field(gt=0, le=MAX_DIM)]
 
 
-class RoutingSpec(Strict):
-    """`{kind: uniform}`, `{kind: zipf, s, seed}` or `{kind: matrix, tokens | file}`; a bare
-    string is its kind."""
+class ImbalanceTarget(Strict):
+    """One level's imbalance in a log-normal routing: exactly one measure."""
 
-    kind: Literal["uniform", "zipf", "matrix"] = Field(
+    max_mean: Annotated[float, Field(ge=1, le=MAX_EXPERTS, allow_inf_nan=False)] | None = Field(
+        None, description="the hottest load over the mean (UltraEP: 1.30-4.01 per rank)"
+    )
+    gini: Annotated[float, Field(ge=0, lt=1, allow_inf_nan=False)] | None = Field(
+        None, description="Gini coefficient of the loads (DODOCO: 0.105-0.38 per expert)"
+    )
+    sigma: Annotated[float, Field(ge=0, le=20, allow_inf_nan=False)] | None = Field(
+        None, description="the log-normal's sigma itself"
+    )
+
+    @model_validator(mode="after")
+    def _one(self) -> ImbalanceTarget:
+        if sum(v is not None for v in (self.max_mean, self.gini, self.sigma)) != 1:
+            raise ValueError("give exactly one of max_mean, gini, sigma")
+        return self
+
+
+ROUTING_FIELDS = {
+    "uniform": set(),
+    "zipf": {"s", "seed"},
+    "matrix": {"tokens", "file"},
+    "lognormal": {"node", "gpu", "expert", "gpus_per_node", "seed", "layer", "step", "drift"},
+    "imbalance": {"workload", "seed", "step"},
+    "replay": {"file", "step", "layer"},
+}
+Index = Annotated[int, Field(ge=0, lt=2**31)]
+
+
+class RoutingSpec(Strict):
+    """`{kind: uniform}`, `{kind: zipf, s, seed}`, `{kind: matrix, tokens | file}`,
+    `{kind: lognormal, node | gpu | expert, ...}`, `{kind: imbalance, workload, ...}` or
+    `{kind: replay, file, step, layer}`; a bare string is its kind (`sim.workload.routing`)."""
+
+    kind: Literal["uniform", "zipf", "matrix", "lognormal", "imbalance", "replay"] = Field(
         description="uniform: every (GPU, expert) capacity slot full, the padded buffer "
         "exchanged; zipf: a seeded Zipf(s) popularity over experts, only routed tokens move "
-        "(all-to-allv); matrix: the tokens each GPU sends to each expert, given"
+        "(all-to-allv); matrix: the tokens each GPU sends to each expert, given; lognormal: "
+        "log-normal loads with a target imbalance per node, GPU and expert; imbalance: one "
+        "of NVIDIA's token-imbalance workloads W0-W7; replay: a recorded router map (.npz)"
     )
     s: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = Field(
         None, description="zipf: the exponent (0: equal popularity; larger: more skew); default 1.2"
     )
     seed: Annotated[int, Field(ge=0, lt=2**63)] | None = Field(
-        None, description="zipf: seed of the popularity order and the draws; default 0"
+        None, description="zipf, lognormal, imbalance: seed of the draws; default 0"
     )
     tokens: list[list[Annotated[float, Field(ge=0, le=MAX_TOKENS_ENTRY)]]] | None = Field(
         None,
@@ -45,18 +79,57 @@ class RoutingSpec(Strict):
     file: Annotated[str, Field(min_length=1)] | None = Field(
         None,
         description="matrix: a CSV, .npy or JSON file holding that matrix (e.g. counts taken "
-        "from a trace)",
+        "from a trace); replay: a router map .npz (counts [steps, layers, P, E] or choices "
+        "[steps, layers, P, T, k])",
+    )
+    node: ImbalanceTarget | None = Field(
+        None, description="lognormal: imbalance of the loads per node (of gpus_per_node GPUs)"
+    )
+    gpu: ImbalanceTarget | None = Field(
+        None,
+        description="lognormal: imbalance of the loads per GPU, among a node's GPUs when node "
+        "is given, else among all GPUs",
+    )
+    expert: ImbalanceTarget | None = Field(
+        None,
+        description="lognormal: imbalance of the loads per expert, among a GPU's experts when "
+        "gpu is given (a node's when only node is), else among all experts",
+    )
+    gpus_per_node: Annotated[int, Field(gt=0, le=MAX_EXPERTS)] | None = Field(
+        None, description="lognormal: GPUs per node of the node level; default 8"
+    )
+    layer: Index | None = Field(
+        None, description="lognormal: the layer, folded into the seed; replay: the map's layer"
+    )
+    step: Index | None = Field(
+        None,
+        description="lognormal, imbalance: the training step, folded into the seed (with "
+        "drift); replay: the map's step",
+    )
+    drift: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] | None = Field(
+        None,
+        description="lognormal: share of the hot-expert order renewed per step (1: drawn "
+        "afresh each step, the default; 0: fixed)",
+    )
+    workload: Literal["W0", "W1", "W2", "W3", "W4", "W5", "W6", "W7"] | None = Field(
+        None, description="imbalance: the workload (NVIDIA/Megatron-LM PR #7488's W0-W7)"
     )
 
     @model_validator(mode="after")
     def _fields_of_kind(self) -> RoutingSpec:
-        allowed = {"uniform": set(), "zipf": {"s", "seed"}, "matrix": {"tokens", "file"}}
-        given = {k for k in ("s", "seed", "tokens", "file") if getattr(self, k) is not None}
-        extra = sorted(given - allowed[self.kind])
+        allowed = ROUTING_FIELDS[self.kind]
+        given = {k for k in self.model_fields_set if k != "kind" and getattr(self, k) is not None}
+        extra = sorted(given - allowed)
         if extra:
             raise ValueError(f"{extra} do not apply to routing kind {self.kind!r}")
         if self.kind == "matrix" and len(given) != 1:
             raise ValueError("a matrix needs exactly one of 'tokens' or 'file'")
+        if self.kind == "replay" and self.file is None:
+            raise ValueError("a replay needs the router map's 'file'")
+        if self.kind == "imbalance" and self.workload is None:
+            raise ValueError("an imbalance routing needs its 'workload' (W0-W7)")
+        if self.kind == "lognormal" and not given & {"node", "gpu", "expert"}:
+            raise ValueError("lognormal needs a target for at least one of node, gpu, expert")
         return self
 
 
@@ -161,10 +234,17 @@ class ModelSpec(Strict):
         description="element type of the layer's tensors: its bytes per element and the GPU's "
         "peak FLOP/s for it",
     )
+    dropless: bool = Field(
+        False,
+        description="keep every choice (Megatron-Core, DeepSpeed, DeepSeek): the capacity "
+        "follows the loads, nothing is dropped, the hottest GPU sets the pace; "
+        "capacity_factor then does not apply",
+    )
     routing: Annotated[RoutingSpec, BeforeValidator(_kind_only)] | None = Field(
         None,
-        description="which tokens go to which expert: {kind: uniform} (the default), {kind: "
-        "zipf, s, seed} or {kind: matrix, tokens | file}; a bare string is the kind",
+        description="which tokens go to which expert: {kind: uniform} (the default), zipf, "
+        "matrix, lognormal, imbalance (W0-W7) or replay (sim.workload.routing); a bare "
+        "string is the kind",
     )
     blocks: BlocksSpec | None = Field(
         None,
@@ -176,4 +256,6 @@ class ModelSpec(Strict):
     def _experts_once(self) -> ModelSpec:
         if (self.experts is None) == (self.experts_per_gpu is None):
             raise ValueError("give 'experts' (in total) or 'experts_per_gpu', exactly one")
+        if self.dropless and "capacity_factor" in self.model_fields_set:
+            raise ValueError("capacity_factor does not apply to a dropless layer (dropless: true)")
         return self

@@ -225,7 +225,9 @@ def _account(
         moe_layers = len(blocks.moe_blocks) if blocks is not None else 1
     # TED's TP groups lie inside the MoE layer: each of its EP groups holds all E experts
     copies = int(tp) if strat.layout_tp else 1
-    meta["tokens_per_layer"] = token_counts(layer, dropless=strat.dropless, shared_by=int(tp))
+    meta["tokens_per_layer"] = token_counts(
+        layer, dropless=strat.dropless or layer.dropless, shared_by=int(tp)
+    )
     meta["model_states"] = model_states(layer, passes, moe_layers, copies)
     meta["params"] = resolved_params(full, meta)
     return graph

@@ -12,7 +12,8 @@ routing then drops tokens and its experts compute less, so its makespan is not f
 work as a uniform one's. Uniform routing spreads each GPU's k*T choices evenly (k*T/E per
 expert); its exchanges move the padded [E, C, M] buffers (`capacity_slots` per layer).
 Dropless strategies (DeepEP's kernels, Megatron-Core's dispatchers, DualPipe's chunks built
-from them) compute every choice: nothing is dropped. Ranks that share their tokens
+from them) compute every choice: nothing is dropped; so does any strategy on a layer with
+`dropless: true` (its capacity is the largest count). Ranks that share their tokens
 (tensor-parallel replicas: TED's `tp`, Parm's MP groups) gate them once; the counts take one
 rank of each such group.
 
@@ -61,6 +62,7 @@ def token_counts(layer: MoELayer, dropless: bool = False, shared_by: int = 1) ->
         routed = int(np.asarray(layer.routed_matrix)[::step].sum())
         kept = int(np.asarray(layer.tokens_matrix)[::step].sum())
     return {
+        **imbalance(layer, dropless, step),
         "routed": int(routed),
         "kept": int(kept),
         "dropped": int(routed - kept),
@@ -71,6 +73,24 @@ def token_counts(layer: MoELayer, dropless: bool = False, shared_by: int = 1) ->
         "routing": str(layer.routing.get("kind")),
         "gpus": int(gpus),
         "scope": "one MoE layer over its expert-parallel GPUs, one micro-batch",
+    }
+
+
+def imbalance(layer: MoELayer, dropless: bool, step: int = 1) -> dict[str, float]:
+    """How unevenly the kept choices load the receivers: max/mean of the rows each GPU's
+    experts compute (the hot GPU sets the pace of an expert-parallel layer) and the Gini
+    of the per-expert loads (`sim.workload.routing.loads`); 1 and 0 for uniform routing."""
+    from sim.workload.routing.loads import gini, max_mean
+
+    if layer.uniform:
+        return {"gpu_load_max_mean": 1.0, "expert_load_gini": 0.0}
+    m = layer.routed_matrix if dropless else layer.tokens_matrix
+    per_expert = np.asarray(m)[::step].sum(axis=0).astype(float)
+    El = layer.local_experts
+    per_gpu = per_expert.reshape(layer.world, El).sum(axis=1) if El else per_expert
+    return {
+        "gpu_load_max_mean": round(max_mean(per_gpu), 6),
+        "expert_load_gini": round(gini(per_expert), 6),
     }
 
 

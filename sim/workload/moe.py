@@ -5,13 +5,17 @@ model dim M, expert hidden dim H, E experts in total over P GPUs (E/P local expe
 gating with capacity factor f, so each expert takes at most C = ceil(k*f*T/E) tokens from each
 GPU (GShard/Switch token dropping).
 
-Routing models:
+Routing models (`sim.workload.routing`):
 - uniform: every (GPU, expert) buffer is full; the all-to-all moves the padded [E, C, M]
   buffer (Tutel/DeepSpeed style), so all peers exchange equal bytes.
-- zipf: a seeded Zipf(s) popularity over experts; each GPU's k*T assignments are drawn from
-  it, capped at C per expert (drops), and only real tokens move (all-to-allv).
-- matrix: tokens[p][e] given inline (`tokens:`) or as a CSV / .npy / JSON file (`file:`,
-  e.g. counts taken from a trace), capped at C.
+- zipf, lognormal, imbalance (W0-W7), replay (a recorded router map), matrix (tokens[p][e]
+  given inline or as a CSV / .npy / JSON file): per-(GPU, expert) choices; only real tokens
+  move (all-to-allv) and each GPU's experts compute the rows they receive.
+
+Capacity. A capacity-bound layer keeps at most C per (GPU, expert) and drops the rest. A
+dropless layer (`dropless: true`, as Megatron-Core, DeepSpeed and DeepSeek train) keeps
+every choice: C becomes the largest count, so buffers, all-to-allv splits and expert GEMM
+rows follow the loads and the hottest GPU sets the pace.
 """
 
 from __future__ import annotations
@@ -27,8 +31,9 @@ import numpy as np
 
 from sim.core.errors import ConfigError
 from sim.hardware.costs.compute import DTYPE_BYTES
+from sim.workload.routing import KINDS, routed
 
-ROUTING_KINDS = ("uniform", "zipf", "matrix")
+ROUTING_KINDS = KINDS
 
 
 def expert_capacity(tokens: int, experts: int, top_k: int, capacity_factor: float) -> int:
@@ -67,6 +72,7 @@ class MoELayer:
     capacity_factor: float = 1.0
     dtype: str = "bf16"
     routing: dict[str, Any] = field(default_factory=lambda: {"kind": "uniform"})
+    dropless: bool = False  # keep every choice: capacity follows the loads (module doc)
 
     def __post_init__(self) -> None:
         check_sizes(
@@ -89,6 +95,8 @@ class MoELayer:
             raise ConfigError(
                 f"model.dtype: expected one of {sorted(DTYPE_BYTES)}, got {self.dtype!r}"
             )
+        if not isinstance(self.dropless, bool):
+            raise ConfigError(f"model.dropless: expected true or false, got {self.dropless!r}")
         kind = self.routing.get("kind")
         if kind not in ROUTING_KINDS:
             raise ConfigError(f"model.routing.kind: expected one of {ROUTING_KINDS}, got {kind!r}")
@@ -110,7 +118,11 @@ class MoELayer:
 
     @property
     def capacity(self) -> int:
-        return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
+        if not self.dropless:
+            return expert_capacity(self.tokens, self.experts, self.top_k, self.capacity_factor)
+        if self.uniform:  # k*T/E choices per expert, rounded up
+            return expert_capacity(self.tokens, self.experts, self.top_k, 1.0)
+        return max(1, int(self.routed_matrix.max()))
 
     @property
     def elem(self) -> float:
@@ -129,11 +141,12 @@ class MoELayer:
     def routed_matrix(self) -> np.ndarray:
         """[P, E] choices GPU p's gate makes for expert e, before capacity dropping (those
         beyond C are dropped); uniform routing has no gate of its own: every buffer full."""
-        P, E, C = self.world, self.experts, self.capacity
         kind = self.routing["kind"]
         if kind == "uniform":
-            return np.full((P, E), C, dtype=np.int64)
+            C = self.capacity
+            return np.full((self.world, self.experts), C, dtype=np.int64)
         if kind == "matrix":
+            P, E = self.world, self.experts
             m = _load_matrix(self.routing)
             if m.shape != (P, E) or (m < 0).any():
                 raise ConfigError(
@@ -141,21 +154,7 @@ class MoELayer:
                     f"got shape {m.shape}"
                 )
             return m.astype(np.int64)
-        unknown = set(self.routing) - {"kind", "s", "seed"}
-        if unknown:
-            raise ConfigError(f"model.routing: unknown field(s) {sorted(unknown)} for zipf")
-        try:
-            s = float(self.routing.get("s", 1.2))
-            seed = int(self.routing.get("seed", 0))
-        except (TypeError, ValueError):
-            raise ConfigError("model.routing: 's' must be a number and 'seed' an integer") from None
-        if s < 0:
-            raise ConfigError(f"model.routing.s: Zipf exponent must be >= 0, got {s}")
-        rng = np.random.default_rng(seed)
-        popularity = 1.0 / np.arange(1, E + 1) ** s
-        popularity = popularity[rng.permutation(E)]
-        popularity /= popularity.sum()
-        return rng.multinomial(self.top_k * self.tokens, popularity, size=P).astype(np.int64)
+        return routed(self.routing, self.world, self.experts, self.tokens, self.top_k)
 
     def chunk_tokens(self, degree: int) -> np.ndarray:
         """[r, P, E] tokens per capacity chunk: chunk j holds capacity slots [jC/r, (j+1)C/r)."""

@@ -6,8 +6,9 @@ forwarder's NVLink copy, or a direct NVLink copy inside the sender's node); comb
 one reduced row per (token, GPU) to the forwarder and one per (token, node) over RDMA.
 
 Expected counts per source GPU p come from the probability that one of a token's k choices
-lands on expert e, q[p, e]: uniform routing gives 1/E; a Zipf or matrix routing gives the row
-of its token matrix normalised (choices are taken as independent draws, so the dedup of a
+lands on expert e, q[p, e]: uniform routing gives 1/E; any other routing gives the row of
+its choices (`MoELayer.routed_matrix`: these kernels are dropless, no capacity applies)
+normalised (choices are taken as independent draws, so the dedup of a
 skewed row is estimated, not counted per token). Then a node n is hit with probability
 1 - (1 - h)^k (h: the node's share of q), i.e. N(1 - (1 - 1/N)^k) nodes per token for
 uniform routing; node-limited routing (`max_nodes` M) scales the node probabilities so that
@@ -63,7 +64,7 @@ def choice_probs(layer: MoELayer) -> np.ndarray:
     P, E = layer.world, layer.experts
     if layer.uniform:
         return np.full((P, E), 1.0 / E)
-    t = layer.tokens_matrix.astype(float)
+    t = layer.routed_matrix.astype(float)
     tot = t.sum(axis=1, keepdims=True)
     return np.divide(t, tot, out=np.full_like(t, 1.0 / E), where=tot > 0)
 

@@ -27,7 +27,7 @@ before deciding.
 
 Token counts come from the layer's routing (`MoELayer.tokens_matrix`): FasterMoE drops no
 tokens, so skewed routing shows its load imbalance when the capacity C is at least the
-largest per-(rank, expert) count (e.g. capacity_factor = E / top_k makes C = T).
+largest per-(rank, expert) count: `model.dropless: true` makes it so.
 """
 
 from __future__ import annotations

@@ -145,7 +145,10 @@ def volumes(layer: MoELayer, deg: Degrees, schedule: str) -> Volumes:
                 f"{deg.mp} MP ranks (need a multiple of {deg.mp})"
             )
         tokens = T // deg.mp
-        cap = full = expert_capacity(tokens, E, layer.top_k, layer.capacity_factor)
+        if layer.dropless:  # padded to the hottest count, of T/mp tokens each (an even split)
+            cap = full = -(-C // deg.mp)
+        else:
+            cap = full = expert_capacity(tokens, E, layer.top_k, layer.capacity_factor)
     elif schedule == "s2":
         tokens, full = T, aligned(C, deg.mp)
         cap = full // deg.mp
