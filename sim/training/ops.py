@@ -99,8 +99,11 @@ class LayerWork:
 
 
 class _Builder:
-    def __init__(self, a: Architecture, lay: Layout, prec: Precision):
+    def __init__(self, a: Architecture, lay: Layout, prec: Precision, imbalance: float = 1.0):
         self.a, self.lay, self.p = a, lay, prec
+        # the hottest GPU's routed rows over the mean (1: balanced routing): every all-to-all
+        # of an EP group waits for it, so its rows set the pace of the MoE part
+        self.imbalance = imbalance
         self.T = lay.mbs * lay.seq // lay.cp  # tokens of this GPU's attention
         self.Ts = self.T // lay.tp if lay.tp > 1 else self.T  # sequence-parallel shard
         self.out = LayerWork(-1)
@@ -272,7 +275,8 @@ class _Builder:
         )
         # softmax / top-k and the load-balancing and z losses
         self.mem("topk", 4.0 * 4 * Ts * E, "moe_router", launches=10, saved=4.0 * Ts * E)
-        routed = Ts * a.top_k  # token copies this GPU dispatches (and, balanced, receives)
+        # token copies this GPU dispatches; the hot GPU receives `imbalance` times as many
+        routed = Ts * a.top_k * self.imbalance
         # the permutation and the dispatcher's preprocessing (counts per expert and per rank)
         self.mem("permute", 2 * ACT * routed * h, "moe_preprocess", launches=12, saved=0.0)
         # Megatron-Core dispatches bf16 hidden states whatever the GEMM dtype (its dispatchers
@@ -296,9 +300,12 @@ class _Builder:
         self.mem("residual2", 3 * ACT * Ts * h, "moe", saved=0.0)
 
 
-def layer_work(a: Architecture, lay: Layout, prec: Precision, layer: int) -> LayerWork:
-    """One transformer layer's forward on one GPU for one micro-batch."""
-    b = _Builder(a, lay, prec)
+def layer_work(
+    a: Architecture, lay: Layout, prec: Precision, layer: int, imbalance: float = 1.0
+) -> LayerWork:
+    """One transformer layer's forward on one GPU for one micro-batch; `imbalance`: the
+    hottest GPU's routed rows over the mean (its MoE part is what the layer waits for)."""
+    b = _Builder(a, lay, prec, imbalance)
     b.out.layer = layer
     b.attention(layer)
     b.mlp(layer)
@@ -326,7 +333,9 @@ def head_work(a: Architecture, lay: Layout) -> LayerWork:
     return b.out
 
 
-def mtp_work(a: Architecture, lay: Layout, prec: Precision) -> list[LayerWork]:
+def mtp_work(
+    a: Architecture, lay: Layout, prec: Precision, imbalance: float = 1.0
+) -> list[LayerWork]:
     """DeepSeek-V3's multi-token prediction module (arXiv 2412.19437 Sec. 2.2), per depth:
     two norms, a projection of the concatenated 2h to h, one transformer block (as the last
     layer) and its own pass through the shared LM head."""
@@ -336,7 +345,7 @@ def mtp_work(a: Architecture, lay: Layout, prec: Precision) -> list[LayerWork]:
         b.mem("mtp.norms", 2 * 2 * ACT * b.Ts * a.hidden, "layernorm", launches=2)
         b.linear("mtp.proj", b.T, 2 * a.hidden, a.hidden // lay.tp, "mtp", quantize=False)
         pre = b.out
-        blk = layer_work(a, lay, prec, a.layers - 1)
+        blk = layer_work(a, lay, prec, a.layers - 1, imbalance)
         pre.work += blk.work
         pre.comm += blk.comm
         pre.moe = blk.moe

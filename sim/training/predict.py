@@ -78,6 +78,7 @@ class Run:
     layout: Layout
     variant: str = ""
     columns: dict[str, Any] = field(default_factory=dict)
+    imbalance: float = 1.0  # `routing_max_mean`: the hottest EP rank's rows over the mean
 
     @property
     def where(self) -> str:
@@ -147,8 +148,30 @@ def parse_row(cols: dict[str, Any], row: int) -> Run:
             f"= {lay.ga}"
         )
     return Run(
-        row, system, model, precision, lay, str(cols.get("variant") or "").strip(), dict(cols)
+        row,
+        system,
+        model,
+        precision,
+        lay,
+        str(cols.get("variant") or "").strip(),
+        dict(cols),
+        _imbalance(cols, where),
     )
+
+
+def _imbalance(cols: dict[str, Any], where: str) -> float:
+    """The optional `routing_max_mean` column: routed rows of the hottest EP rank over the
+    mean (UltraEP, arXiv 2606.04101, measured 1.30-4.01); empty: balanced routing (1)."""
+    raw = str(cols.get("routing_max_mean", "") or "").strip()
+    if raw == "":
+        return 1.0
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not 1.0 <= v <= 1e6:  # nan fails too
+        raise ConfigError(f"{where}: routing_max_mean: expected a number >= 1, got {raw!r}")
+    return v
 
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:
@@ -177,6 +200,7 @@ class Prepared:
     comm: Any
     topo: Any
     costs: Any
+    imbalance: float = 1.0
 
 
 def load_kernels(spec: str) -> tuple[str, dict[str, Any]]:
@@ -223,6 +247,9 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
         raise ConfigError(f"{run.where}: ep: {lay.ep} does not divide the {arch.experts} experts")
     if not arch.moe and lay.ep > 1:
         raise ConfigError(f"{run.where}: ep: {lay.ep} for the dense model {run.model}")
+    if run.imbalance != 1.0 and not (arch.moe and run.imbalance <= lay.ep):
+        bound = f"at most ep = {lay.ep} (all on one rank)" if arch.moe else "1 (a dense model)"
+        raise ConfigError(f"{run.where}: routing_max_mean: {run.imbalance:g}, expected {bound}")
     if recipe.etp != lay.etp:
         lay = replace(lay, etp=recipe.etp)  # checked again by Layout
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
@@ -238,7 +265,9 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     nodes = math.ceil(lay.gpus / (per_domain or probe.gpus_per_node))
     topo = _topology(preset, nodes)
     comm = CommTimer(topo, _costs(topo, "flow"), lay, per_domain)
-    return Prepared(arch, lay, prec, recipe, gpu, comm, topo, _costs(topo, "collective"))
+    return Prepared(
+        arch, lay, prec, recipe, gpu, comm, topo, _costs(topo, "collective"), run.imbalance
+    )
 
 
 @functools.lru_cache(maxsize=16)
@@ -264,7 +293,9 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
 
     p = prepare(run, recipe)
     t0 = time.process_time()
-    res = run_step(p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm, p.topo, p.costs)
+    res = run_step(
+        p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm, p.topo, p.costs, p.imbalance
+    )
     return {
         "predicted_step_s": res.step_s,
         "predicted_tokens_per_s_per_gpu": res.tokens_per_s_per_gpu,

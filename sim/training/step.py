@@ -100,8 +100,10 @@ class StepModel:
         recipe: Recipe,
         gpu: GpuKernels,
         comm: Timer,
+        imbalance: float = 1.0,
     ):
         self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
+        self.imbalance = imbalance  # the hottest EP rank's routed rows over the mean
         self.graphed: set[str] = set()
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
@@ -239,9 +241,9 @@ class StepModel:
                 if x == "E":
                     works.append(embedding_work(a, lay))
                 elif x == "t":
-                    works.append(layer_work(a, lay, self.p, next(todo)))
+                    works.append(layer_work(a, lay, self.p, next(todo), self.imbalance))
                 elif x == "m":
-                    works += mtp_work(a, lay, self.p)
+                    works += mtp_work(a, lay, self.p, self.imbalance)
                 elif x == "L":
                     works.append(head_work(a, lay))
             out[s][c] = works
@@ -347,15 +349,17 @@ def run_step(
     comm: Timer,
     topo: Any,
     costs: Any,
+    imbalance: float = 1.0,
 ) -> StepResult:
-    """Simulate one steady-state step."""
+    """Simulate one steady-state step; `imbalance`: the routing's max/mean routed rows per
+    EP rank (1: balanced; the hot rank's MoE part paces every layer)."""
     from sim.core import limits
     from sim.engine.engine import simulate
 
     # every stage runs GA x VP forward and backward passes: bounded before anything is built
     passes = 2 * lay.ga * lay.vp * lay.pp
     limits.active().check("max_tasks", passes, f"{lay.where}: pipeline passes (2 x ga x vp x pp)")
-    model = StepModel(arch, lay, prec, recipe, gpu, comm)
+    model = StepModel(arch, lay, prec, recipe, gpu, comm, imbalance)
     progs, works = model.stage_programs()
     phases = max(len(p) for prog in progs for p in prog.fwd + prog.bwd)
     limits.active().check(
