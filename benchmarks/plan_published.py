@@ -46,6 +46,7 @@ def published(row: dict[str, str]) -> Candidate:
         ep_overlap=rec.ep_overlap and _int(row["ep"]) > 1,
         recompute=recompute,
         fsdp=_int(row["fsdp"], 0) > 0,
+        dispatcher=rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall",
     )
 
 
@@ -53,6 +54,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", required=True, help="1-based table rows")
     ap.add_argument("--workers", type=int, default=1)
+    ap.add_argument("--scheduler", help="a Dask scheduler address or dask-local")
     a = ap.parse_args()
     rows = read_table(TABLE)
     out, lines = (
@@ -61,7 +63,7 @@ def main() -> None:
             "# `moesim plan` on published runs",
             "",
             f"Machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start; "
-            f"{a.workers} worker(s).",
+            f"{a.workers} worker(s)" + (f" on Dask ({a.scheduler})" if a.scheduler else "") + ".",
             "",
             "| row | run | candidates | simulated | wall s | published layout | its tok/s/GPU | "
             "rank | fits | best | best tok/s/GPU | best ahead by |",
@@ -81,7 +83,7 @@ def main() -> None:
         )
         given = published(r)
         t0 = time.time()
-        p = plan(req, given=given, workers=a.workers)
+        p = plan(req, given=given, workers=a.workers, scheduler=a.scheduler)
         wall = time.time() - t0
         g, best = p.given or {}, (p.candidates[0] if p.candidates else {})
         gt = g.get("predicted_tokens_per_s_per_gpu")
@@ -90,10 +92,13 @@ def main() -> None:
         label = (
             f"TP{given.tp} CP{given.cp} PP{given.pp} VP{given.vp} EP{given.ep} MBS{given.mbs}"
             + (" FSDP" if given.fsdp else "")
+            + (f" {given.dispatcher}" if given.ep > 1 else "")
         )
         best_label = (
             f"TP{best.get('tp')} CP{best.get('cp')} PP{best.get('pp')} VP{best.get('vp')} "
-            f"EP{best.get('ep')} MBS{best.get('mbs')}" + (" FSDP" if best.get("fsdp") else "")
+            f"EP{best.get('ep')} MBS{best.get('mbs')}"
+            + (" FSDP" if best.get("fsdp") else "")
+            + (f" {best.get('dispatcher')}" if int(best.get("ep") or 1) > 1 else "")
         )
         lines.append(
             f"| {n} | {r['release']} {r['system']} {r['model']} {r['precision']} {r['gpus']} GPUs "

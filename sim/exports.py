@@ -250,10 +250,16 @@ def plan(
     precision: str = "BF16",
     layout: str | None = None,
     workers: int = 1,
+    scheduler: Any = None,
+    out: str | None = None,
+    grid: dict | None = None,
 ) -> dict:
     """The fastest layouts of `model` on `gpus` GPUs of `system` (`moesim plan`):
     `{"considered", "simulated", "pruned", "candidates": [...ranked], "given"}`; `layout`
-    ("tp=1,pp=2,vp=12,ep=8,mbs=1", ...) is also scored and ranked."""
+    ("tp=1,pp=2,vp=12,ep=8,mbs=1", ...) is also scored and ranked. `scheduler`: a Dask
+    scheduler address, a `distributed.Client` or "dask-local" (else `workers` local
+    processes); `out`: a folder for the journal (a plan run again resumes) and the files of
+    `--out`; `grid`: the values tried per key (`{"pp": (1, 2), "comm_sms": (16, 24)}`)."""
     from sim.training.plan import Request, parse_layout
     from sim.training.plan import plan as run_plan
 
@@ -261,4 +267,6 @@ def plan(
         raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")
     req = Request(model, system, gpus, gbs, seq_len, str(precision).upper())
     given = parse_layout(layout, "layout") if layout else None
-    return run_plan(req, given=given, workers=workers).as_dict()
+    grid = {k: tuple(v) for k, v in grid.items()} if grid else None
+    p = run_plan(req, given=given, workers=workers, scheduler=scheduler, out=out, grid=grid)
+    return p.as_dict() | {"files": {k: str(v) for k, v in p.files.items()}}

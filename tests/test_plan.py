@@ -96,8 +96,10 @@ def test_layout_option_errors(text, needle):
 
 
 def test_layout_option_parses_every_field():
-    c = parse_layout("tp=2,cp=2,pp=4,vp=3,ep=8,mbs=2,overlap=on,recompute=full,fsdp=on")
-    assert c == Candidate(2, 2, 4, 3, 8, 2, True, "full", True)
+    c = parse_layout(
+        "tp=2,cp=2,pp=4,vp=3,ep=8,mbs=2,overlap=on,recompute=full,fsdp=on,dispatcher=deepep,sms=48"
+    )
+    assert c == Candidate(2, 2, 4, 3, 8, 2, True, "full", True, "deepep", 48)
 
 
 def test_cli_plan_json_and_best_row_for_predict(tmp_path: Path):
@@ -145,3 +147,122 @@ def test_plan_from_python_is_the_cli_plan():
     assert out["candidates"][0]["rank"] == 1 and out["given"]["rank"] >= 1
     with pytest.raises(ConfigError, match="workers: expected an integer >= 1"):
         sim.plan("LLAMA3_8B", "DGX-H100", 8, 16, 4096, workers=0)
+
+
+# -- the MoE choices, resuming, Dask, progress --------------------------------------------
+
+MOE = Request("Qwen3_30B_A3B", "DGX-H100", 8, 16, 4096, "BF16")
+MOE_GRID = {
+    "tp": (1,),
+    "cp": (1,),
+    "pp": (2,),
+    "vp": (1,),
+    "ep": (4,),
+    "mbs": (1,),
+    "recompute": ("full",),
+    "comm_sms": (0, 48),
+}
+KEY = ("tp", "cp", "pp", "vp", "ep", "mbs", "fsdp", "ep_overlap", "dispatcher", "comm_sms")
+
+
+def test_moe_choices_are_searched_and_pruning_keeps_the_optimum():
+    """EP overlap x dispatcher (all-to-all, DeepEP) x DeepEP's SMs: every pair simulated,
+    SMs only for DeepEP; the pruned plan finds the exhaustive optimum."""
+    exhaustive = plan(MOE, grid=MOE_GRID, prune=False)
+    choices = {(c["ep_overlap"], c["dispatcher"], c["comm_sms"]) for c in exhaustive.candidates}
+    assert choices == {
+        (ov, d, sms)
+        for ov in (False, True)
+        for d, sms in (("alltoall", 0), ("deepep", 0), ("deepep", 48))
+    }
+    for c in exhaustive.candidates:
+        assert c["lower_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
+    pruned = plan(MOE, grid=MOE_GRID)
+    assert {k: pruned.candidates[0][k] for k in KEY} == {
+        k: exhaustive.candidates[0][k] for k in KEY
+    }
+
+
+SMALL = {"tp": (1, 2), "pp": (1,), "vp": (1,), "mbs": (1,), "recompute": ("none", "full")}
+
+
+def _same_plan(a, b) -> None:
+    """Equal plans, up to the CPU seconds each simulation took and the journal counts."""
+
+    def strip(p):
+        d = json.loads(json.dumps(p.as_dict(), default=str))
+        d.pop("resumed")
+        for c in d["candidates"]:
+            c.pop("cpu_s")
+        return d
+
+    assert strip(a) == strip(b)
+
+
+class _Killed(Exception):
+    pass
+
+
+def test_a_killed_plan_resumes_from_its_journal(tmp_path: Path):
+    """Killed after two simulated candidates (raised from the progress callback, as a kill
+    would stop it), run again into the same folder: the two are taken from the journal, the
+    rest simulated, and the plan is the uninterrupted one; the files are written once, as a
+    set, at the end."""
+    whole = plan(REQ, grid=SMALL)
+    states = []
+
+    def kill_after_two(s):
+        states.append((s.settled, s.total))
+        if s.simulated == 2 and s.resumed == 0:
+            raise _Killed
+
+    out = tmp_path / "plan"
+    with pytest.raises(_Killed):
+        plan(REQ, grid=SMALL, out=out, progress=kill_after_two)
+    assert not (out / "plan.json").exists()  # no results before the set is complete
+    lines = (out / "candidates.jsonl").read_text().splitlines()
+    assert len(lines) == 2
+    with open(out / "candidates.jsonl", "a") as f:  # a line torn by the kill
+        f.write('{"fingerprint": "')
+    seen = []
+    again = plan(REQ, grid=SMALL, out=out, progress=lambda s: seen.append(s.settled))
+    assert again.resumed == 2 and again.simulated == whole.simulated
+    _same_plan(again, whole)
+    assert seen[-1] == again.considered  # the bar ends full
+    assert [n for n, _ in states] == sorted(n for n, _ in states)  # and only moves forward
+    assert {"plan.csv", "plan.parquet", "plan.json", "plan.html", "best.csv"} <= {
+        p.name for p in out.iterdir()
+    }
+    assert len((out / "candidates.jsonl").read_text().splitlines()) == whole.simulated
+    # a third run simulates nothing; another request in the same folder resumes nothing
+    assert plan(REQ, grid=SMALL, out=out).resumed == whole.simulated
+    other = Request("LLAMA3_8B", "DGX-H100", 8, 32, 4096, "BF16")
+    assert plan(other, grid=SMALL, out=out).resumed == 0
+
+
+def test_plan_on_processes_and_dask_is_the_same_plan():
+    distributed = pytest.importorskip("distributed")
+    whole = plan(REQ, grid=SMALL, prune=False)
+    _same_plan(plan(REQ, grid=SMALL, prune=False, workers=2), whole)
+    with distributed.LocalCluster(
+        n_workers=1, threads_per_worker=2, processes=False, dashboard_address=None
+    ) as cluster:
+        _same_plan(plan(REQ, grid=SMALL, prune=False, scheduler=cluster.scheduler_address), whole)
+
+
+def test_grid_option():
+    from sim.training.plan import parse_grid
+
+    assert parse_grid(["pp=1,2", "dispatcher=deepep", "comm_sms=16,24"]) == {
+        "pp": (1, 2),
+        "dispatcher": ("deepep",),
+        "comm_sms": (16, 24),
+    }
+    for bad, needle in (
+        (["foo=1"], "unknown key 'foo'"),
+        (["pp=x"], "pp: expected integers"),
+        (["dispatcher=allgather"], "'allgather' is not one of alltoall, deepep"),
+        (["pp"], "expected KEY=V1,V2"),
+    ):
+        with pytest.raises(ConfigError, match=needle):
+            parse_grid(bad)

@@ -263,8 +263,9 @@ def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
     from concurrent.futures import ThreadPoolExecutor
 
     from sim.analysis.sweep import driver as sweep_mod
+    from sim.core import pool as pool_mod
 
-    monkeypatch.setattr(sweep_mod, "HEARTBEAT_S", 0.01)
+    monkeypatch.setattr(pool_mod, "HEARTBEAT_S", 0.01)
     go = threading.Event()
 
     def slow(x):
@@ -273,10 +274,10 @@ def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
 
     pool = ThreadPoolExecutor(2)
     futures = {pool.submit(slow, i): i for i in range(2)}
-    stream = sweep_mod._drain(pool, futures)
+    stream = pool_mod.drain(pool, futures)
     assert next(stream) is None  # nothing finished yet: a heartbeat, not a wait
     go.set()
-    rows = [r for r in stream if r is not None]
+    rows = [g[1] for g in stream if g is not None]
     assert sorted(r["run_id"] for r in rows) == [0, 1]
     bar = sweep_mod._bar(2, 0, False, "waiting for tcp://x")
     assert bar._postfix() == "waiting for tcp://x"

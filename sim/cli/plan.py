@@ -8,21 +8,30 @@ from typing import Any
 
 
 def cmd_plan(a: argparse.Namespace) -> int:
-    from sim.core import progress
     from sim.core.errors import ConfigError
     from sim.core.io import check_output_dir
-    from sim.training.plan import Request, parse_layout, plan
-    from sim.training.plan_report import text_plan, write
+    from sim.training.plan import Request, parse_grid, parse_layout, plan
+    from sim.training.plan_report import text_plan
 
     if a.out is not None:  # an unusable --out fails before anything is simulated
         check_output_dir(a.out)
-    if a.workers < 1:
+    if a.workers is not None and a.workers < 1:
         raise ConfigError(f"--workers {a.workers}: expected an integer >= 1")
     req = Request(a.model, a.system, a.gpus, a.gbs, a.seq_len, a.precision.upper())
     given = parse_layout(a.layout) if a.layout else None
-    with progress.Bar(total=None, desc="plan", unit="candidate") as bar:
-        result = plan(req, given=given, workers=a.workers, progress=lambda i, n: bar.set(i))
-    files = write(result, a.out) if a.out is not None else {}
+    grid = parse_grid(a.grid or [])
+    workers = a.workers if a.workers is not None else (1 if a.scheduler is None else None)
+    with _Bar(a.scheduler) as bar:
+        result = plan(
+            req,
+            given=given,
+            workers=workers,
+            progress=bar,
+            grid=grid or None,
+            scheduler=a.scheduler,
+            out=a.out,
+        )
+    files = result.files
     if a.json:
         print(
             json.dumps(
@@ -36,6 +45,57 @@ def cmd_plan(a: argparse.Namespace) -> int:
         for name, path in files.items():
             print(f"  wrote {name:17s} {path}")
     return 0
+
+
+class _Bar:
+    """The plan's progress on stderr: candidates settled (dropped or simulated) of all, with
+    the counts screened, simulated (and taken from the journal), running and pruned."""
+
+    def __init__(self, scheduler: Any):
+        self.scheduler = scheduler
+        self.bar: Any = None
+        self.last = -1
+        self.drawn = 0.0
+
+    def __enter__(self) -> _Bar:
+        from sim.core import progress
+
+        self.bar = progress.Bar(total=None, desc="plan", unit="candidate")
+        return self
+
+    def __call__(self, s: Any) -> None:
+        import time
+
+        from sim.core import progress
+
+        bar = self.bar
+        if bar is None or not bar.shown:
+            return
+        bar.set_total(s.total)
+        moved = s.settled != self.last
+        self.last = s.settled
+        bar.set(s.settled)
+        pruned = ", ".join(f"{k} {v}" for k, v in sorted(s.pruned.items()))
+        note = (
+            f"screened {s.screened}/{s.total}"
+            if s.phase == "screening"
+            else f"simulated {s.simulated}"
+            + (f" ({s.resumed} resumed)" if s.resumed else "")
+            + f", running {s.running}"
+        )
+        if s.phase != "screening" and s.simulated == 0 and self.scheduler is not None:
+            note += f", waiting for {self.scheduler}"
+        bar.note(note + (f", pruned: {pruned}" if pruned else ""))
+        now = time.monotonic()
+        if not moved and now - self.drawn >= progress.REFRESH_S:
+            # nothing settled (a heartbeat, or a candidate screened in): redraw, so the
+            # elapsed time moves; tqdm throttles the rest
+            bar.refresh()
+            self.drawn = now
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.bar is not None:
+            self.bar.close()
 
 
 def add_parsers(sub: Any) -> None:
@@ -55,8 +115,32 @@ def add_parsers(sub: Any) -> None:
         help="also score this layout (cp, overlap=on|off, recompute=none|selective|"
         "full, fsdp=on|off) and say its rank",
     )
-    p.add_argument("--workers", type=int, default=1, help="local processes (default 1)")
+    p.add_argument(
+        "--grid",
+        action="append",
+        metavar="KEY=V1,V2",
+        help="the values tried for a key (tp, cp, pp, vp, ep, mbs, recompute, dispatcher, "
+        "comm_sms), e.g. pp=1,2,4 or comm_sms=16,24,32; repeatable",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        help="local processes (default 1), or with --scheduler dask-local the Dask "
+        "cluster's (default: the CPU count)",
+    )
+    p.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="simulate on this Dask distributed scheduler (e.g. tcp://head:8786), or "
+        "dask-local: a Dask cluster of --workers local processes",
+    )
     p.add_argument("--top", type=int, default=10, help="candidates printed (default 10)")
-    p.add_argument("--out", metavar="DIR", help="write plan.csv, plan.json, plan.html, best.csv")
+    p.add_argument(
+        "--out",
+        metavar="DIR",
+        help="journal the simulated candidates there (candidates.jsonl; running the same "
+        "plan again resumes from it) and write plan.parquet, plan.csv, plan.json, "
+        "plan.html, best.csv",
+    )
     p.add_argument("--json", action="store_true", help="print the plan as JSON")
     p.set_defaults(fn=cmd_plan)

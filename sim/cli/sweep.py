@@ -92,7 +92,8 @@ def add_parsers(sub: Any) -> None:
     sp.add_argument(
         "--scheduler",
         metavar="ADDRESS",
-        help="run on this Dask distributed scheduler (e.g. tcp://head:8786) instead",
+        help="run on this Dask distributed scheduler (e.g. tcp://head:8786) instead, or "
+        "dask-local: a Dask cluster of --workers local processes",
     )
     sp.add_argument(
         "--restart",

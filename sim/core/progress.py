@@ -86,6 +86,11 @@ class Bar:
         if self._bar is not None:
             self._bar.update(n)
 
+    def set_total(self, total: float | None) -> None:
+        """The total, once known (a bar started without one)."""
+        if self._bar is not None and self._bar.total != total:
+            self._bar.total = total
+
     def set(self, done: float) -> None:
         """Move the bar to `done` (absolute)."""
         if self._bar is not None:

@@ -23,6 +23,8 @@ COLUMNS = (
     "mbs",
     "fsdp",
     "ep_overlap",
+    "dispatcher",
+    "comm_sms",
     "recompute",
     "predicted_tokens_per_s_per_gpu",
     "predicted_step_s",
@@ -30,14 +32,19 @@ COLUMNS = (
     "peak_memory_bytes",
     "memory_margin_bytes",
     "fits",
+    "bubble_share",
+    "ep_comm_s",
     "lower_bound_s",
 )
+FROM_BREAKDOWN = ("bubble_share", "ep_comm_s")
 PREDICT_COLUMNS = REQUIRED  # the best candidate as a row `moesim predict` reads
 
 
 def _label(r: dict[str, Any]) -> str:
     s = f"TP{r['tp']} CP{r['cp']} PP{r['pp']} VP{r['vp'] or 1} EP{r['ep']} MBS{r['mbs']}"
     s += " FSDP" if r.get("fsdp") else ""
+    s += f" {r['dispatcher']}" if r.get("dispatcher") and int(r.get("ep") or 1) > 1 else ""
+    s += f" sms={r['comm_sms']}" if r.get("comm_sms") else ""
     return s + (" +overlap" if r.get("ep_overlap") else "") + f" rc={r.get('recompute')}"
 
 
@@ -45,7 +52,19 @@ def why(best: dict[str, Any], other: dict[str, Any]) -> str:
     """What the best changes against another candidate, and where its time goes instead."""
     diffs = [
         f"{k} {other[k]} -> {best[k]}"
-        for k in ("tp", "cp", "pp", "vp", "ep", "mbs", "fsdp", "ep_overlap", "recompute")
+        for k in (
+            "tp",
+            "cp",
+            "pp",
+            "vp",
+            "ep",
+            "mbs",
+            "fsdp",
+            "ep_overlap",
+            "dispatcher",
+            "comm_sms",
+            "recompute",
+        )
         if str(best.get(k)) != str(other.get(k))
     ]
     parts = []
@@ -71,7 +90,9 @@ def text_plan(p: Plan, top: int = 10) -> str:
     lines = [
         f"plan: {r.model} on {r.gpus} GPUs of {r.system}, GBS {r.gbs}, sequence {r.seq_len}, "
         f"{r.precision}",
-        f"  candidates {p.considered}, simulated {p.simulated}, dropped "
+        f"  candidates {p.considered}, simulated {p.simulated}"
+        + (f" ({p.resumed} from an earlier run's journal)" if p.resumed else "")
+        + ", dropped "
         + (", ".join(f"{k} {v}" for k, v in sorted(p.pruned.items())) or "none"),
         f"{'rank':>4}  {'layout':50} {'tok/s/GPU':>9} {'MFU':>6} {'mem GB':>7} {'step s':>7}",
     ]
@@ -98,12 +119,33 @@ def text_plan(p: Plan, top: int = 10) -> str:
     return "\n".join(lines) + "\n"
 
 
+def table(p: Plan) -> list[dict[str, Any]]:
+    """The ranked candidates, COLUMNS only (the breakdown's bubble and EP time flattened)."""
+    rows = []
+    for c in p.candidates:
+        b = c.get("breakdown") or {}
+        rows.append({k: b.get(k, "") if k in FROM_BREAKDOWN else c.get(k, "") for k in COLUMNS})
+    return rows
+
+
 def csv_text(p: Plan) -> str:
     buf = io.StringIO()
     w = csv.DictWriter(buf, fieldnames=COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
-    for c in p.candidates:
-        w.writerow({k: c.get(k, "") for k in COLUMNS})
+    for row in table(p):
+        w.writerow(row)
+    return buf.getvalue()
+
+
+def parquet_bytes(p: Plan) -> bytes:
+    import pandas as pd
+
+    df = pd.DataFrame(table(p), columns=list(COLUMNS))
+    for col in FROM_BREAKDOWN + ("mfu",):
+        df[col] = pd.to_numeric(df[col], errors="coerce").astype("float64")
+    df["dispatcher"] = df["dispatcher"].astype(str)
+    buf = io.BytesIO()
+    df.to_parquet(buf, index=False)
     return buf.getvalue()
 
 
@@ -169,10 +211,14 @@ def html_page(p: Plan) -> str:
 
 
 def write(p: Plan, out_dir: str | Path) -> dict[str, Path]:
-    from sim.core.io import OutputSet, atomic_write_text
+    """plan.parquet, plan.csv (the ranked table), plan.json, plan.html, plan.txt and best.csv
+    as one output set (all or none replace the previous plan's)."""
+    from sim.core.io import OutputSet, atomic_write_bytes, atomic_write_text
 
     files: dict[str, Path] = {}
     with OutputSet(out_dir, "plan") as out:
+        atomic_write_bytes(out.path("plan.parquet"), parquet_bytes(p))
+        files["plan.parquet"] = out.final("plan.parquet")
         for name, text in (
             ("plan.csv", csv_text(p)),
             ("plan.json", json.dumps(p.as_dict(), indent=2, default=str)),

@@ -21,6 +21,7 @@ DATA = Path(__file__).with_name("recipes.yaml")
 class Recipe:
     dispatcher: str = "alltoall"  # alltoall | allgather | deepep | hybridep
     ep_overlap: bool = False  # --overlap-moe-expert-parallel-comm (merged 1F1B)
+    comm_sms: int | None = None  # SMs the EP dispatcher's kernels hold (None: its default)
     recompute_modules: tuple[str, ...] = ()  # --recompute-modules (selective)
     recompute_full: bool = False  # --recompute-granularity full
     recompute_layers: int | None = None  # full recompute of this many layers per stage

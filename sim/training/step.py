@@ -42,6 +42,13 @@ OPTIMIZER_BYTES_PER_PARAM = 30.0  # Adam on a shard: fp32 master, m, v read and 
 # channel (assumed 32 channels, NCCL's maximum on NVSwitch systems)
 COMM_SMS = {"hybridep": 32, "deepep": 24, "alltoall": 32, "allgather": 32}
 
+
+def comm_sms(recipe: Recipe) -> int:
+    """SMs the recipe's EP dispatcher holds: the recipe's `comm_sms` (DeepEP's
+    `Buffer.set_num_sms`, HybridEP's `moe_hybridep_num_sms`), else the dispatcher's default."""
+    return recipe.comm_sms or COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"])
+
+
 # CUDA-graph scope names (Megatron-Core `--cuda-graph-scope`) -> the modules they capture
 GRAPH_SCOPES = {
     "attn": {"attn", "core_attn", "layernorm", "mla_up_proj"},
@@ -166,7 +173,7 @@ class StepModel:
         over NVLink as the all-to-all)."""
         if self.r.dispatcher == "deepep":
             return self.comm.deepep(
-                c.bytes, self.a.top_k, self.a.experts, c.name == "combine", COMM_SMS["deepep"]
+                c.bytes, self.a.top_k, self.a.experts, c.name == "combine", comm_sms(self.r)
             )
         return self.comm.seconds(c.kind, "ep", c.bytes)
 
@@ -374,7 +381,7 @@ def run_step(
         from sim.hardware.costs.resources import Resources
 
         res_model = Resources.build(topo.gpu, None)
-        slowdown = 1.0 / res_model.sm_speed(COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"]))
+        slowdown = 1.0 / res_model.sm_speed(comm_sms(recipe))
     g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
     res = simulate(g, topo, costs)
     step_s = res.makespan

@@ -12,9 +12,7 @@ it returns the row and the driver writes it (`sim.analysis.sweep.store`), so wor
 
 from __future__ import annotations
 
-import os
 import sys
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -24,14 +22,10 @@ import pandas as pd
 from sim.analysis.sweep.run import error_fields, run_point
 from sim.analysis.sweep.spec import Point, load
 from sim.analysis.sweep.store import Store, frame
-from sim.core.errors import ConfigError, MoesimError
+from sim.core import pool
+from sim.core.errors import ConfigError
 
 Row = dict[str, Any]
-# While no run finishes, the result streams yield None this often, so the bar redraws its
-# elapsed time and says what it waits for (a Dask cluster's first result can take a minute:
-# the sweep looked hung).
-HEARTBEAT_S = 0.5
-ORPHAN_POLL_S = 0.5  # how often a worker looks whether the sweep is still there
 
 
 def run_sweep(
@@ -49,7 +43,8 @@ def run_sweep(
 
     `out`: the directory of the rows and results (None: nothing written, nothing resumed);
     with rows there from an interrupted run of the same spec, only the missing points run.
-    `scheduler`: a Dask scheduler address (or a `distributed.Client`) to run on; else
+    `scheduler`: a Dask scheduler address (or a `distributed.Client`, or `dask-local`: a
+    Dask cluster of `workers` local processes) to run on; else
     `workers` local processes (default: the CPU count; 1 runs in this process).
     `restart`: discard an `out` of another spec instead of refusing it. `retry_errors`:
     re-run the points whose row is an error. `progress`: a bar on stderr. `stats`, if given,
@@ -102,132 +97,29 @@ def _execute(
     points: list[Point], scheduler: Any, workers: int | None, close_fds: list[int]
 ) -> Iterator[Row | None]:
     """Rows of `points` in the order they finish, and None every HEARTBEAT_S while none
-    does. `close_fds`: descriptors a forked worker closes (the output directory's lock: a
-    worker outliving a killed sweep must not hold it)."""
+    does (`sim.core.pool`, which `moesim plan` shares). `close_fds`: descriptors a forked
+    worker closes (the output directory's lock: a worker outliving a killed sweep must not
+    hold it)."""
     if not points:
         return iter(())
-    if scheduler is not None:
-        return _on_dask(points, scheduler)
-    n = min(workers or os.cpu_count() or 1, len(points))
-    if n == 1:
-        return (run_point(p) for p in points)
-    return _on_processes(points, n, close_fds)
-
-
-def _on_processes(points: list[Point], n: int, close_fds: list[int]) -> Iterator[Row | None]:
-    import multiprocessing as mp
-    import threading
-    from concurrent.futures import ProcessPoolExecutor
-
-    # fork where this process has no other thread (workers start with sim imported: no
-    # second start-up), forkserver otherwise (forking a threaded process can deadlock)
-    methods = mp.get_all_start_methods()
-    method = "fork" if "fork" in methods and threading.active_count() == 1 else None
-    method = method or ("forkserver" if "forkserver" in methods else "spawn")
-    # only a forked worker has the parent's descriptors (in another, the number is another's)
-    inherited = close_fds if method == "fork" else []
-    pool = ProcessPoolExecutor(
-        n, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(inherited,)
+    got = pool.stream(
+        run_point,
+        points,
+        scheduler=scheduler,
+        workers=workers,
+        close_fds=close_fds,
+        name=lambda p: p.run_id,
+        killed=_killed,
+        what="sweep",
+        resume="the rows written so far are kept: run the same command again to resume",
     )
-    # submitted now, so that the workers exist before a progress bar starts its thread
-    futures = {pool.submit(run_point, p): p for p in points}
-    return _drain(pool, futures)
+    return (None if g is None else g[1] for g in got)
 
 
-def _init_worker(fds: list[int]) -> None:
-    """A worker closes `fds` and ends when its parent does. A pool's worker blocks on a
-    queue that its siblings also hold open, so a killed sweep (SIGKILL: no clean-up) left
-    them running for minutes. The parent is the sweep (fork, spawn) or the forkserver, which
-    exits with the sweep; a thread sees the change of parent within ORPHAN_POLL_S. (Polling,
-    not prctl(PR_SET_PDEATHSIG): that is Linux-only; not a pipe: a forked sibling inherits
-    its write end and keeps it open.)"""
-    import contextlib
-    import threading
-
-    for fd in fds:
-        with contextlib.suppress(OSError):
-            os.close(fd)
-    parent = os.getppid()
-
-    def watch() -> None:
-        import time
-
-        while os.getppid() == parent:
-            time.sleep(ORPHAN_POLL_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="watch-sweep", daemon=True).start()
-
-
-def _drain(pool: Any, futures: dict[Any, Point]) -> Iterator[Row | None]:
-    from concurrent.futures import FIRST_COMPLETED, wait
-
-    try:
-        left = set(futures)
-        while left:
-            finished, left = wait(left, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
-            if not finished:
-                yield None
-            for fut in finished:
-                yield _result(fut, futures[fut])
-    except BaseException:  # interrupted: the queued points are dropped, running ones end
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()
-
-
-def _on_dask(points: list[Point], scheduler: Any) -> Iterator[Row | None]:
-    yield None  # the bar is up before the connection, which may take seconds
-    try:
-        from distributed import Client, wait
-    except ImportError:
-        raise ConfigError(
-            "--scheduler: needs the dask extra (pip install 'moesim[dask]')"
-        ) from None
-    own = not isinstance(scheduler, Client)
-    if own:
-        try:
-            client = Client(scheduler, timeout="20s")
-        except (OSError, TimeoutError, ValueError) as e:
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({e})") from None
-    else:
-        client = scheduler
-    try:
-        # keys of this call only: a client's earlier futures of the same points never answer
-        token = uuid.uuid4().hex[:8]
-        names = [f"moesim-{p.run_id}-{token}" for p in points]
-        futures = client.map(run_point, points, pure=False, key=names)
-        by_key = {f.key: p for f, p in zip(futures, points)}
-        left = set(futures)
-        while left:
-            try:
-                finished, left = wait(left, timeout=HEARTBEAT_S, return_when="FIRST_COMPLETED")
-            except TimeoutError:  # distributed's wait raises where concurrent's returns
-                yield None
-                continue
-            for fut in finished:
-                yield _result(fut, by_key[fut.key])
-    finally:
-        if own:
-            client.close()
-
-
-def _result(fut: Any, point: Point) -> Row:
-    """A finished future's row. A point that killed its Dask workers every time it ran is that
-    point's error row; any other failure of the machinery (a local worker process killed or
-    out of memory, a lost scheduler) ends the sweep with the rows so far kept: which point
-    was to blame is unknown, and a resume runs the rest."""
-    try:
-        return fut.result()
-    except Exception as e:
-        if type(e).__name__ != "KilledWorker":
-            raise MoesimError(
-                f"sweep stopped: {type(e).__name__}: {e} (a worker process killed or out of "
-                "memory? the rows written so far are kept: run the same command again to "
-                "resume; --workers 1 runs in this process)"
-            ) from None
-        base = {"run_id": point.run_id, "config": point.config, "strategy": point.strategy}
-        return base | error_fields(f"worker killed every time it ran this point: {e}")
+def _killed(point: Point, e: Exception) -> Row:
+    """The row of a point that killed its Dask workers every time it ran."""
+    base = {"run_id": point.run_id, "config": point.config, "strategy": point.strategy}
+    return base | error_fields(f"worker killed every time it ran this point: {e}")
 
 
 class _bar:
