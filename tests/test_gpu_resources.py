@@ -389,3 +389,29 @@ def test_comm_sm_bw_bad_values_are_one_line_errors():
         with pytest.raises(ConfigError, match=r"costs\.resources\.comm_sm_bw") as e:
             CostModel.build(TOPO, {"resources": {"comm_sm_bw": v}})
         assert "\n" not in str(e.value)
+
+
+def test_a_kernel_receiving_more_than_it_sends_is_bounded_by_what_it_receives():
+    """The same SMs send and receive: an all-to-allv where rank 0 receives 7x what it sends
+    (a hot expert GPU) ends no sooner than its received bytes / (k x bw)."""
+    k, bw, row = 4, 5e9, 1e8
+    send = [[0.0] + [row] * 7] + [[7 * row] + [0.0] * 7 for _ in range(7)]  # [src][dst]
+    g = TaskGraph(8)
+    for r in range(8):
+        g.add(
+            Task(
+                f"v{r}",
+                r,
+                "comm",
+                "all_to_allv",
+                bytes=sum(send[r]),
+                split=send[r],
+                recv_split=[send[s][r] for s in range(8)],
+                group=list(range(8)),
+                coll="a2av",
+                sms=k,
+            )
+        )
+    costs = CostModel.build(TOPO, {"resources": {"comm_sm_bw": bw, "comm_sm_efficiency": 1.0}})
+    r = simulate(g, TOPO, costs)
+    assert float(r.end[0] - r.start[0]) == pytest.approx(49 * row / (k * bw), rel=1e-9)

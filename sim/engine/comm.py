@@ -189,8 +189,13 @@ class Comm:
     def _sm_floor(self, m: int) -> float:
         """Seconds member m's kernel needs at least on the SMs it reserves (`comm_sm_bw`;
         only a task's own `sms`, DeepEP's kernels: NCCL's `comm_sms` take SMs from the
-        compute beside them, but their send rate per SM is not known here)."""
-        return self.costs.resources.comm_floor(self.tasks[m].sms, self.tasks[m].bytes)
+        compute beside them, but their send rate per SM is not known here). The same SMs
+        send and receive (DeepEP splits its channels' warps between the two), and the rate
+        per SM was measured on balanced traffic: the larger direction is bounded, so a GPU
+        receiving more than it sends (a hot expert GPU) is slowed by its own kernel."""
+        t = self.tasks[m]
+        nbytes = max(t.bytes, float(sum(t.recv_split))) if t.recv_split else t.bytes
+        return self.costs.resources.comm_floor(t.sms, nbytes)
 
     def _done(self, run: _CollRun, m: int) -> None:
         """Member m's part of the collective is over: it ends now, or once the SMs its
