@@ -32,18 +32,41 @@ def test_executor_trace_replays_to_its_makespan(graph):
     m = _measured(EXEC / "trace.csv")
     measured = m["end"].max() - m["start"].min()
     r = replay(EXEC / "trace.csv", graph=graph)
-    assert r.summary["replay"]["measured_makespan_s"] == pytest.approx(measured, rel=1e-12)
-    assert abs(r.summary["makespan_s"] - measured) / measured < 0.02  # the issue's bar
-    # and better than that: every task where and when it was measured, sync waits included
+    rep = r.summary["replay"]
+    assert rep["measured_makespan_s"] == pytest.approx(measured, rel=1e-12)
+    # rank 1 started 2.5 ms before rank 0 and waited for it in the first all-to-all: the
+    # step begins where both ranks run (aligned at that all-to-all), the skew apart
+    assert rep["aligned_at"] == "r0/L0/fwd/dispatch.0"
+    assert rep["rank_start_skew_s"]["1"] == rep["start_skew_s"] > 0.002
+    assert rep["rank_start_skew_s"]["0"] == 0.0
+    step = measured - rep["start_skew_s"]
+    assert rep["measured_step_s"] == pytest.approx(step, rel=1e-12)
+    assert abs(r.summary["makespan_s"] - step) / step < 1e-9
+    # and better than that: every task where and when it was measured, sync waits included,
+    # on the aligned clock: up to the first all-to-all from its rank's own start, after it
+    # from the step's start
     t = r.trace.set_index("id").loc[m.index]
-    origin = m["start"].min()
-    assert (t["start"] - (m["start"] - origin)).abs().max() < 1e-9
-    assert (t["end"] - (m["end"] - origin)).abs().max() < 1e-9
-    assert (t["sync_wait"] - m["sync_wait"]).abs().max() < 1e-9
-    # the measured summary's busy times come back too
+    first = m[m.index.str.endswith("/L0/fwd/dispatch.0")]
+    before = m["start"] <= first["start"].max()  # the all-to-all's launches included
+    rank_start = m.groupby("rank")["start"].transform("min")
+    origin = m["start"].min() + rep["start_skew_s"]
+    expected = (m["start"] - rank_start).where(before, m["start"] - origin)
+    assert (t["start"] - expected).abs().max() < 1e-9
+    ends_before = before & ~m.index.isin(first.index)  # the all-to-all ends together
+    expected_end = (m["end"] - rank_start).where(ends_before, m["end"] - origin)
+    assert (t["end"] - expected_end).abs().max() < 1e-9
+    later = ~m.index.isin(first.index)
+    assert (t["sync_wait"] - m["sync_wait"])[later].abs().max() < 1e-9
+    # rank 1's wait in the first all-to-all was its early start: gone from the replay
+    assert m.loc["r1/L0/fwd/dispatch.0", "sync_wait"] > 0.002
+    assert t.loc["r1/L0/fwd/dispatch.0", "sync_wait"] < 1e-3
+    # the measured summary's busy times come back too, less the skew waited in the first
     busy = json.loads((EXEC / "summary.json").read_text())["busy_s"]
+    shorter = (m["duration"] - t["duration"])[first.index].sum() / 2  # mean over ranks
+    assert shorter > 0.001
     for stream, b in busy.items():
-        assert r.summary["busy_s"][stream] == pytest.approx(b, rel=1e-9)
+        less = shorter if stream == "comm" else 0.0
+        assert r.summary["busy_s"][stream] == pytest.approx(b - less, rel=1e-9)
 
 
 def test_inferred_structure_finds_the_real_waits():

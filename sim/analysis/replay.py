@@ -3,15 +3,26 @@
     r = replay("out/exec/trace.csv", graph="g.json")       # moesim executor trace + its graph
     r = replay("out/exec/trace.csv")                       # structure inferred from the trace
     r = replay(["rank0.json.gz", "rank1.json.gz"])         # PyTorch profiler (Kineto), per rank
-    r.summary["makespan_s"], r.summary["replay"]["error"]  # vs the measured makespan
+    r.summary["makespan_s"], r.summary["replay"]["error"]  # vs the measured step
+    r.summary["replay"]["start_skew_s"]                    # left out of the step
 
 Every task gets its measured time (sim.hardware.costs.measured): `measured_s`, the operation
 (for communication: from the last member's launch to its end, i.e. the measured duration less
 the wait for peers), and `gap_s`, from the moment it was ready (stream predecessor and
 dependencies done, in the measurement) to its start. The engine adds the waits itself, from
 the graph's dependencies and collective rendezvous, so replayed unedited every task ends when
-it ended in the measurement and the makespan is reproduced (to float rounding). What-ifs
+it ended in the measurement (on the ranks' aligned clock, below) and the step is reproduced
+(to float rounding). What-ifs
 (sim.analysis.whatif) then change the measured times or the hardware under them.
+
+Ranks rarely start together: processes are launched, and profilers started, apart. The
+replay measures the step, not that skew: the ranks are aligned at their first common
+collective (every rank a member), each rank's way there replayed from its own start (its
+first task; in a profiler trace, the first op in its step), so the first rank no longer waits
+there for the others' later start, only for their slower way there. `measured_step_s` is the
+measured step so aligned (what an unedited replay reproduces, and `error` compares to),
+`start_skew_s` the skew left out of it (`rank_start_skew_s` per rank), `measured_makespan_s`
+the files' whole span, skew included. Without a common collective (one rank) nothing moves.
 
 Replays run on `localhost-cpu` by default (one rank per node; only its size matters while
 every task is measured), collective-level communication, no interference, no jitter, no
@@ -64,6 +75,12 @@ def import_trace(
     info = attach_times(g, times)
     info["format"] = fmt
     info["source"] = [str(s) for s in source] if isinstance(source, list) else str(source)
+    world, present = g.meta.get("world_size_recorded"), g.meta.get("ranks_recorded")
+    if isinstance(world, int) and present and len(present) < world:
+        info["note"] = (
+            f"rank(s) {present} of a world of {world}: the other ranks' files not given, "
+            "collectives replay on these ranks alone with their waits for the others as measured"
+        )
     g.meta = {**g.meta, "replay": info}
     return g, info
 
@@ -89,7 +106,7 @@ def replay_graph(graph: TaskGraph, topology: str | None = None) -> Replay:
 def _result(g: TaskGraph, res: SimResult, info: dict[str, Any]) -> Replay:
     df = launched(to_frame(res), g)
     summary = summarize(res, df)
-    measured = info.get("measured_makespan_s")
+    measured = info.get("measured_step_s", info.get("measured_makespan_s"))
     if measured:
         info = {**info, "error": (res.makespan - measured) / measured}
     summary["replay"] = info
@@ -125,20 +142,30 @@ def attach_times(graph: TaskGraph, times: dict[str, tuple[float, float]]) -> dic
     if missing:
         raise ConfigError(f"trace: no times for task {missing[0]!r} ({len(missing)} such)")
     origin = min(times[t][0] for t in graph.tasks)
-    ready: dict[str, float] = {}
     prev: dict[str, str] = {}
     for seq in graph.streams().values():
         for a, b in zip(seq, seq[1:]):
             prev[b.id] = a.id
+    after: dict[str, float] = {}  # what a task waited for ended: its ready time, if any
     for t in graph:  # any order: the ready time needs only measured ends
         ends = [times[d][1] for d in t.deps]
         if t.id in prev:
             ends.append(times[prev[t.id]][1])
-        ready[t.id] = max([origin, *ends])
+        if ends:
+            after[t.id] = max(ends)
     members: dict[str, list[str]] = defaultdict(list)
     for t in graph:
         if t.kind in COMM_KINDS:
             members[t.coll].append(t.id)  # type: ignore[index]
+    align = _align(graph, times, after, members)
+    ready: dict[str, float] = {}
+    for t in graph:
+        if t.id in after:
+            ready[t.id] = max(origin, after[t.id])
+        elif align is not None and times[t.id][0] < align["at_s"]:
+            ready[t.id] = align["starts"][t.rank]  # its rank's start: skew left out
+        else:
+            ready[t.id] = align["origin_s"] if align is not None else origin
     for t in graph:
         start, end = times[t.id]
         if t.kind in COMM_KINDS:
@@ -154,11 +181,65 @@ def attach_times(graph: TaskGraph, times: dict[str, tuple[float, float]]) -> dic
         t.tags[GAP_TAG] = gap
         t.tags[LAUNCH_TAG] = min(max(start - ready[t.id], 0.0), max(end - ready[t.id], 0.0))
     end = max(times[t][1] for t in graph.tasks)
-    return {
+    step_origin = align["origin_s"] if align is not None else origin
+    out: dict[str, Any] = {
         "measured_makespan_s": end - origin,
+        "measured_step_s": end - step_origin,
+        "start_skew_s": step_origin - origin,
         "tasks": len(graph),
         "ranks": len({t.rank for t in graph}),
     }
+    if align is not None:
+        out["aligned_at"] = align["at"]
+        out["rank_start_skew_s"] = {
+            str(r): max(step_origin - s, 0.0) for r, s in sorted(align["starts"].items())
+        }
+    return out
+
+
+def _align(
+    graph: TaskGraph,
+    times: dict[str, tuple[float, float]],
+    after: dict[str, float],
+    members: dict[str, list[str]],
+) -> dict[str, Any] | None:
+    """Where the ranks' clocks of work meet: at their first common collective (every rank a
+    member; the earliest rendezvous), each rank's run up to it measured from the rank's own
+    start (its first task: in a profiler trace, the first op of its step). Ranks that
+    started apart (processes launched, or the profiler started, at different times) reach
+    the collective together in the replay after as long as each took to get there: the
+    first rank waits only for the others' slower way there, not for their later start.
+
+    Returns None without a common collective (one rank, or none recorded): no alignment.
+    Else: `starts` (rank -> its first task's start), `at_s` (the collective's measured
+    rendezvous: later tasks keep the common clock), `origin_s` (where the aligned step
+    begins on the common clock) and `at` (the collective's first member, for the summary)."""
+    ranks = sorted({t.rank for t in graph})
+    if len(ranks) < 2:
+        return None
+    starts: dict[int, float] = {}
+    for t in graph:
+        s = times[t.id][0]
+        starts[t.rank] = min(starts.get(t.rank, s), s)
+    best: tuple[float, str, dict[int, float]] | None = None
+    for ms in members.values():
+        if sorted({graph.tasks[m].rank for m in ms}) != ranks or len(ms) != len(ranks):
+            continue
+        # each member's ready time: after what it waited for, at the earliest its rank's start
+        got = {
+            graph.tasks[m].rank: max(
+                after.get(m, starts[graph.tasks[m].rank]), starts[graph.tasks[m].rank]
+            )
+            for m in ms
+        }
+        r = max(got.values())
+        if best is None or r < best[0]:
+            best = (r, min(ms), got)
+    if best is None:
+        return None
+    r, first, got = best
+    lead = max(got[k] - starts[k] for k in ranks)  # the slowest rank's way to the collective
+    return {"starts": starts, "at_s": r, "origin_s": r - lead, "at": first}
 
 
 def replay_costs_topology(graph: TaskGraph, topology: str | None) -> tuple[Topology, CostModel]:
@@ -201,7 +282,8 @@ def replay_command(
     out: str | None = None,
 ) -> dict[str, Any]:
     """`moesim replay TRACE... [--graph G] [--topology T] [--out DIR]`: the summary (with
-    "replay": measured makespan, relative error, format, inferred waits)."""
+    "replay": measured step and makespan, start skew, relative error, format, inferred
+    waits)."""
     if out is not None:  # an unusable --out fails before the replay, not after it
         from sim.core.io import check_output_dir
 
@@ -215,16 +297,23 @@ def replay_command(
 
 def format_replay(s: dict[str, Any]) -> str:
     rep = s.get("replay", {})
-    m = rep.get("measured_makespan_s")
+    m = rep.get("measured_step_s", rep.get("measured_makespan_s"))
     lines = [
         f"replayed {rep.get('tasks')} measured tasks on {rep.get('ranks')} rank(s) "
         f"({rep.get('format')}, {s['topology']})",
-        f"  makespan (replayed)  {s['makespan_s'] * 1e3:10.3f} ms",
+        f"  step (replayed)      {s['makespan_s'] * 1e3:10.3f} ms",
     ]
     if m:
         lines.append(
-            f"  makespan (measured)  {m * 1e3:10.3f} ms   error {rep.get('error', 0.0):+.3%}"
+            f"  step (measured)      {m * 1e3:10.3f} ms   error {rep.get('error', 0.0):+.3%}"
         )
+    if rep.get("aligned_at"):
+        lines.append(
+            f"  start skew           {rep.get('start_skew_s', 0.0) * 1e3:10.3f} ms (left out: "
+            f"ranks aligned at their first common collective, {rep['aligned_at']})"
+        )
+    if rep.get("note"):
+        lines.append(f"  note: {rep['note']}")
     lines.append(f"  exposed comm         {s['exposed_comm_s'] * 1e3:10.3f} ms (mean over ranks)")
     for stream, t in sorted(s["busy_s"].items()):
         lines.append(f"  busy {stream:15s} {t * 1e3:10.3f} ms")

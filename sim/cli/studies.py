@@ -66,7 +66,8 @@ def add_parsers(sub: Any) -> None:
         required=True,
         metavar="KEY=VALUE",
         help="repeatable: topology=T, nodes=N, link.<class>.bw=*2, link.*.latency=1e-6, "
-        "compute.speed=*0.5, model.capacity_factor=1.5, model.routing.s=1.5, "
+        "compute.speed=*0.5 (a trace: its device work), host.speed=*2 (a trace's host ops), "
+        "model.capacity_factor=1.5, model.routing.s=1.5, "
         "strategy=pipelined, strategy.degree=4, costs.network=flow",
     )
     w.add_argument("--topology", help="the cluster of a graph or trace base")

@@ -14,8 +14,15 @@ asked for; the whole file where there is none):
   part after it depends on what it waited for.
 
 Dependencies: program order per thread and device stream, a kernel after the host op that
-launched it (by correlation id), a gloo transfer after its enqueue, and the generic wait
-inference of sim.analysis.importers.timeline. Collectives match across ranks by
+launched it (by correlation id), a gloo transfer after its enqueue, the host after a blocking
+copy (`cudaMemcpy`, by correlation id), and the generic wait inference of
+sim.analysis.importers.timeline within each side (host threads, device streams): a host op
+waits on device work only after a synchronising call (cudaDeviceSynchronize,
+cudaStreamSynchronize, cudaEventSynchronize; the device work that ended last before it
+returned), never because a kernel happened to end while the host was idle. Every op is
+tagged with its side (`side`: host or device), for what-ifs that scale one and not the other.
+The files must be one run's, one per rank, every rank of the recorded world_size (or one
+rank's file alone): sim.analysis.importers.kineto_runs. Collectives match across ranks by
 (process group, sequence) where the kernel records them, else by type and order of end on
 each rank (so concurrent collectives of one type on different subgroups are not told apart).
 Times are the files' own clock: ranks profiled on one host share it; across hosts the
@@ -25,7 +32,6 @@ replay assumes the clocks agree.
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
@@ -33,13 +39,13 @@ from typing import Any
 
 from sim.analysis.importers import kineto_check as kc
 from sim.analysis.importers import kineto_names as kn
+from sim.analysis.importers import kineto_runs as kr
 from sim.analysis.importers.timeline import ORDER_TOL_S, Op, to_graph
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 
 HOST_CATS = frozenset({"cpu_op", "user_annotation", "cuda_runtime", "cuda_driver"})
 DEVICE_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
-STEP = re.compile(r"^ProfilerStep#(\d+)$")
 EXPECTED = "a PyTorch profiler (Kineto) Chrome trace: a JSON object with 'traceEvents'"
 
 
@@ -83,9 +89,9 @@ def load(
         if not isinstance(r, int) or r < 0:
             raise ConfigError(f"trace {p}: distributedInfo.rank {r!r} is not a rank")
         ranks.append(r)
-    if len(set(ranks)) != len(ranks):
-        raise ConfigError(f"traces {[str(p) for p, _ in docs]}: two files of rank(s) {ranks}")
-    chosen = _common_step(docs, step)
+    world_size = kr.one_run(docs, ranks)
+    chosen = kr.common_step(docs, step)
+    kr.overlapping(docs, ranks, chosen)
     base = min(float(e["ts"]) for _, d in docs for e in d["traceEvents"] if e.get("ph") == "X")
     ops: list[Op] = []
     prev: dict[str, Op] = {}
@@ -102,39 +108,15 @@ def load(
         "replay_of": [str(p) for p, _ in docs],
         "profiler_step": chosen,
         "clock": "one host" if len(hosts) == 1 else "several hosts: clocks assumed to agree",
+        "ranks_recorded": sorted(ranks),
     }
+    if world_size is not None:
+        meta["world_size_recorded"] = world_size
     world = max(ranks) + 1
     return to_graph(ops, world, f"traces {', '.join(str(p) for p, _ in docs)}", meta)
 
 
-def _steps(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    out = {}
-    for e in doc["traceEvents"]:
-        if e.get("ph") == "X" and isinstance(e.get("name"), str):
-            m = STEP.match(e["name"])
-            if m:
-                out[int(m.group(1))] = e
-    return out
-
-
-def _common_step(docs: list[tuple[Path, dict[str, Any]]], step: int | None) -> int | None:
-    steps = [set(_steps(d)) for _, d in docs]
-    if step is not None:
-        for (p, _), s in zip(docs, steps):
-            if step not in s:
-                raise ConfigError(
-                    f"trace {p}: has no ProfilerStep#{step} (it has {sorted(s) or 'none'})"
-                )
-        return step
-    if not any(steps):
-        return None  # no step annotations: the whole files
-    common = set.intersection(*steps)
-    if not common:
-        raise ConfigError(
-            "traces: no ProfilerStep#N common to every file "
-            f"({', '.join(f'{p}: {sorted(s)}' for (p, _), s in zip(docs, steps))})"
-        )
-    return min(common)
+_steps = kr.steps  # ProfilerStep#N -> its event, of one file
 
 
 class RankTrace:
@@ -167,6 +149,7 @@ class RankTrace:
     def ops(self) -> list[Op]:
         self.out: list[Op] = []
         self.by_corr: dict[Any, Op] = {}  # correlation id -> the host task that launched it
+        self.sync_corr: dict[Any, Op] = {}  # a blocking copy's correlation -> the host after it
         self.prev: dict[str, Op] = {}  # host task id -> the task before it on its thread
         tops = self._host_tops()
         enq = self._enqueues(tops, self._gloo_ops(tops))
@@ -234,16 +217,21 @@ class RankTrace:
                 self._gloo_task(lane, e, enq.get(id(e)))
                 continue
             cuts = self._waits(e, kids, waits_on)
-            bounds = [e["ts"], *[c for a, b, _ in cuts for c in (a, b)], e["ts"] + e["dur"]]
+            bounds = [e["ts"], *[c for a, b, _, _ in cuts for c in (a, b)], e["ts"] + e["dur"]]
             seg_ops = []
             for j in range(len(cuts) + 1):
                 s, t = bounds[2 * j], bounds[2 * j + 1]
                 suffix = f"#{j}" if cuts else ""
                 op = self._op(f"{lane}/{n}{suffix}", stream_c, kn.compute_kind(name), s, t, e)
-                op.lane = lane
+                op.lane, op.side = lane, "host"
                 awaited = cuts[j - 1][2] if j > 0 else None
                 if awaited is not None:
                     op.deps.append(awaited)
+                elif j > 0:  # after a synchronising CUDA call: it waited for the device
+                    op.syncs = True
+                    corr = (cuts[j - 1][3].get("args") or {}).get("correlation")
+                    if corr is not None:  # a blocking memcpy: the copy it launched
+                        self.sync_corr[corr] = op
                 if prev is not None:
                     self.prev[op.id] = prev
                 prev = op
@@ -257,9 +245,10 @@ class RankTrace:
                 if id(x) in waits_on:
                     x["_task"] = seg.id
 
-    def _waits(self, e, kids, waits_on) -> list[tuple[float, float, str | None]]:
-        """(from, to, awaited task id or None) of the waits inside host op `e`."""
-        cuts: list[tuple[float, float, str | None]] = []
+    def _waits(self, e, kids, waits_on) -> list[tuple[float, float, str | None, dict]]:
+        """(from, to, awaited task id or None, the waiting event) of the waits inside host op
+        `e`: gloo's wait on its transfer, and the synchronising CUDA calls."""
+        cuts: list[tuple[float, float, str | None, dict]] = []
         for x in kids:
             g = waits_on.get(id(x))
             a = x["ts"] + x["dur"]
@@ -267,16 +256,18 @@ class RankTrace:
                 b = g["ts"] + g["dur"]
                 busy = any(a < y["ts"] < b for y in kids)
                 if a < b < e["ts"] + e["dur"] and not busy:
-                    cuts.append((a, b, self._gloo_id(g)))
+                    cuts.append((a, b, self._gloo_id(g), x))
             elif x.get("cat") == "cuda_runtime" and x["name"] in kn.SYNC_CALLS:
-                cuts.append((x["ts"], a, None))  # what it waited for: timeline's inference
-        cuts.sort()
-        out: list[tuple[float, float, str | None]] = []
+                # what it waited for: the copy it launched (a blocking memcpy), else the
+                # device work that ended last before it returned (timeline's inference)
+                cuts.append((x["ts"], a, None, x))
+        cuts.sort(key=lambda c: c[:2])
+        out: list[tuple[float, float, str | None, dict]] = []
         last = e["ts"]
-        for a, b, d in cuts:  # nested or overlapping waits: keep the first
-            if a >= last:
-                out.append((a, b, d))
-                last = b
+        for c in cuts:  # nested or overlapping waits: keep the first
+            if c[0] >= last:
+                out.append(c)
+                last = c[1]
         return out
 
     def _gloo_id(self, g: dict) -> str:
@@ -288,7 +279,7 @@ class RankTrace:
         kind = kn.COLLECTIVES[c]  # type: ignore[index]
         args, xargs = g.get("args") or {}, (x or {}).get("args") or {}
         op = self._op("", f"comm.{lane}", kind, g["ts"], g["ts"] + g["dur"], g)
-        op.id, op.lane = self._gloo_id(g), lane
+        op.id, op.lane, op.side = self._gloo_id(g), lane, "host"
         op.bytes = kn.tensor_bytes(args) or kn.tensor_bytes(xargs, 1 if c == "alltoall" else 0)
         if c == "alltoall":
             self._splits(op, xargs)
@@ -332,7 +323,7 @@ class RankTrace:
                 else:
                     kind, stream = kn.compute_kind(name), f"compute.{lane}"
                 op = self._op(f"{lane}/{n}", stream, kind, e["ts"], e["ts"] + e["dur"], e)
-                op.lane = lane
+                op.lane, op.side = lane, "device"
                 if cat == "gpu_memcpy":
                     op.bytes = float(args.get("bytes", 0) or 0)
                 if stream.startswith("comm"):
@@ -342,6 +333,9 @@ class RankTrace:
                     host = self.prev.get(host.id)  # inside it, after its predecessor ended
                 if host is not None:
                     op.deps.append(host.id)
+                after = self.sync_corr.get(corr)
+                if after is not None:  # the host went on once this copy was done
+                    after.deps.append(op.id)
                 self.out.append(op)
 
     def _nccl(self, op: Op, name: str, args: dict[str, Any]) -> None:
@@ -360,7 +354,9 @@ class RankTrace:
     def _op(self, suffix: str, stream: str, kind: str, ts: float, te: float, e: dict) -> Op:
         name = e["name"]
         op = Op(f"r{self.rank}/{suffix} {name}", self.rank, stream, kind, self.t(ts), self.t(te))
-        op.tags = {"step": name, "phase": kn.phase_of(name)}
+        # where it ran: what-ifs scale the device's work and the host's apart
+        side = "device" if e.get("cat") in DEVICE_CATS else "host"
+        op.tags = {"step": name, "phase": kn.phase_of(name), "side": side}
         if kind == "gemm":
             op.shape, op.flops = kn.gemm_shape(name, e.get("args") or {})
         return op

@@ -11,7 +11,12 @@ spell out:
 - **cross-stream waits**: an op that starts later than its lane predecessor and its known
   dependencies allow (by more than `WAIT_MIN_S`) waited for something: the op of another lane
   of its rank that ended last before it started becomes its dependency (an event wait, a
-  `work.wait()`, a thread hand-off; the executor's and CUDA's semantics alike);
+  `work.wait()`, a thread hand-off; the executor's and CUDA's semantics alike). Where the
+  importer knows which side an op ran on (`Op.side`: the host's threads or the device's
+  streams), a wait is inferred only within a side: a host op waits on device work only
+  where the trace shows a synchronisation (`Op.syncs`: the part of a host op after a
+  synchronising CUDA call), and a device op on the host only through its launch, which the
+  importer links itself;
 - **collectives**: members are the ops sharing a `match` key, one per rank; the group is the
   ranks present (a trace of some ranks of a larger group replays those ranks).
 
@@ -61,6 +66,8 @@ class Op:
     members: list[int] | None = None
     deps: list[str] = field(default_factory=list)
     tags: dict[str, Any] = field(default_factory=dict)
+    side: str | None = None  # "host" or "device" where the importer knows it
+    syncs: bool = False  # a host op that starts where a synchronisation with the device ended
 
 
 def to_graph(
@@ -246,8 +253,16 @@ def _infer_waits(ops: list[Op], by_id: dict[str, Op]) -> int:
             if end <= ready:
                 break
             cand = ops[j]
-            if _lane(cand) != lane and cand.id != o.id:
+            if _lane(cand) != lane and cand.id != o.id and _may_wait(o, cand):
                 o.deps.append(cand.id)
                 added += 1
                 break
     return added
+
+
+def _may_wait(o: Op, on: Op) -> bool:
+    """Whether wait inference may make `o` wait for `on`: within a side, or a host op on
+    device work where the trace has the synchronisation (not known: any)."""
+    if o.syncs:
+        return on.side == "device"
+    return o.side is None or on.side is None or o.side == on.side

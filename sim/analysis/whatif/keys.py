@@ -2,6 +2,8 @@
 
 A value is a number (`4`, `1e-6`) or YAML (`zipf`, `[1, 2]`); `*k` multiplies the
 base's value by k (`link.nvlink3.bw=*2`, `strategy.degree=*2`, `compute.speed=*0.5`).
+`host.speed` (the host's CPU ops of a measured trace, apart from the device's compute) applies
+to trace bases only.
 `apply` puts changes into a run config; sweeps (`sim.analysis.sweep.spec`) vary the same keys.
 """
 
@@ -26,6 +28,7 @@ KNOWN = (
     "link.*.bw",
     "link.*.latency",
     "compute.speed",
+    "host.speed",
     "model.<field>",
     "model.routing.s",
     "model.routing.<field>",
@@ -139,7 +142,7 @@ def check_key(key: str, where: str = "--set") -> None:
     parts = key.split(".")
     fabric = {f.alias or n for n, f in FabricSpec.model_fields.items()}
     ok = (
-        key in ("topology", "nodes", "strategy", "compute.speed")
+        key in ("topology", "nodes", "strategy", "compute.speed", "host.speed")
         or (parts[0] == "link" and len(parts) == 3 and parts[1] and parts[2] in LINK_FIELDS)
         or (parts[0] == "model" and len(parts) == 2 and parts[1] in ModelSpec.model_fields)
         or (parts[:2] == ["model", "routing"] and len(parts) == 3 and parts[2])
@@ -193,6 +196,11 @@ def apply(cfg: RunConfig, changes: list[Change], notes: list[str]) -> Applied:
             links.append(c)
         elif k == "compute.speed":
             speed = c.speed()
+        elif k == "host.speed":
+            raise ConfigError(
+                f"{c.where} host.speed: scales the host's (CPU) ops of a measured trace; a run "
+                "config simulates no host ops (compute.speed scales its compute)"
+            )
     return Applied(raw, links, speed)
 
 

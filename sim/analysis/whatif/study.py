@@ -8,12 +8,19 @@ The base is a run config (YAML path, mapping or RunConfig), a task graph (JSON p
 TaskGraph; it needs a topology) or a measured trace (anything sim.analysis.replay imports, or
 a replay graph). Keys (sim.analysis.whatif.keys): topology, nodes, a link class's bandwidth or
 latency (`link.nvlink3.bw=*2`, `link.*.latency=1e-6`), compute speed (`compute.speed=*0.5`:
-every compute task twice as long), the layer (`model.capacity_factor=1.5`, `model.routing.s=
-1.5`: Zipf skew, switching a uniform routing to Zipf), the strategy and its parameters
-(`strategy=pipelined`, `strategy.degree=4`) and cost options (`costs.network=collective`).
+every compute task twice as long; `host.speed` for a measured trace's host ops), the layer
+(`model.capacity_factor=1.5`, `model.routing.s=1.5`: Zipf skew, switching a uniform routing to
+Zipf), the strategy and its parameters (`strategy=pipelined`, `strategy.degree=4`) and cost
+options (`costs.network=collective`).
 
 On a measured trace the measured times stay where nothing changes them: `compute.speed`
-scales the compute tasks' measured times (not their launch gaps); a link bandwidth scales a
+scales the device's compute tasks' measured times (GPU kernels; not their launch gaps), and
+only those: the host's CPU ops (the framework's ops, kernel launches, the optimizer's Python)
+keep their measured times unless `host.speed` is given, which scales those (a trace with no
+GPU work, a CPU run, computes on the host: there both keys scale the host's ops, said in a
+note). A what-if on one rank's file of a larger world (`distributedInfo.world_size`) cannot
+move the communication it waited in: communication keys are refused there, compute keys
+noted. A link bandwidth scales a
 communication task's measured time by how much its bottleneck (the slowest link between its
 members) speeds up, i.e. assumes it was bandwidth-bound; `topology`, `nodes` or `costs.*`
 re-model the communication on that cluster (flows over its links) and keep the measured
@@ -40,11 +47,10 @@ from sim.analysis.replay import (
     replay_costs_topology,
 )
 from sim.analysis.summary import summarize, work_note
-from sim.analysis.trace import to_frame, write_trace_files
+from sim.analysis.trace import to_frame
 from sim.config import RunConfig
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.core.io import OutputSet, check_output_dir
 from sim.core.kinds import COMM_KINDS, COMPUTE_KINDS, COPY_KINDS
 from sim.engine.engine import SimResult, simulate
 from sim.hardware.costs import CostModel
@@ -173,7 +179,7 @@ def with_speed(costs: CostModel, speed: float) -> CostModel:
 
 
 # -- task graphs ---------------------------------------------------------------------------
-CLUSTER_KEYS = ("topology", "nodes", "link.", "compute.speed", "costs.")
+CLUSTER_KEYS = ("topology", "nodes", "link.", "compute.speed", "host.speed", "costs.")
 
 
 def _cluster_changes(changes: list[keys.Change], what: str) -> None:
@@ -194,6 +200,12 @@ def _graph(
     notes: list[str],
 ) -> tuple[Run, Run]:
     _cluster_changes(changes, "a task graph")
+    for c in changes:
+        if c.key == "host.speed":
+            raise ConfigError(
+                "--set host.speed: scales the host's (CPU) ops of a measured trace; a task "
+                "graph has none measured (compute.speed scales its compute)"
+            )
     if topology is None:
         raise ConfigError("a task-graph base needs its cluster: give a topology (--topology)")
     name, n, spec, links, speed = _cluster_after(changes, topology, nodes, costs, g)
@@ -239,15 +251,18 @@ def _replayed(
     notes: list[str],
 ) -> tuple[Run, Run]:
     _cluster_changes(changes, "a measured trace")
+    _whole_world(g, changes, notes)
     topo, rc = replay_costs_topology(g, topology)
     name, n, spec, links, speed = _cluster_after(
         changes, topology or DEFAULT_TOPOLOGY, None, costs, g
     )
+    host = 1.0
+    for c in changes:
+        if c.key == "host.speed":
+            host *= c.speed()
     before = _run_measured(g, topo, rc)  # after the changes are checked
     after = copy.deepcopy(g)
-    for t in after:
-        if t.kind in COMPUTE_KINDS and MEASURED_TAG in t.tags:
-            t.tags[MEASURED_TAG] /= speed
+    _scale_compute(after, speed, host, notes)
     remodel = any(c.key in ("topology", "nodes") or c.key.startswith("costs.") for c in changes)
     if remodel:
         for t in after:  # communication and copies: the new cluster's model
@@ -273,6 +288,59 @@ def _replayed(
         _scale_comm(after, topo, new)
         notes.append("measured communication scaled by its bottleneck link (bandwidth-bound)")
     return before, _run_measured(after, new, replay_costs(new))
+
+
+def _scale_compute(g: TaskGraph, speed: float, host: float, notes: list[str]) -> None:
+    """Measured compute times over `speed` (the device's: tasks not tagged as the host's)
+    and the host's ops' over `host`; where the trace has no device compute, the host
+    computes and `speed` applies to it too."""
+    if speed == 1.0 and host == 1.0:
+        return
+    timed = [t for t in g if MEASURED_TAG in t.tags and t.kind not in COMM_KINDS]
+    on_host = [t for t in timed if t.tags.get("side") == "host"]
+    on_device = [t for t in timed if t.tags.get("side") != "host" and t.kind in COMPUTE_KINDS]
+    if speed != 1.0 and on_host and not on_device:
+        notes.append(
+            "no device (GPU) work in the trace: the host computes, compute.speed scales its ops"
+        )
+        host, speed = host * speed, 1.0
+    elif speed != 1.0 and on_host:
+        notes.append(
+            f"compute.speed scales the {len(on_device)} device ops; the host's "
+            f"{len(on_host)} CPU ops keep their measured times (host.speed scales those)"
+        )
+    for t in on_device:
+        t.tags[MEASURED_TAG] /= speed
+    for t in on_host:
+        t.tags[MEASURED_TAG] /= host
+    if host != 1.0 and not on_host:
+        notes.append("host.speed: the trace has no host ops apart from the device's work")
+
+
+COMM_CHANGES = ("topology", "nodes", "link.", "costs.")
+
+
+def _whole_world(g: TaskGraph, changes: list[keys.Change], notes: list[str]) -> None:
+    """A what-if on some ranks of a larger world: what needs the others is refused, the
+    rest noted (their collectives replay on the ranks present, the waits for the others
+    measured in)."""
+    info = (g.meta.get("replay") or {}) if isinstance(g.meta, dict) else {}
+    world = g.meta.get("world_size_recorded") if isinstance(g.meta, dict) else None
+    present = sorted({t.rank for t in g})
+    if not isinstance(world, int) or len(present) >= world:
+        return
+    src = info.get("source") or "the trace"
+    what = f"{src}: rank(s) {present} of a world of {world}"
+    comm = [c for c in changes if c.key.startswith(COMM_CHANGES)]
+    if comm:
+        raise ConfigError(
+            f"--set {comm[0].key}: {what}; a communication what-if needs every rank's file "
+            "(the collectives' other members), give them all"
+        )
+    notes.append(
+        f"{what}: the other ranks are not in the trace; its collectives' waits for them stay "
+        "as measured"
+    )
 
 
 def _run_measured(g: TaskGraph, topo: Topology, costs: CostModel) -> Run:
@@ -307,88 +375,3 @@ def _scale_comm(g: TaskGraph, old: Topology, new: Topology) -> None:
             t.tags[MEASURED_TAG] *= ratio(members)  # type: ignore[arg-type]
         elif t.kind in COPY_KINDS and t.kind != "d2d":
             t.tags[MEASURED_TAG] *= ratio((t.rank,), t.kind)
-
-
-# -- the command ---------------------------------------------------------------------------
-def whatif_command(
-    base: str,
-    sets: list[str],
-    topology: str | None = None,
-    nodes: int | None = None,
-    out: str | None = None,
-) -> dict[str, Any]:
-    """`moesim whatif BASE --set K=V ... [--topology T] [--nodes N] [--out DIR]`: before and
-    after summaries; with `out`, each side's trace.csv, trace.chrome.json and summary.json
-    under out/before and out/after, and out/whatif.json (both summaries and the changes)."""
-    if out is not None:  # an unusable --out fails before both simulations, not after them
-        check_output_dir(out)
-    r = whatif(base, sets, topology=topology, nodes=nodes)
-    result = {
-        "base": str(base),
-        "changes": r.after["whatif"]["changes"],
-        "notes": r.after["whatif"]["notes"],
-        "before": r.before,
-        "after": r.after,
-    }
-    if out is not None:
-        with OutputSet(out, "whatif") as oset:
-            for side, s, df, res in (
-                ("before", r.before, r.before_trace, r.before_sim),
-                ("after", r.after, r.after_trace, r.after_sim),
-            ):
-                assert res is not None  # whatif() sets both simulations
-                s["files"] = write_trace_files(oset, df, res.graph, res, f"{side}/")
-                oset.write_text(f"{side}/summary.json", json.dumps(s, indent=2, default=str))
-            result["files"] = {
-                "whatif": str(oset.final("whatif.json")),
-                "before": str(oset.final("before")),
-                "after": str(oset.final("after")),
-            }
-            oset.write_text("whatif.json", json.dumps(result, indent=2, default=str))
-    return result
-
-
-def format_whatif(result: dict[str, Any]) -> str:
-    """Before and after side by side."""
-    b, a = result["before"], result["after"]
-    rows = [
-        ("makespan", b["makespan_s"] * 1e3, a["makespan_s"] * 1e3, "ms"),
-        ("exposed comm", b["exposed_comm_s"] * 1e3, a["exposed_comm_s"] * 1e3, "ms"),
-    ]
-    for stream in sorted(set(b["busy_s"]) | set(a["busy_s"])):
-        bb, aa = b["busy_s"].get(stream, 0.0), a["busy_s"].get(stream, 0.0)
-        rows.append((f"busy {stream}", bb * 1e3, aa * 1e3, "ms"))
-    gib = 2**30
-    rows.append(
-        (
-            "peak activations",
-            b["peak_activation_bytes"] / gib,
-            a["peak_activation_bytes"] / gib,
-            "GiB",
-        )
-    )
-    for key, name in (("model_state_bytes", "model states"), ("peak_memory_bytes", "peak memory")):
-        if b.get(key) is not None and a.get(key) is not None:  # unknown on old graphs
-            rows.append((name, b[key] / gib, a[key] / gib, "GiB"))
-    kept: list[Any] = [(s.get("tokens_per_layer") or {}).get("kept") for s in (b, a)]
-    if None not in kept:  # (token, expert) choices one MoE layer keeps: the work done
-        rows.append(("tokens kept/layer", float(kept[0]), float(kept[1]), ""))
-    lines = [
-        f"what-if on {result['base']}: {' '.join(result['changes']) or '(no change)'}",
-        f"  {'':18s} {'before':>15s} {'after':>15s} {'change':>9s}",
-        f"  {'cluster':18s} {_where(b):>15s} {_where(a):>15s}",
-    ]
-    for name, x, y, unit in rows:
-        ch = f"{(y - x) / x:+.1%}" if x else "-"
-        if not unit:  # a count
-            lines.append(f"  {name:18s} {x:12,.0f}    {y:12,.0f}    {ch:>9s}")
-            continue
-        lines.append(f"  {name:18s} {x:12.3f} {unit:3s}{y:12.3f} {unit:3s}{ch:>9s}")
-    lines += [f"  note: {n}" for n in result.get("notes", [])]
-    for name, path in result.get("files", {}).items():
-        lines.append(f"  wrote {name:8s} {path}")
-    return "\n".join(lines)
-
-
-def _where(s: dict[str, Any]) -> str:
-    return f"{s['topology']}x{s['nodes']}"
