@@ -814,7 +814,79 @@ def hostile_cases() -> list[Case]:
                 },
             )
         )
+    out += _routing_cases(sim)
     out += [Case(n, a, dict(small)) for n, a in _bad_command_lines()]
+    return out
+
+
+def _npz(**arrays: Any) -> bytes:
+    import numpy as np
+
+    buf = io.BytesIO()
+    np.savez(buf, **arrays)
+    return buf.getvalue()
+
+
+def _routing_cases(sim: list[str]) -> list[Case]:
+    """Routings of sim.workload.routing: router maps that are not, targets that cannot be
+    realised, contradictions; each refused in one line naming the field or file."""
+    import numpy as np
+
+    base = CONFIGS["matrix"]
+
+    def cfg(routing: Any, **model: Any) -> bytes:
+        m = {**base["model"], "routing": routing, **model}
+        return yaml_bytes({**base, "model": {k: v for k, v in m.items() if v is not None}})
+
+    replay = {"kind": "replay", "file": "m.npz"}
+    P, E = 8, 8  # CONFIGS["matrix"]: 8 GPUs, one expert each
+    bomb = io.BytesIO()
+    np.savez_compressed(bomb, counts=np.zeros((64, 64, 256, 256), dtype=np.int64))
+    maps = {
+        "not_a_zip": b"PK\x03\x04 not really",
+        "text": b"counts = [[1, 2]]",
+        "pickled": _npz(counts=np.array([{"a": 1}], dtype=object)),
+        "floats": _npz(counts=np.ones((1, 1, P, E))),
+        "wrong_shape": _npz(counts=np.ones((1, 1, P + 1, E), dtype=np.int64)),
+        "negative": _npz(counts=-np.ones((1, 1, P, E), dtype=np.int64)),
+        "bad_sums": _npz(counts=np.ones((1, 1, P, E), dtype=np.int64)),
+        "unknown_array": _npz(counts=np.ones((1, 1, P, E), dtype=np.int64), extra=np.ones(2)),
+        "bomb": bomb.getvalue(),
+    }
+    out = [
+        Case(f"routing_map_{k}", sim, {"m.npz": v, "cfg.yaml": cfg(replay)})
+        for k, v in maps.items()
+    ]
+    out.append(Case("routing_map_fifo", sim, {"m.npz": "fifo", "cfg.yaml": cfg(replay)}))
+    out.append(Case("routing_map_missing", sim, {"cfg.yaml": cfg(replay)}))
+    bad = {
+        "lognormal_unreachable": {"kind": "lognormal", "gpu": {"max_mean": 9.0}},
+        "lognormal_two_measures": {"kind": "lognormal", "gpu": {"max_mean": 2.0, "gini": 0.2}},
+        "lognormal_no_level": {"kind": "lognormal", "seed": 1},
+        "lognormal_nodes_do_not_divide": {
+            "kind": "lognormal",
+            "node": {"max_mean": 1.5},
+            "gpus_per_node": 3,
+        },
+        "lognormal_drift_steps": {
+            "kind": "lognormal",
+            "gpu": {"max_mean": 2.0},
+            "drift": 0.5,
+            "step": 2**30,
+        },
+        "imbalance_unknown": {"kind": "imbalance", "workload": "W9"},
+        "imbalance_field_of_other_kind": {"kind": "imbalance", "workload": "W1", "s": 1.2},
+        "replay_step_past_end": {**replay, "step": 3},
+    }
+    files = {"m.npz": _npz(counts=np.full((1, 1, P, E), 2 * 2 * 256 // E, dtype=np.int64))}
+    out += [Case(f"routing_{k}", sim, {**files, "cfg.yaml": cfg(v)}) for k, v in bad.items()]
+    out.append(
+        Case(
+            "routing_dropless_with_capacity_factor",
+            sim,
+            {"cfg.yaml": cfg({"kind": "uniform"}, dropless=True, capacity_factor=1.5)},
+        )
+    )
     return out
 
 
@@ -1157,6 +1229,7 @@ PREDICT_ROW = {
     "ep": "1",
     "ga": "",
     "tokens_per_s_per_gpu": "14451",
+    "routing_max_mean": "",
 }
 PREDICT_BAD_CELLS = ("", "-1", "0", "nan", "inf", "1e30", "2.5", "abc", "1e9", "\u00e9", "8" * 40)
 

@@ -7,6 +7,8 @@ faster than a balanced one of the same tokens (the hot GPU sets the pace), for e
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -218,3 +220,42 @@ def test_a_skewed_dropless_layer_is_never_faster_than_a_balanced_one(case):
         span[label] = simulate(g, TOPO, costs).makespan
         assert g.meta["tokens_per_layer"]["kept"] == g.meta["tokens_per_layer"]["routed"]
     assert span["skew"] >= span["even"] * (1 - 1e-9), span
+
+
+def test_each_moe_block_of_a_model_routes_its_own_way():
+    """A log-normal routing without `layer` gives every MoE block its own hot GPU; naming a
+    layer routes every block alike."""
+    from sim.workload.blocks import BlockModel
+
+    base = CASES[0][2]
+    blocks = BlockModel(n=4, heads=4, moe_every=1)
+    costs = CostModel.build(TOPO, {})
+
+    def hot_ranks(routing: dict) -> set[int]:
+        g = build(
+            "sequential", _layer(base, routing), {}, ("fwd",), Cluster(TOPO, costs), blocks=blocks
+        )
+        rows: dict[int, dict[int, int]] = {}
+        for t in g:
+            if t.tags.get("step") == "fc1" and t.shape:
+                rows.setdefault(t.tags["layer"], {})[t.rank] = t.shape["m"] * t.shape["batch"]
+        return {max(r, key=r.get) for r in rows.values()}
+
+    assert len(hot_ranks(SKEW)) > 1
+    assert len(hot_ranks(SKEW | {"layer": 2})) == 1
+
+
+def test_the_imbalance_sweep_runs_w0_to_w7(tmp_path):
+    """sim/configs/imbalance_sweep.yaml: the PR's workloads as `moesim sweep` inputs; the
+    hot-set workloads are slower than the balanced one at EP 4, W0 balanced exactly."""
+    import pandas as pd
+
+    from sim.cli import main
+
+    spec = Path(__file__).resolve().parents[1] / "sim" / "configs" / "imbalance_sweep.yaml"
+    assert main(["sweep", str(spec), "--out", str(tmp_path / "w")]) == 0
+    df = pd.read_csv(tmp_path / "w" / "results.csv")
+    ep4 = df[df["param.parallel.ep"] == 4].set_index("param.model.routing.workload")
+    span, load = ep4["makespan_s"], ep4["gpu_load_max_mean"]
+    assert len(ep4) == 8 and span["W1"] > span["W0"] and span["W5"] > span["W0"]
+    assert load["W0"] == 1.0 and load["W1"] > 3 and load["W5"] >= 2.0

@@ -266,7 +266,14 @@ def to_markdown(df: pd.DataFrame) -> str:
 
 # -- what each row did: memory and tokens ------------------------------------------------------
 
-TOKEN_COLUMNS = ("tokens_routed", "tokens_kept", "tokens_dropped", "dropped_fraction")
+TOKEN_COLUMNS = (
+    "tokens_routed",
+    "tokens_kept",
+    "tokens_dropped",
+    "dropped_fraction",
+    "gpu_load_max_mean",
+)
+FRACTIONS = ("dropped_fraction", "gpu_load_max_mean")
 
 
 def _gib(nbytes: Any) -> str:
@@ -296,11 +303,12 @@ def _kept(r: Any) -> str:
 
 def token_columns(summary: dict[str, Any]) -> dict[str, Any]:
     """A summary's (token, expert) choices of one MoE layer as flat row columns (None where
-    the graph does not say): routed, kept within capacity, dropped, and the dropped share."""
+    the graph does not say): routed, kept within capacity, dropped, the dropped share, and
+    the hottest GPU's kept rows over the mean."""
     t = summary.get("tokens_per_layer") or {}
     return {
-        f"tokens_{k}" if k != "dropped_fraction" else k: t.get(k)
-        for k in ("routed", "kept", "dropped", "dropped_fraction")
+        f"tokens_{k}" if k not in FRACTIONS else k: t.get(k)
+        for k in ("routed", "kept", "dropped", *FRACTIONS)
     }
 
 
@@ -308,7 +316,7 @@ def typed_token_columns(df: pd.DataFrame) -> None:
     """Counts as nullable integers, the fraction as a nullable float: an unknown stays
     unknown (NA), not 0 and not a NaN that a finiteness check would refuse."""
     for c in TOKEN_COLUMNS:
-        df[c] = df[c].astype("Float64" if c == "dropped_fraction" else "Int64")
+        df[c] = df[c].astype("Float64" if c in FRACTIONS else "Int64")
 
 
 SCOPES_DIFFER = (

@@ -174,8 +174,13 @@ def build(
     graph = strat.build(layer, full, passes, cluster)
     if blocks is not None:
         from sim.strategies.model import build_model
+        from sim.workload.routing import per_block
 
-        graph = build_model(blocks, layer, graph, passes)
+        own = {
+            b: strat.build(lb, full, passes, cluster)
+            for b, lb in per_block(layer, blocks.moe_blocks).items()
+        }
+        graph = build_model(blocks, layer, graph, passes, own)
         if strat.model_pass is not None:  # passes over the whole model (Lancet)
             graph = strat.model_pass(graph, full, cluster)
     return _spread(_issued(_account(graph, name, layer, passes, blocks, full)), layout)

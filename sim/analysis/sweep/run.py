@@ -32,6 +32,8 @@ FLOAT_COLUMNS = (
     # of one MoE layer's (token, expert) choices, the share capacity dropped: rows that drop
     # more compute less, so their times are not for the same work
     "dropped_fraction",
+    # the hottest GPU's kept rows over the mean (1: balanced): it paces the layer
+    "gpu_load_max_mean",
     "wall_s",
 )
 INT_COLUMNS = ("tokens", "gpus", "tokens_routed", "tokens_kept", "tokens_dropped")
@@ -105,7 +107,10 @@ def _float(x: Any) -> float:
 def _tokens(t: dict[str, Any]) -> dict[str, Any]:
     """The summary's tokens of one MoE layer as row columns (None / NaN where unknown)."""
     out: dict[str, Any] = {f"tokens_{k}": t.get(k) for k in ("routed", "kept", "dropped")}
-    return out | {"dropped_fraction": _float(t.get("dropped_fraction"))}
+    return out | {
+        "dropped_fraction": _float(t.get("dropped_fraction")),
+        "gpu_load_max_mean": _float(t.get("gpu_load_max_mean")),
+    }
 
 
 def _busy(busy: dict[str, float], kind: str) -> float:

@@ -174,11 +174,17 @@ def _buffer(b: int, ops: list[Op]) -> str:
 
 
 def build_model(
-    blocks: BlockModel, layer: MoELayer, layer_graph: TaskGraph, passes: tuple[str, ...]
+    blocks: BlockModel,
+    layer: MoELayer,
+    layer_graph: TaskGraph,
+    passes: tuple[str, ...],
+    per_block: dict[int, TaskGraph] | None = None,
 ) -> TaskGraph:
     """The model's graph on `layer.world` ranks (one replica), its MoE blocks spliced from
-    `layer_graph` (the strategy's graph of one layer, forward and backward)."""
+    `layer_graph` (the strategy's graph of one layer, forward and backward), or from
+    `per_block[b]` where a block routes its own way (`sim.workload.routing.per_block`)."""
     tpls = templates(layer_graph)
+    own = {b: templates(g) for b, g in (per_block or {}).items()}
     kinds = {moe: block_ops(blocks, layer, moe) for moe in (False, True)}
     g = TaskGraph(
         layer.world,
@@ -194,13 +200,13 @@ def build_model(
         if "fwd" in passes:
             for b in range(blocks.n):
                 moe = blocks.is_moe(b)
-                tpl = tpls.get((rank, "fwd")) if moe else None
+                tpl = own.get(b, tpls).get((rank, "fwd")) if moe else None
                 last = _forward_block(r, b, kinds[moe], tpl, last)
         if "bwd" in passes:
             grads = last
             for b in reversed(range(blocks.n)):
                 moe = blocks.is_moe(b)
-                tpl = tpls.get((rank, "bwd")) if moe else None
+                tpl = own.get(b, tpls).get((rank, "bwd")) if moe else None
                 grads = _backward_block(r, b, kinds[moe], tpl, grads)
             _grad_sync(r, grads, sync_bytes, everyone, blocks.dp, layer)
             if "fwd" not in passes:

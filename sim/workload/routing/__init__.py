@@ -13,6 +13,9 @@ import numpy as np
 from sim.core.errors import ConfigError
 
 KINDS = ("uniform", "zipf", "matrix", "lognormal", "imbalance", "replay")
+# routings whose `layer` field picks or seeds a layer's own loads: in a model of blocks each
+# MoE block routes its own way unless the config names one layer
+PER_LAYER = ("lognormal", "replay")
 
 
 def routed(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k: int):
@@ -33,6 +36,35 @@ def routed(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k
     if kind == "zipf":
         return zipf(routing, world, experts, tokens, top_k)
     raise ConfigError(f"model.routing.kind: expected one of {KINDS}, got {kind!r}")
+
+
+def per_block(layer: Any, moe_blocks: list[int]) -> dict[int, Any]:
+    """MoE block -> its own layer where the routing varies by layer: a log-normal routing
+    with no `layer` draws each block's hot set with the block's MoE index folded into its
+    seed; a router map with several layers and no `layer` replays MoE block i from the
+    map's layer i. Block 0 of the model is the layer as given (empty dict: one routing)."""
+    from dataclasses import replace
+
+    r = layer.routing
+    if r.get("kind") not in PER_LAYER or "layer" in r:
+        return {}
+    if r["kind"] == "replay":
+        from sim.workload.routing import replay
+
+        rec = r["counts"] if "counts" in r else replay.load(r["file"])
+        n = rec["counts"].shape[1]
+        if n == 1:
+            return {}
+        if n < len(moe_blocks):
+            raise ConfigError(
+                f"model.routing.file: the map has {n} layers, the model {len(moe_blocks)} MoE "
+                "blocks (give `layer` to replay one layer in every block)"
+            )
+        r = {**r, "counts": rec}
+        r.pop("file", None)
+    return {
+        b: replace(layer, routing={**r, "layer": i}) for i, b in enumerate(moe_blocks) if i > 0
+    }
 
 
 def zipf(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k: int):
