@@ -62,9 +62,7 @@ def per_block(layer: Any, moe_blocks: list[int]) -> dict[int, Any]:
             )
         r = {**r, "counts": rec}
         r.pop("file", None)
-    return {
-        b: replace(layer, routing={**r, "layer": i}) for i, b in enumerate(moe_blocks) if i > 0
-    }
+    return {b: replace(layer, routing={**r, "layer": i}) for i, b in enumerate(moe_blocks) if i > 0}
 
 
 def zipf(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k: int):
