@@ -231,9 +231,11 @@ def _token_line(t: dict[str, Any]) -> str:
     if t.get("routed") is None:
         return "unknown (the graph's meta does not say)"
     rule = f"capacity C={t['capacity']}" if t.get("capacity") else str(t.get("policy"))
+    load = t.get("gpu_load_max_mean")
+    skew = "" if load is None or load == 1.0 else f"; hottest GPU {load:.2f}x the mean load"
     return (
         f"routed {t['routed']:,}, kept {t['kept']:,}, dropped {t['dropped']:,} "
-        f"({t['dropped_fraction']:.1%}) (token, expert) choices ({rule})"
+        f"({t['dropped_fraction']:.1%}) (token, expert) choices ({rule}{skew})"
     )
 
 
