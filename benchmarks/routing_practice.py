@@ -234,7 +234,7 @@ def step_penalty(lines: list[str], rows: list[int]) -> None:
         "|---:|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     for i in rows:
-        cols = table[i - 2]
+        cols = table[i - 1]
         tps = []
         for m in (1.0, 1.3, 2.0, 3.0, 4.0):
             r = predict_run(parse_row(dict(cols, routing_max_mean=str(m)), i))
@@ -261,7 +261,9 @@ def step_penalty(lines: list[str], rows: list[int]) -> None:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", default="10,53,11", help="published rows for part 3")
+    ap.add_argument(
+        "--rows", default="9,52,10", help="published rows for part 3 (1-based, as predict --row)"
+    )
     ap.add_argument("--out", default=str(OUT))
     a = ap.parse_args()
     t0 = time.time()

@@ -8,10 +8,12 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sim.training.plan import Plan
 from sim.training.predict import REQUIRED
+
+if TYPE_CHECKING:  # the plan writes its report: only its type is read here
+    from sim.training.plan import Plan
 
 COLUMNS = (
     "rank",
