@@ -225,12 +225,12 @@ def _on_dask(
         client = scheduler
     try:
         # keys of this call only: a client's earlier futures of the same items never answer
-        token = uuid.uuid4().hex[:8]
+        tag = uuid.uuid4().hex[:8]
         by_key: dict[Any, Any] = {}
 
         def submit(batch: Iterable[Any]) -> list[Any]:
             batch = list(batch)
-            keys = [f"moesim-{name(x)}-{token}" for x in batch]
+            keys = [f"moesim-{name(x)}-{tag}" for x in batch]
             futs = client.map(fn, batch, pure=False, key=keys) if batch else []
             by_key.update({f.key: x for f, x in zip(futs, batch)})
             return futs
