@@ -14,7 +14,7 @@ from typing import Any
 import yaml
 
 from sim.config.routing_file import check_calibration_file, load_matrix_file
-from sim.config.run_schema import RunSpec, check_params
+from sim.config.run_schema import check_params, run_spec
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.limits import DEFAULT as DEFAULT_LIMITS
@@ -46,7 +46,7 @@ class RunConfig:
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
         """Checked against the schema (`sim.config.run_schema.RunSpec`) first: every field's
         type, range and spelling, all problems of the file in one line."""
-        check(RunSpec, raw, source)
+        check(run_spec(raw), raw, source)
         calibration = (raw.get("costs") or {}).get("calibration")
         if calibration:  # read as safely as the config itself, before the cost model does
             check_calibration_file(calibration)

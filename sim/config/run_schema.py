@@ -9,9 +9,10 @@ The `model:` section's models are in `sim.config.model_schema`.
 
 from __future__ import annotations
 
+from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import BeforeValidator, Field, create_model, field_validator
 
 from sim.config.model_schema import Dtype, ModelSpec, model_preset
 from sim.core.errors import ConfigError
@@ -172,6 +173,24 @@ class LimitsSpec(Strict):
 assert set(LimitsSpec.model_fields) == set(LIMIT_NAMES)
 
 
+class GemmShapeTime(Strict):
+    """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
+
+    m: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["m"])
+    n: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["n"])
+    k: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["k"])
+    batch: Annotated[int, Field(gt=0, le=2**31)] = Field(1, description=GEMM_DIMS["batch"])
+    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        description="its measured time (the median of its repetitions), seconds"
+    )
+    dtype: Dtype | None = Field(
+        None, description="the dtype it was measured in; omitted: it stands for every dtype"
+    )
+    layout: Literal[GEMM_LAYOUTS] | None = Field(  # type: ignore[valid-type]
+        None, description=GEMM_DIMS["layout"]
+    )
+
+
 class CostsSpec(Strict):
     """The cost model (`sim.hardware.costs.CostModel.build`): over the topology's parameters,
     with a calibration's below the ones given here."""
@@ -263,27 +282,6 @@ class CostsSpec(Strict):
     )
 
 
-class GemmShapeTime(Strict):
-    """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
-
-    m: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["m"])
-    n: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["n"])
-    k: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["k"])
-    batch: Annotated[int, Field(gt=0, le=2**31)] = Field(1, description=GEMM_DIMS["batch"])
-    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
-        description="its measured time (the median of its repetitions), seconds"
-    )
-    dtype: Dtype | None = Field(
-        None, description="the dtype it was measured in; omitted: it stands for every dtype"
-    )
-    layout: Literal[GEMM_LAYOUTS] | None = Field(  # type: ignore[valid-type]
-        None, description=GEMM_DIMS["layout"]
-    )
-
-
-CostsSpec.model_rebuild()
-
-
 class OutputSpec(Strict):
     # omitted, not null: a null dir or format would be taken as given (see FabricSpec; the
     # type ignores are the None defaults, as there)
@@ -329,14 +327,15 @@ def check_params(name: str, params: dict[str, Any], source: str) -> None:
     not take is typed as the first strategy that takes it types it, so that a wrong value is
     named before `sim.strategies.resolve_params` says the strategy does not take it; an
     unknown strategy is resolve_params' to name."""
-    from sim.strategies import STRATEGIES, STRATEGY_LIST
+    import sim.strategies as strategies  # STRATEGY_LIST (every strategy) read only if needed
 
-    own = STRATEGIES.get(name)
+    own = strategies.STRATEGIES.get(name)
     found: dict[str, str] = {}
     for key, value in params.items():
         strat = own if own is not None and key in own.Params.model_fields else None
         if strat is None:  # not this strategy's: the type of the name where one declares it
-            strat = next((s for s in STRATEGY_LIST if key in s.Params.model_fields), None)
+            every = strategies.STRATEGY_LIST
+            strat = next((s for s in every if key in s.Params.model_fields), None)
         if strat is not None:
             found |= strat.problems({key: value})
     problems = [f"strategy.{k}: expected {h}, got {short(params[k])}" for k, h in found.items()]
@@ -403,3 +402,28 @@ class RunSpec(Strict):
         description="size limits for this run (sim.core.limits); --limit NAME=N on the "
         "command line",
     )
+
+
+# Sections a config may leave out whose schemas are most of RunSpec's (CostsSpec's alone is a
+# third): `run_spec` checks a config that leaves them out, or empty, against RunSpec with them
+# typed Any, so that their validators are built (at first use: `defer_build`) only for a
+# config that fills them. Nothing else changes: an absent key is never validated, and an
+# empty mapping is valid for each of them (every field has a default; tests check it).
+OPTIONAL_SECTIONS = ("fabric", "parallel", "costs", "output", "limits")
+
+
+def run_spec(raw: Any) -> type[RunSpec]:
+    """The model that checks `raw` as RunSpec does: RunSpec itself, or RunSpec with the
+    sections of OPTIONAL_SECTIONS that `raw` leaves out or empty typed Any."""
+    if not isinstance(raw, dict):
+        return RunSpec
+    unused = (k for k in OPTIONAL_SECTIONS if k not in raw or type(raw[k]) is dict and not raw[k])
+    return _without(frozenset(unused))
+
+
+@cache
+def _without(sections: frozenset[str]) -> type[RunSpec]:
+    if not sections:
+        return RunSpec
+    unchecked: Any = (Any, None)
+    return create_model("RunSpec", __base__=RunSpec, **dict.fromkeys(sorted(sections), unchecked))
