@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     """The error boundary: every user mistake and every refused file or path becomes one
     line on stderr and exit 2, never a traceback."""
+    undo = _lean_runtime()
+    try:
+        return _command(argv)
+    finally:
+        undo()
+
+
+def _command(argv: list[str] | None) -> int:
     import signal
 
     # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
@@ -95,7 +103,6 @@ def main(argv: list[str] | None = None) -> int:
     progress.set_enabled(False if getattr(args, "json", False) else None)
     if args.fn.__module__.startswith("sim.") and args.cmd != "schema":  # the simulator's
         _single_threaded_blas()
-    undo = _lean_runtime()
     try:
         _finite_options(args)
         return args.fn(args)
@@ -122,8 +129,6 @@ def main(argv: list[str] | None = None) -> int:
         if type(e).__module__.startswith("yaml"):
             return _fail(f"not valid YAML ({' '.join(str(e).split())})")
         raise
-    finally:
-        undo()
 
 
 # what OpenBLAS reads for its thread count, in its order
