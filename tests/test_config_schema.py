@@ -133,7 +133,7 @@ def test_run_spec_leaves_out_unused_sections_and_reads_the_same():
     """`run_spec` (start-up: only the validators a config needs are built) types the optional
     sections a config leaves out or empty as Any: that is exact only if an empty mapping is
     valid for each, and every problem of such a config reads as RunSpec's."""
-    from sim.config.run_schema import OPTIONAL_SECTIONS, run_spec
+    from sim.config import OPTIONAL_SECTIONS, run_spec
     from sim.core.schema import check
 
     bare = {k: v for k, v in BASE.items() if k not in OPTIONAL_SECTIONS}

@@ -9,10 +9,9 @@ The `model:` section's models are in `sim.config.model_schema`.
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Annotated, Any, Literal
 
-from pydantic import BeforeValidator, Field, create_model, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from sim.config.model_schema import Dtype, ModelSpec, model_preset
 from sim.core.errors import ConfigError
@@ -402,28 +401,3 @@ class RunSpec(Strict):
         description="size limits for this run (sim.core.limits); --limit NAME=N on the "
         "command line",
     )
-
-
-# Sections a config may leave out whose schemas are most of RunSpec's (CostsSpec's alone is a
-# third): `run_spec` checks a config that leaves them out, or empty, against RunSpec with them
-# typed Any, so that their validators are built (at first use: `defer_build`) only for a
-# config that fills them. Nothing else changes: an absent key is never validated, and an
-# empty mapping is valid for each of them (every field has a default; tests check it).
-OPTIONAL_SECTIONS = ("fabric", "parallel", "costs", "output", "limits")
-
-
-def run_spec(raw: Any) -> type[RunSpec]:
-    """The model that checks `raw` as RunSpec does: RunSpec itself, or RunSpec with the
-    sections of OPTIONAL_SECTIONS that `raw` leaves out or empty typed Any."""
-    if not isinstance(raw, dict):
-        return RunSpec
-    unused = (k for k in OPTIONAL_SECTIONS if k not in raw or type(raw[k]) is dict and not raw[k])
-    return _without(frozenset(unused))
-
-
-@cache
-def _without(sections: frozenset[str]) -> type[RunSpec]:
-    if not sections:
-        return RunSpec
-    unchecked: Any = (Any, None)
-    return create_model("RunSpec", __base__=RunSpec, **dict.fromkeys(sorted(sections), unchecked))
