@@ -75,8 +75,8 @@ step("interpreter start (site, encodings)")
 import sim.cli, sim.commands
 step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
-import numpy.random, numpy.ma
-step("numpy (with numpy.random, numpy.ma)")
+import numpy.ma
+step("numpy (with numpy.ma, which np.unique loads)")
 import pydantic
 from pydantic import BaseModel, TypeAdapter
 step("pydantic")
@@ -84,11 +84,12 @@ import yaml, simpy
 step("yaml, simpy")
 import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
-step("topology and cost schemas (pydantic models built)")
-import sim.strategies, sim.engine.symmetric, sim.pipeline, sim.analysis.trace
+step("topology and cost schema modules (pydantic models)")
+import sim.strategies, sim.strategies.sequential, sim.engine.symmetric, sim.pipeline
+import sim.analysis.trace
 step("sim modules (strategies, engine, topology, trace)")
 import sim.config
-step("sim.config: the run config's schema (pydantic models built)")
+step("sim.config: the run config's schema module")
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
     sim.cli.main(["simulate", sys.argv[1], "--json", "--out", sys.argv[2]])

@@ -127,3 +127,31 @@ def test_json_schema_for_editors():
     schema = json_schema(RunSpec, "moesim run config")
     json.dumps(schema)
     assert {"topology", "model", "costs", "parallel"} <= set(schema["properties"])
+
+
+def test_run_spec_leaves_out_unused_sections_and_reads_the_same():
+    """`run_spec` (start-up: only the validators a config needs are built) types the optional
+    sections a config leaves out or empty as Any: that is exact only if an empty mapping is
+    valid for each, and every problem of such a config reads as RunSpec's."""
+    from sim.config import OPTIONAL_SECTIONS, run_spec
+    from sim.core.schema import check
+
+    bare = {k: v for k, v in BASE.items() if k not in OPTIONAL_SECTIONS}
+    for section in OPTIONAL_SECTIONS:
+        RunSpec.model_validate({**bare, section: {}})
+    full = {**BASE, "parallel": {"ep": 16}, "limits": {"max_world": 64}}
+    assert run_spec([]) is RunSpec and run_spec(full) is RunSpec
+    assert run_spec(bare) is run_spec({**bare, "costs": {}})  # built once, then cached
+    assert run_spec(bare) is not RunSpec
+    bad = [
+        {**bare, "nodes": 0, "costz": {}},
+        {**bare, "model": {**bare["model"], "batch": True, "top_k": 0}, "passes": "fwdd"},
+        {**bare, "strategy": None, "limits": {}, "output": {"dirr": "x"}},
+        {**bare, "costs": None, "fabric": []},
+    ]
+    for raw in bad:
+        with pytest.raises(ConfigError) as want:
+            check(RunSpec, raw, "c.yaml")
+        with pytest.raises(ConfigError) as got:
+            check(run_spec(raw), raw, "c.yaml")
+        assert str(got.value) == str(want.value)

@@ -98,3 +98,31 @@ def test_load_yaml_names_the_file(tmp_path):
     p = tmp_path / "c.yaml"
     p.write_text("a: [1, 2\n")
     assert _err(load_yaml, p, "config file").startswith(f"config file {p}: not valid YAML")
+
+
+def test_presets_read_by_libyaml_as_by_pyyaml():
+    """The shipped topology presets are parsed by libyaml (start-up: `load_yaml_text`'s
+    `libyaml`); for them it must give exactly what PyYAML's parser gives."""
+    import yaml
+
+    from sim.core import safeload
+    from sim.hardware.topology.spec import SHIPPED, list_presets
+
+    if not yaml.__with_libyaml__:
+        pytest.skip("PyYAML without libyaml: the presets are read by PyYAML itself")
+    names = list_presets()
+    assert names
+    for name in names:
+        text = read_text(SHIPPED / f"{name}.yaml")
+        fast = safeload._load(text, name, yaml.CSafeLoader)
+        assert fast == safeload._load(text, name, yaml.SafeLoader), name
+        assert repr(fast) == repr(load_yaml_text(text, name, libyaml=True)), name
+
+
+@pytest.mark.parametrize("text", ["a:\t1\n", "[1.yes?]\n", "|##\n"])
+def test_inputs_keep_pyyaml_rules_where_libyaml_is_looser(text):
+    """What libyaml accepts but PyYAML refuses stays refused for an input (libyaml reads only
+    the shipped presets); with `libyaml`, an error still reads as PyYAML words it."""
+    msg = _err(load_yaml_text, text, "cfg.yaml")
+    assert msg.startswith("cfg.yaml: not valid YAML (")
+    assert _err(load_yaml_text, "a: [1\n", "p", True) == _err(load_yaml_text, "a: [1\n", "p")

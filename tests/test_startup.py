@@ -1,8 +1,10 @@
 """Start-up stays cheap: `import sim` and building the `moesim` parser (the executor's
 subcommands included) import none of the heavy libraries; the commands that need them import
 them when they run, and a plain `moesim simulate` needs none of pandas, networkx, plotly,
-pyarrow, tqdm or torch. What that costs in CPU time is recorded by benchmarks/startup.py
-(tests do not time anything)."""
+pyarrow, tqdm or torch. A tiny one (benchmarks/startup.py's TINY) also loads only its own
+strategy, builds only the validators of its config and topology, and leaves numpy.random
+and pydantic's plugin scan out. What that costs in CPU time is recorded by
+benchmarks/startup.py (tests do not time anything)."""
 
 from __future__ import annotations
 
@@ -90,3 +92,54 @@ def test_simulate_loads_numpy_with_one_blas_thread_and_leaves_the_environment(tm
     assert value == (user or "None")
     if user is None:
         assert threads == "1"
+
+
+def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
+    """What issue 21 item 10 cut from a tiny run's start-up, kept cut: the other strategies
+    (`sim.strategies.STRATEGY_LIST` is built on first use; a run reads STRATEGIES[name]),
+    pydantic validators of input models it does not validate (`defer_build`; RunSpec without
+    the sections the config leaves out: `run_spec`), numpy.random (flow tags), and
+    pydantic's scan of installed distributions for plugins (`sim.cli._lean_runtime`). The
+    CLI's GC and environment settings are undone when main() returns."""
+    cfg = tmp_path / "tiny.yaml"
+    cfg.write_text(json.dumps(TINY))
+    argv = ["simulate", str(cfg), "--json", "--out", str(tmp_path / "out")]
+    code = (
+        "import contextlib, gc, io, json, os, sys, pydantic, sim.cli, sim.strategies\n"
+        "before = gc.get_threshold()\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    assert sim.cli.main({argv!r}) == 0\n"
+        "models, todo = [], [pydantic.BaseModel]\n"
+        "while todo:\n"
+        "    subclasses = todo.pop().__subclasses__()\n"
+        "    models += subclasses\n"
+        "    todo += subclasses\n"
+        "built = {f'{m.__module__}.{m.__name__}' for m in models\n"
+        "         if m.__dict__.get('__pydantic_complete__')}\n"
+        "print(json.dumps({\n"
+        "    'strategies': sorted(m for m in sys.modules if m.startswith('sim.strategies.')\n"
+        "                         and m.split('.')[2] in sim.strategies._MODULES),\n"
+        "    'listed': 'STRATEGY_LIST' in vars(sim.strategies),\n"
+        "    'built': sorted(built),\n"
+        "    'loaded': [m for m in ('numpy.random', 'sim.hardware.calibration_schema')\n"
+        "               if m in sys.modules],\n"
+        "    'plugins_scanned': getattr(sys.modules.get('pydantic.plugin._loader'),\n"
+        "                               '_plugins', None) is not None,\n"
+        "    'restored': gc.get_threshold() == before\n"
+        "                and 'PYDANTIC_DISABLE_PLUGINS' not in os.environ,\n"
+        "}))\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "PYDANTIC_DISABLE_PLUGINS"}
+    p = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert p.returncode == 0, p.stderr
+    got = json.loads(p.stdout.splitlines()[-1])
+    assert got == {
+        "strategies": ["sim.strategies.sequential"],
+        "listed": False,
+        "built": ["sim.config.run_schema.RunSpec", "sim.hardware.topology.schema.TopologySpec"],
+        "loaded": [],
+        "plugins_scanned": False,
+        "restored": True,
+    }

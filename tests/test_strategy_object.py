@@ -158,3 +158,14 @@ def test_executor_finds_layers_by_real_layer(monkeypatch):
     )
     assert STRATEGIES["leadpipe"] is LAYERS["pipelined"]
     assert "parm" not in STRATEGIES  # real_layer None: no real form
+
+
+def test_each_strategy_module_is_named_as_its_strategy():
+    """`STRATEGIES[name]` imports the module `sim.strategies.<name>` alone (start-up), so a
+    strategy's module and its name must agree, in STRATEGY_LIST's order."""
+    import importlib
+
+    assert list(strategies._MODULES) == [s.name for s in strategies.STRATEGY_LIST]
+    for name in strategies._MODULES:
+        module = importlib.import_module(f"sim.strategies.{name}")
+        assert module.STRATEGY is strategies.STRATEGIES[name]

@@ -7,11 +7,13 @@ typo never turns into a silently different experiment.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import create_model
 
 from sim.config.routing_file import check_calibration_file, load_matrix_file
 from sim.config.run_schema import RunSpec, check_params
@@ -25,6 +27,28 @@ from sim.strategies import DERIVED_FIT_WEIGHT, STRATEGIES, named, pair_weight, r
 from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
+
+# Sections a config may leave out, whose schemas are most of RunSpec's: `run_spec` types the
+# ones a config leaves out or empty as Any, so their validators are built (`defer_build`) only
+# when filled. Exact: an absent key is never validated, and {} is valid for each (tests).
+OPTIONAL_SECTIONS = ("fabric", "parallel", "costs", "output", "limits")
+
+
+def run_spec(raw: Any) -> type[RunSpec]:
+    """RunSpec, with the OPTIONAL_SECTIONS that `raw` leaves out or empty typed Any."""
+    if not isinstance(raw, dict):
+        return RunSpec
+    unused = (k for k in OPTIONAL_SECTIONS if k not in raw or type(raw[k]) is dict and not raw[k])
+    return _without(frozenset(unused))
+
+
+@cache
+def _without(sections: frozenset[str]) -> type[RunSpec]:
+    unchecked: Any = (Any, None)
+    fields = dict.fromkeys(sorted(sections), unchecked)
+    if not fields:
+        return RunSpec
+    return create_model("RunSpec", __base__=RunSpec, __module__=RunSpec.__module__, **fields)
 
 
 @dataclass
@@ -46,7 +70,7 @@ class RunConfig:
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
         """Checked against the schema (`sim.config.run_schema.RunSpec`) first: every field's
         type, range and spelling, all problems of the file in one line."""
-        check(RunSpec, raw, source)
+        check(run_spec(raw), raw, source)
         calibration = (raw.get("costs") or {}).get("calibration")
         if calibration:  # read as safely as the config itself, before the cost model does
             check_calibration_file(calibration)

@@ -172,6 +172,24 @@ class LimitsSpec(Strict):
 assert set(LimitsSpec.model_fields) == set(LIMIT_NAMES)
 
 
+class GemmShapeTime(Strict):
+    """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
+
+    m: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["m"])
+    n: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["n"])
+    k: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["k"])
+    batch: Annotated[int, Field(gt=0, le=2**31)] = Field(1, description=GEMM_DIMS["batch"])
+    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
+        description="its measured time (the median of its repetitions), seconds"
+    )
+    dtype: Dtype | None = Field(
+        None, description="the dtype it was measured in; omitted: it stands for every dtype"
+    )
+    layout: Literal[GEMM_LAYOUTS] | None = Field(  # type: ignore[valid-type]
+        None, description=GEMM_DIMS["layout"]
+    )
+
+
 class CostsSpec(Strict):
     """The cost model (`sim.hardware.costs.CostModel.build`): over the topology's parameters,
     with a calibration's below the ones given here."""
@@ -263,27 +281,6 @@ class CostsSpec(Strict):
     )
 
 
-class GemmShapeTime(Strict):
-    """A GEMM shape profiled exactly (a calibration's `gemm_shapes` row)."""
-
-    m: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["m"])
-    n: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["n"])
-    k: Annotated[int, Field(gt=0, le=2**31)] = Field(description=GEMM_DIMS["k"])
-    batch: Annotated[int, Field(gt=0, le=2**31)] = Field(1, description=GEMM_DIMS["batch"])
-    seconds: Annotated[float, Field(gt=0, le=1e6, allow_inf_nan=False)] = Field(
-        description="its measured time (the median of its repetitions), seconds"
-    )
-    dtype: Dtype | None = Field(
-        None, description="the dtype it was measured in; omitted: it stands for every dtype"
-    )
-    layout: Literal[GEMM_LAYOUTS] | None = Field(  # type: ignore[valid-type]
-        None, description=GEMM_DIMS["layout"]
-    )
-
-
-CostsSpec.model_rebuild()
-
-
 class OutputSpec(Strict):
     # omitted, not null: a null dir or format would be taken as given (see FabricSpec; the
     # type ignores are the None defaults, as there)
@@ -329,14 +326,15 @@ def check_params(name: str, params: dict[str, Any], source: str) -> None:
     not take is typed as the first strategy that takes it types it, so that a wrong value is
     named before `sim.strategies.resolve_params` says the strategy does not take it; an
     unknown strategy is resolve_params' to name."""
-    from sim.strategies import STRATEGIES, STRATEGY_LIST
+    import sim.strategies as strategies  # STRATEGY_LIST (every strategy) read only if needed
 
-    own = STRATEGIES.get(name)
+    own = strategies.STRATEGIES.get(name)
     found: dict[str, str] = {}
     for key, value in params.items():
         strat = own if own is not None and key in own.Params.model_fields else None
         if strat is None:  # not this strategy's: the type of the name where one declares it
-            strat = next((s for s in STRATEGY_LIST if key in s.Params.model_fields), None)
+            every = strategies.STRATEGY_LIST
+            strat = next((s for s in every if key in s.Params.model_fields), None)
         if strat is not None:
             found |= strat.problems({key: value})
     problems = [f"strategy.{k}: expected {h}, got {short(params[k])}" for k, h in found.items()]

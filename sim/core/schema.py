@@ -31,8 +31,17 @@ Fraction = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]  # (0, 1]
 
 
 class Strict(BaseModel):
+    # defer_build: a model's validator is built when it is first used, not when its module is
+    # imported: a run validates two of the ~30 input models (its config and its topology), each
+    # built with the models inside it, and building every model at import was a tenth of a
+    # small `moesim simulate`
     model_config = ConfigDict(
-        extra="forbid", strict=True, allow_inf_nan=False, frozen=True, populate_by_name=True
+        extra="forbid",
+        strict=True,
+        allow_inf_nan=False,
+        frozen=True,
+        populate_by_name=True,
+        defer_build=True,
     )
 
 

@@ -20,6 +20,7 @@ Hooks for a model of many blocks (`build(..., blocks=...)`), all optional:
 
 from __future__ import annotations
 
+import importlib
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
@@ -27,20 +28,6 @@ from typing import Any
 
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies import (
-    deepep,
-    dualpipe,
-    fastermoe,
-    lancet,
-    megatron_ep,
-    mpipemoe,
-    parm,
-    pipelined,
-    pipemoe,
-    sequential,
-    ted,
-    tutel,
-)
 from sim.strategies.base import Strategy
 from sim.strategies.resolved import Resolved
 from sim.workload import dp_span
@@ -48,29 +35,59 @@ from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, replicate
 
-STRATEGY_LIST: list[Strategy] = [
-    sequential.STRATEGY,
-    pipelined.STRATEGY,
-    pipemoe.STRATEGY,
-    tutel.STRATEGY,
-    ted.STRATEGY,
-    fastermoe.STRATEGY,
-    mpipemoe.STRATEGY,
-    lancet.STRATEGY,
-    parm.STRATEGY,
-    deepep.STRATEGY,
-    megatron_ep.STRATEGY,
-    dualpipe.STRATEGY,
-]
+# The strategies' modules (in sim.strategies), each named as its STRATEGY is, in
+# STRATEGY_LIST's order. A run imports only the module of the strategy it names
+# (`STRATEGIES[name]`): the builders of the others and their Params models are a third of a
+# small `moesim simulate`'s start-up. STRATEGY_LIST, built on first use (`__getattr__`),
+# imports them all, as does going over STRATEGIES.
+_MODULES = (
+    "sequential",
+    "pipelined",
+    "pipemoe",
+    "tutel",
+    "ted",
+    "fastermoe",
+    "mpipemoe",
+    "lancet",
+    "parm",
+    "deepep",
+    "megatron_ep",
+    "dualpipe",
+)
+
+STRATEGY_LIST: list[Strategy]  # every strategy, in _MODULES' order (bound by __getattr__)
+
+
+def __getattr__(name: str) -> Any:
+    """`STRATEGY_LIST` on first use (PEP 562), every strategy module imported then."""
+    if name == "STRATEGY_LIST":
+        global STRATEGY_LIST
+        STRATEGY_LIST = [_strategy(m) for m in _MODULES]
+        return STRATEGY_LIST
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def _listed() -> list[Strategy]:
+    """STRATEGY_LIST (a global name read in this module does not reach `__getattr__`)."""
+    found: list[Strategy] | None = globals().get("STRATEGY_LIST")
+    return found if found is not None else __getattr__("STRATEGY_LIST")
+
+
+def _strategy(module: str) -> Strategy:
+    strat: Strategy = importlib.import_module(f"{__name__}.{module}").STRATEGY
+    return strat
 
 
 class _ByName(Mapping[str, Strategy]):
-    """STRATEGY_LIST by name, read afresh on every access (a test may swap the list)."""
+    """STRATEGY_LIST by name, read afresh on every access (a test may swap the list). Until
+    the list is first read, a name looks up its own module only."""
 
     def _now(self) -> dict[str, Strategy]:
-        return {s.name: s for s in STRATEGY_LIST}
+        return {s.name: s for s in _listed()}
 
     def __getitem__(self, k: str) -> Strategy:
+        if "STRATEGY_LIST" not in globals() and k in _MODULES:
+            return _strategy(k)
         return self._now()[k]
 
     def __iter__(self) -> Iterator[str]:

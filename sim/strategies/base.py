@@ -44,7 +44,8 @@ Flag = Annotated[bool, Hint("true or false")]
 class StrategyParams(BaseModel):
     """Base of every strategy's `Params`: strict types (no bool for an int, no NaN)."""
 
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid")
+    # defer_build: built when first used (`problems`, `describe`), not at import
+    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", defer_build=True)
 
 
 def hint(field: Any) -> str:

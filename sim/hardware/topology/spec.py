@@ -16,9 +16,12 @@ from sim.hardware.topology.schema import DEVICE_TYPES, TopologySpec
 __all__ = ["DEVICE_TYPES", "LinkClass", "check_spec", "expand_pairs", "link_classes", "read_spec"]
 
 
+SHIPPED = Path(__file__).resolve().parents[3] / "topologies"  # the project's own presets
+
+
 def topologies_dir() -> Path:
     env = os.environ.get("MOESIM_TOPOLOGIES")
-    return Path(env) if env else Path(__file__).resolve().parents[3] / "topologies"
+    return Path(env) if env else SHIPPED
 
 
 def list_presets() -> list[str]:
@@ -41,8 +44,9 @@ def read_spec(
                 f"unknown topology {str(name_or_path)!r}: no preset of that name "
                 f"(presets: {', '.join(list_presets())}) and no such YAML file"
             )
+    shipped = p.parent == SHIPPED  # a project preset: read by libyaml (see load_yaml_text)
     try:
-        spec = load_yaml(p, "topology file")
+        spec = load_yaml(p, "topology file", libyaml=shipped)
     except ConfigError as e:
         raise TopologyError(str(e)) from None
     if not isinstance(spec, dict):
