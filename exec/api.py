@@ -242,12 +242,15 @@ def check_layer(
         layer = MoELayer(**fields)
         name = meta["strategy"]
         params = _graph_params(meta)
+    layer, dropless_note = _dropless_for(layer, name)
     spec = MoESpec.from_layer(layer, seed=seed)
     resolved: dict[str, Any] = {}
     if resolution is not None:
         resolved["resolved"] = resolution.resolved.as_dict()
     if resolution is not None and resolution.notes:
         resolved["notes"] = resolution.notes
+    if dropless_note:
+        resolved["notes"] = [*resolved.get("notes", []), dropless_note]
     if needs_layouts(name, params, spec):  # sliced experts, TP groups: the gate's own routing
         if record_routing is not None:
             raise ExecError(
@@ -277,6 +280,24 @@ def check_layer(
         report["equal"] = report["equal"] and (routing["matches"] or not routing["realisable"])
     report.pop("_ranks", None)
     return LayerCheck(report | resolved, spec, layout=False)
+
+
+def _dropless_for(layer: Any, name: str) -> tuple[Any, str | None]:
+    """A token-level real layer (DeepEP's) keeps every choice, as its kernels do and its
+    graph models: the check runs the layer dropless (sequential too, so that both keep the
+    same choices), with a note; other layers as configured."""
+    from dataclasses import replace
+
+    from exec.layers.registry import STRATEGIES as LAYERS
+
+    fn = LAYERS.get(name)
+    if layer.dropless or fn is None or not getattr(fn, "token_level", False):
+        return layer, None
+    note = (
+        f"{name} is dropless: its layer and the sequential reference keep every routed choice "
+        f"(the config's capacity factor {layer.capacity_factor:g} does not apply)"
+    )
+    return replace(layer, dropless=True), note
 
 
 def _record_routing(path: str, ranks: list[dict[str, Any]], spec: Any) -> None:

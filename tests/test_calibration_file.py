@@ -177,10 +177,17 @@ def test_implausible_speeds_and_poor_fits_are_warnings_naming_them():
         others="compute", t=lambda d: d["t"] * 100
     )
     noisy = rows.copy()
+    # a size disturbed in every repetition (40x) is left out of the fit, by name
     noisy.loc[(noisy["op"] == "d2h") & (noisy["x"] == 1e6), "t"] *= 40
     cal = Calibration.fit(pd.concat([noisy, slow]))
     assert "compute" not in cal.interference.get("copy", {})
     assert any("interference copy beside compute" in w for w in cal.warnings)
+    assert any(w.startswith("d2h: 1 size(s) disturbed in every") for w in cal.warnings)
+    assert cal.compute["d2h"]["alpha"] == pytest.approx(1e-5) and cal.compute["d2h"]["sizes"] == 2
+    # a size off the line the other way (never a busy host's doing) stays: a poor fit
+    noisy = rows.copy()
+    noisy.loc[(noisy["op"] == "d2h") & (noisy["x"] == 1e6), "t"] /= 40
+    cal = Calibration.fit(noisy)
     assert any(w.startswith("poor fit for d2h") for w in cal.warnings)
     assert any("WARNING: poor fit for d2h" in line for line in cal.describe())
 

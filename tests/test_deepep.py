@@ -215,3 +215,39 @@ def test_a_deepep_graph_reads_back_from_json(tmp_path):
     (tmp_path / "bad.json").write_text(json.dumps(raw))
     with pytest.raises(GraphError, match=r"node_bytes: expected a list of 2 byte counts"):
         simulate(TaskGraph.from_json(tmp_path / "bad.json"), topo, costs)
+
+
+def test_dedup_tokens_counts_the_gate_plans_choices():
+    """`dedup: tokens` (issue 29 item 5): rows per node and GPU counted token by token from
+    the choices the executor's real gate makes; uniform routing keeps the expected counts."""
+    import numpy as np
+
+    from sim.core.errors import ConfigError
+    from sim.strategies.deepep.volumes import gate_choices, volumes
+    from sim.workload.moe import MoELayer
+
+    layer = MoELayer(
+        batch=1,
+        seq_len=40,
+        model_dim=12,
+        hidden_dim=20,
+        experts=8,
+        world=4,
+        top_k=2,
+        routing={"kind": "zipf", "s": 1.2, "seed": 0},
+    )
+    v = volumes(layer, 2, dedup="tokens")
+    gpus = [[set((row // 2).tolist()) for row in c] for c in gate_choices(layer)]
+    for p in range(4):
+        for q in range(4):
+            assert v.gpu_tokens[p, q] == sum(q in s for s in gpus[p])
+        for n in range(2):
+            assert v.node_tokens[p, n] == sum(any(g // 2 == n for g in s) for s in gpus[p])
+    assert v.expert_rows.sum() == layer.top_k * layer.tokens * layer.world  # dropless
+    uniform = MoELayer(batch=1, seq_len=40, model_dim=12, hidden_dim=20, experts=8, world=4)
+    a, b = volumes(uniform, 2), volumes(uniform, 2, dedup="tokens")
+    assert np.array_equal(a.gpu_tokens, b.gpu_tokens)
+    with pytest.raises(ConfigError, match="dedup"):
+        volumes(layer, 2, max_nodes=1, dedup="tokens")
+    with pytest.raises(ConfigError, match="dedup"):
+        volumes(layer, 2, dedup="exact")

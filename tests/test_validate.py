@@ -81,3 +81,57 @@ def test_validation_says_when_it_cannot_be_trusted(monkeypatch):
     assert "larger than the error" in t["warning"] and "busy (load 9.0" in t["warning"]
     assert t["context"]["WARNING"] == t["warning"]
     assert "spread is unknown" in v.trustworthiness([res(1.0, 1.1, [1.0])], [None], 1)["warning"]
+
+
+def test_the_pick_per_config_its_margin_and_the_rank_correlation(tmp_path):
+    """Issue 29 item 3: per config (pass set) the simulator's pick, by how much it measures
+    slower than the measured best, and Spearman's rank correlation, beside the MAPE."""
+    from sim.analysis.validate import picks, spearman
+
+    def res(graph, group, measured, simulated):
+        return {
+            "graph": graph,
+            "group": group,
+            "measured_s": measured,
+            "simulated_s": simulated,
+            "error_pct": 100 * (simulated / measured - 1),
+            "per_kind": {},
+        }
+
+    results = [
+        # fwd: the simulator ranks r=2 first, but it measures 20% slower than sequential
+        res("sequential fwd", "fwd", 1.0, 1.0),
+        res("r=2 fwd", "fwd", 1.2, 0.8),
+        res("r=4 fwd", "fwd", 1.5, 1.3),
+        # fwd+bwd: same order on both sides
+        res("sequential fwd+bwd", "fwd+bwd", 3.0, 2.9),
+        res("r=2 fwd+bwd", "fwd+bwd", 3.1, 3.0),
+        res("r=4 fwd+bwd", "fwd+bwd", 3.3, 3.2),
+    ]
+    c = picks(results)
+    assert c["fwd"]["pick"] == "r=2 fwd" and c["fwd"]["best_measured"] == "sequential fwd"
+    assert c["fwd"]["pick_slower_pct"] == pytest.approx(20.0) and not c["fwd"]["pick_right"]
+    assert c["fwd"]["measured_slower_pct"]["r=4 fwd"] == pytest.approx(50.0)
+    assert c["fwd"]["rank_correlation"] == pytest.approx(0.5)
+    assert c["fwd+bwd"]["pick_right"] and c["fwd+bwd"]["rank_correlation"] == pytest.approx(1.0)
+    s = summarize(results)
+    assert s["rank_correlation_min"] == pytest.approx(0.5) and not s["picks_right"]
+    assert s["pick_slower_pct_max"] == pytest.approx(20.0)
+    assert spearman([1.0], [2.0]) is None and spearman([1.0, 1.0], [1.0, 2.0]) is None
+    md = write_report(results, tmp_path, "t")["markdown"].read_text()
+    assert "fwd: the simulator picks r=2 fwd: +20.0% slower than the measured best" in md
+    assert "NOT within 5%" in md and "rank correlation simulated vs measured 0.50" in md
+
+
+def test_validate_refuses_a_strategy_it_cannot_simulate_before_measuring():
+    """Issue 29 item 5: DeepEP on localhost-cpu (no SM count) is refused in one line before
+    any measurement; MPipeMoE's `auto` builds against a placeholder calibration."""
+    from exec.measure.validation import preflight
+    from sim.config import RunConfig
+    from sim.core.errors import ConfigError
+
+    cfg = RunConfig.load("benchmarks/validate_cpu.yaml")
+    ok = preflight(cfg, 2, "localhost-cpu", ["sequential", "mpipemoe"])
+    assert [c.name for c, _, _ in ok][:2] == ["sequential fwd", "mpipemoe fwd"]
+    with pytest.raises(ConfigError, match=r"deepep cannot be simulated on localhost-cpu .*SM"):
+        preflight(cfg, 2, "localhost-cpu", ["sequential", "deepep"])

@@ -5,8 +5,11 @@ rows every all-to-allv sent to each peer against the split of the graph's task o
 Every exchange is compared: the forward ones, autograd's gradients of them in the backward
 (each goes against its forward exchange: the combine gradient with the dispatch's sizes, the
 dispatch gradient with the combine's) and MPipeMoE's re-dispatch. DeepEP's exchanges are
-checked stage by stage (inter-node, intra-node) against the flows of its collective; the
-simulator estimates its dedup (see `compare`), so only top-1 routing without drops must match.
+checked stage by stage (inter-node, intra-node) against the flows of its collective, built
+with `dedup: tokens` (the graph counts the rows per node and GPU from the gate plan's
+per-token choices, the ones the real gate makes), so they match exactly too. DeepEP is
+dropless: a run that dropped choices (its layer not dropless) differs from its graph, and the
+report says why (`check_layer` runs DeepEP's layer dropless for that reason).
 """
 
 from __future__ import annotations
@@ -26,9 +29,9 @@ def graph_splits(
     all_to_allv tasks, as the simulator builds the strategy with these parameters."""
     from sim.strategies import build
 
+    if name == "deepep":  # the rows per node and GPU counted from the real gate's choices
+        return deepep_splits(build(name, layer, {**params, "dedup": "tokens"}, passes), layer)
     graph = build(name, layer, params, passes)
-    if name == "deepep":
-        return deepep_splits(graph, layer)
     row_bytes = float(layer.model_dim * layer.elem)
     out: dict[int, dict[str, dict[int, int]]] = {}
     for t in graph:
@@ -105,9 +108,8 @@ def compare(
             if got[key] != rows:
                 differ.append(f"rank {p} {key}: real {got[key]}, simulator {rows}")
     dropped = int(layer.top_k * layer.tokens * layer.world - kept.sum())
-    # DeepEP's graph counts (token, node) and (token, GPU) pairs from per-expert counts, as
-    # if choices were independent draws over T tokens: exact for top-1 without drops only
-    estimated = name == "deepep" and (layer.top_k > 1 or dropped > 0)
+    # a dropless strategy's graph moves every routed choice: a run that dropped some differs
+    dropless_vs_drops = name == "deepep" and dropped > 0
     return {
         "kind": layer.routing.get("kind"),
         "realisable": gate.exact,
@@ -119,6 +121,6 @@ def compare(
         "splits_checked": checked,
         "splits_differ": differ,
         "splits_missing": missing,
-        "splits_estimated": estimated,
-        "matches": counts_equal and not missing and (estimated or not differ),
+        "dropless_graph_vs_drops": dropless_vs_drops,
+        "matches": counts_equal and not missing and not differ,
     }

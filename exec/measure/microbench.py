@@ -22,8 +22,8 @@ that process start-up (about a second) is paid three times in all rather than pe
   stream's previous task (from the runs above) and after a task of another stream (a
   compute -> communication -> compute chain, the MoE layer's rhythm).
 
-`calibrate()` runs them, turns the traces into measurement rows (exec.measure.timings) and fits a
-sim.hardware.costs.calibration.Calibration, whose meta records where (exec.measure.environment).
+`calibrate()` runs them, turns the traces into rows (exec.measure.timings) and fits a Calibration
+(estimators a busy host cannot inflate) whose meta says where and under what load it measured.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from typing import Any
 
 import pandas as pd
 
+from exec.measure.environment import LoadProbe
 from exec.measure.timings import dispatch_gaps, measurements
 from exec.runtime.launch import ExecResult, assemble, call_ranks, launch
 from exec.runtime.ops import STAND_INS, run_dtype
@@ -42,6 +43,7 @@ from sim.core.progress import Bar, echo
 from sim.hardware.costs.calibration import Calibration
 from sim.hardware.costs.compute import shape_key
 from sim.hardware.costs.gemm import gemm_layout
+from sim.hardware.costs.robust import describe_load
 
 MEMORY_KINDS = ("elementwise", "gate", "encode", "decode", "softmax", "layernorm", "attention")
 # what each device runs GEMMs in (the first is the one the overlap measurements use)
@@ -348,8 +350,9 @@ def calibrate(
     timeout_s: float = 120.0,
     log: Callable[[str], None] = echo,
 ) -> tuple[Calibration, pd.DataFrame]:
-    """Measure, fit, and return the calibration with all measurement rows (a bar of the three
-    launches on stderr while progress is on: sim.core.progress)."""
+    """Measure, fit, and return the calibration with all measurement rows (a bar of the
+    launches on stderr while progress is on; the host's load sampled between them)."""
+    probe = LoadProbe()
     with Bar(3, "calibrate", "launch") as bar:
         plan = plan or Plan()
         dev = device_type(backend)
@@ -361,6 +364,7 @@ def calibrate(
         }
         g = chain(sections)
         res, env = _launch_with_env(g, nprocs, backend, timeout_s)
+        probe.sample()
         bar.update()
         bench = res.trace["id"].str.split(":", n=1).str[0]
         rows, gaps = [], []
@@ -401,6 +405,7 @@ def calibrate(
         mem = allrows["op"] == "elementwise"
         aliases = [allrows[mem].assign(op=k) for k in MEMORY_KINDS[1:]]
         fit_rows = pd.concat([allrows, *aliases], ignore_index=True)
+        log(f"  host while measuring: {describe_load(load := probe.result())}")
         meta = {
             "backend": backend,
             "nprocs": nprocs,
@@ -410,5 +415,6 @@ def calibrate(
             # graph dtypes this device runs as another: the fits of the one stand for the other
             "stand_ins": dict(STAND_INS.get(dev, {})),
             "rows": len(allrows),
+            "load": load,
         }
         return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows

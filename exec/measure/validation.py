@@ -5,9 +5,16 @@ forward only and forward + backward, for the config's layer on `nprocs` ranks. E
 executed `repeats` times and the run with the median makespan is kept (a 2-core machine is
 noisy); the simulator replays it on `topology` (default `localhost-cpu`, one node per rank)
 with the calibration. The report (sim.analysis.validate) gives per-graph makespan error, per-kind
-error and which graph each side ranks fastest, and says how far it can be trusted: the host's
-load while measuring and the run-to-run spread of each graph's makespan, with a warning when
-the spread is larger than the error the report gives (noise the model cannot be judged by).
+error and, per config (pass set), the simulator's pick against the measured best, the measured
+margins and the rank correlation of the two sides (sim.analysis.validate.picks), and says how
+far it can be trusted: the host's load while measuring and the run-to-run spread of each
+graph's makespan, with a warning when the spread is larger than the error the report gives
+(noise the model cannot be judged by), and when the ranks' threads outnumber the cores.
+
+Every case is built and simulated before anything is measured (`preflight`): a strategy the
+topology cannot simulate (DeepEP on localhost-cpu: no SM count) fails the command at once, in
+one line naming it (exit 2). It is refused rather than skipped: a report that silently lacks
+a strategy the user asked for would answer another question than the one asked.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ from sim.core.io import atomic_write_text
 from sim.core.progress import echo, iterate
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
+from sim.hardware.costs.calibration import Calibration
 from sim.hardware.topology import Topology
 from sim.strategies import Cluster, build
 from sim.workload.moe import MoELayer
@@ -41,6 +49,12 @@ class Case:
     strategy: str
     params: dict[str, Any]
     passes: tuple[str, ...]
+    entry: str = ""  # as the user named it ('name' or 'name:key=value,...')
+
+    @property
+    def group(self) -> str:
+        """The config it belongs to: its pass set (the pick is among the same passes)."""
+        return "+".join(self.passes)
 
 
 def cases(capacity: int, strategies: list[str] | None = None) -> list[Case]:
@@ -54,12 +68,13 @@ def cases(capacity: int, strategies: list[str] | None = None) -> list[Case]:
         if strategies:
             for entry in strategies:
                 name, params = parse_entry(entry)
-                out.append(Case(f"{entry} {tag}", name, params, passes))
+                out.append(Case(f"{entry} {tag}", name, params, passes, entry))
             continue
-        out.append(Case(f"sequential {tag}", "sequential", {}, passes))
+        out.append(Case(f"sequential {tag}", "sequential", {}, passes, "sequential"))
         for r in (1, 2, 4, 8):
             if r <= capacity:
-                out.append(Case(f"pipelined r={r} {tag}", "pipelined", {"degree": r}, passes))
+                name, entry = f"pipelined r={r} {tag}", f"pipelined:degree={r}"
+                out.append(Case(name, "pipelined", {"degree": r}, passes, entry))
     return out
 
 
@@ -76,9 +91,74 @@ def case_graph(
 def case_graphs(
     cfg: RunConfig, nprocs: int, strategies: list[str] | None = None
 ) -> list[TaskGraph]:
-    """The graphs `validate` runs, e.g. to profile their GEMM shapes before it does."""
+    """The graphs `validate` runs, e.g. to profile their GEMM shapes before it does; a case
+    whose `auto` parameters need the calibrated cluster (not measured yet) is left out:
+    its GEMMs are then costed by the alpha-beta fit, not profiled."""
+    from sim.core.errors import ConfigError
+
     layer = cfg.layer(nprocs)
-    return [case_graph(cfg, layer, c) for c in cases(layer.capacity, strategies)]
+    out = []
+    for c in cases(layer.capacity, strategies):
+        try:
+            out.append(case_graph(cfg, layer, c))
+        except ConfigError as e:
+            if "auto" not in str(e):
+                raise
+    return out
+
+
+def _placeholder(nprocs: int) -> Calibration:
+    """A calibration with a fit for every kind a graph may cost (1 ms + 1 ns per unit of
+    work; every GEMM dtype), standing in for the one not measured yet, so that `preflight`
+    can build and simulate every case on the topology before anything is measured."""
+    from sim.core.kinds import COLLECTIVE_KINDS, COMPUTE_KINDS, COPY_KINDS
+    from sim.hardware.costs.gemm import DTYPE_BYTES
+
+    fit = {"alpha": 1e-3, "beta": 1e-9}
+    compute: dict[str, Any] = {k: dict(fit) for k in sorted(COMPUTE_KINDS | COPY_KINDS)}
+    compute["gemm"] = {dt: dict(fit) for dt in DTYPE_BYTES}
+    coll = {k: [{"ranks": nprocs, **fit}] for k in sorted(COLLECTIVE_KINDS)} if nprocs > 1 else {}
+    return Calibration(compute, coll)
+
+
+def preflight(
+    cfg: RunConfig,
+    nprocs: int,
+    topology: str = "localhost-cpu",
+    strategies: list[str] | None = None,
+    calibration: str | None = None,
+) -> list[tuple[Case, TaskGraph, Any]]:
+    """Build and simulate every case on the topology before anything is measured (with a
+    placeholder calibration when none is named yet: what fails there fails whatever the
+    measurement). A case that cannot be simulated fails the command at once, in one line
+    naming the strategy and why: `validate` never measures for minutes and then dies (issue
+    29: DeepEP on localhost-cpu, whose CPU "GPU" has no SM count). The cases, their graphs
+    and simulated results."""
+    import tempfile
+
+    from sim.core.errors import ConfigError, MoesimError
+
+    layer = cfg.layer(nprocs)
+    per_node = Topology.load(topology, nodes=1).gpus_per_node
+    topo = Topology.load(topology, nodes=-(-nprocs // per_node))
+    with tempfile.TemporaryDirectory() as tmp:
+        cal = calibration
+        if cal is None:
+            cal = str(_placeholder(nprocs).save(Path(tmp) / "placeholder.yaml"))
+        costs = CostModel.build(topo, {"calibration": cal})
+        cluster = Cluster(topo, costs)
+        out = []
+        for c in cases(layer.capacity, strategies):
+            try:
+                graph = case_graph(cfg, layer, c, cluster)
+                out.append((c, graph, simulate(graph, topo, costs)))
+            except MoesimError as e:
+                raise ConfigError(
+                    f"validate: {c.entry or c.strategy} cannot be simulated on {topology} "
+                    f"({'+'.join(c.passes)}): {e}; leave it out of --strategies or name a "
+                    f"--topology that can simulate it (nothing was measured)"
+                ) from None
+    return out
 
 
 def validate(
@@ -93,21 +173,20 @@ def validate(
     log: Callable[[str], None] = echo,
     strategies: list[str] | None = None,
 ) -> dict[str, Any]:
+    from exec.runtime.launch import oversubscription
+
     layer = cfg.layer(nprocs)
-    per_node = Topology.load(topology, nodes=1).gpus_per_node
-    topo = Topology.load(topology, nodes=-(-nprocs // per_node))
-    costs = CostModel.build(topo, {"calibration": calibration})
     results = []
-    cluster = Cluster(topo, costs)
-    # every graph is built before anything is measured: a case that cannot be built fails
-    # the command at once, not after minutes of measurements
-    todo = [(c, case_graph(cfg, layer, c, cluster)) for c in cases(layer.capacity, strategies)]
+    # every graph is built and simulated before anything is measured: a case that cannot be
+    # fails the command at once, not after minutes of measurements
+    todo = preflight(cfg, nprocs, topology, strategies, calibration)
     loads = [_load()]
-    for case, graph in iterate(todo, "validate", "graph"):  # a bar on stderr, if watched
+    for case, graph, sim in iterate(todo, "validate", "graph"):  # a bar on stderr, if watched
         measured, spans = _median_run(graph, nprocs, backend, repeats, timeout_s)
         loads.append(_load())
-        simulated = to_frame(simulate(graph, topo, costs))
+        simulated = to_frame(sim)
         r = compare(case.name, measured, simulated)
+        r["group"] = case.group
         r["measured_runs_s"] = spans
         results.append(r)
         slug = re.sub(r"[^A-Za-z0-9.]+", "_", case.name.replace("=", "")).strip("_")
@@ -126,6 +205,9 @@ def validate(
         "measured": f"median makespan of {repeats} runs per graph",
         "simulated": f"{topology} with calibration {calibration}",
     }
+    shared = oversubscription(nprocs)
+    if shared:
+        context["cores"] = shared
     trust = trustworthiness(results, loads, repeats)
     context.update(trust.pop("context"))
     if trust["warning"]:

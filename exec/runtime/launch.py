@@ -60,6 +60,33 @@ class ExecResult:
         return float(self.trace["end"].max() - self.trace["start"].min())
 
 
+def host_cores() -> int:
+    """Cores this process may run on: its CPU affinity where the OS has one (a container or
+    `taskset` may allow fewer than the CPU count), else the CPU count."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def rank_threads(nprocs: int, given: int | None = None) -> int:
+    """torch threads per local rank: `given`, else the cores shared out (at least one)."""
+    return given or max(1, host_cores() // max(nprocs, 1))
+
+
+def oversubscription(nprocs: int, threads: int | None = None) -> str | None:
+    """A warning when `nprocs` local ranks of `threads` torch threads each (default: as
+    `call_ranks` sets them) outnumber the host's cores, naming the numbers; else None."""
+    t, cores = rank_threads(nprocs, threads), host_cores()
+    if nprocs * t <= cores:
+        return None
+    return (
+        f"{nprocs} ranks x {t} thread{'s' if t > 1 else ''} per rank = {nprocs * t} threads "
+        f"on {cores} core{'s' if cores > 1 else ''}: the ranks share cores, which the "
+        f"simulator does not model (measured times will exceed the simulated ones)"
+    )
+
+
 def under_torchrun() -> bool:
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK"))
 
@@ -167,7 +194,7 @@ def call_ranks(
     if nprocs < 1:
         raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
     require_backend(backend)
-    threads = threads_per_rank or max(1, (os.cpu_count() or 1) // nprocs)
+    threads = rank_threads(nprocs, threads_per_rank)
     setup = max(timeout_s, SETUP_TIMEOUT_S) if setup_timeout_s is None else setup_timeout_s
     store = dist.TCPStore(
         "127.0.0.1",

@@ -4,6 +4,12 @@ Both sides are traces in the one schema (sim.analysis.trace.COLUMNS), so the com
 row by row: the task ids are the graph's. `compare` reduces one graph's pair of traces;
 `write_report` turns a list of them into a Markdown table and a plotly figure (simulated vs measured
 makespan), written atomically next to each other.
+
+Beside the MAPE, the question a user asks of a simulator: does it pick the strategy that
+measures fastest? Per config (the graphs of one pass set, `group`; all results form one
+group when none is given) `summarize` reports the simulator's pick (its fastest graph), the
+measured best, by what measured margin the pick and every other graph are slower than that
+best, and Spearman's rank correlation of simulated against measured makespans.
 """
 
 from __future__ import annotations
@@ -45,6 +51,53 @@ def compare(name: str, measured: pd.DataFrame, simulated: pd.DataFrame) -> dict[
     }
 
 
+PICK_WITHIN_PCT = 5.0  # a pick measured within this of the measured best counts as right
+
+
+def spearman(a: list[float], b: list[float]) -> float | None:
+    """Spearman's rank correlation (average ranks for ties); None for fewer than 2 values or
+    a constant side."""
+    if len(a) < 2:
+        return None
+    ra = pd.Series(a, dtype=float).rank().to_numpy()
+    rb = pd.Series(b, dtype=float).rank().to_numpy()
+    if ra.std() == 0 or rb.std() == 0:
+        return None
+    return float(np.corrcoef(ra, rb)[0, 1])
+
+
+def picks(results: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per group (a config: one pass set): the simulator's pick (its fastest graph; the first
+    of those tied within TIE), the measured best, the pick's measured margin over the best
+    (percent), every graph's measured margin, and the rank correlation."""
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault(str(r.get("group") or "all"), []).append(r)
+    out = {}
+    for name, rs in groups.items():
+        meas = [r["measured_s"] for r in rs]
+        sim = [r["simulated_s"] for r in rs]
+        best_m = float(min(meas))
+        fastest = min(sim)
+        tied = [r["graph"] for r in rs if r["simulated_s"] <= fastest * (1 + TIE)]
+        pick = next(r for r in rs if r["simulated_s"] == fastest)
+        margin = {
+            r["graph"]: 100.0 * (r["measured_s"] / best_m - 1) if best_m > 0 else float("nan")
+            for r in rs
+        }
+        out[name] = {
+            "graphs": len(rs),
+            "pick": pick["graph"],
+            "pick_tied_with": [g for g in tied if g != pick["graph"]],
+            "best_measured": rs[int(np.argmin(meas))]["graph"],
+            "pick_slower_pct": margin[pick["graph"]],
+            "pick_right": margin[pick["graph"]] <= PICK_WITHIN_PCT,
+            "measured_slower_pct": margin,
+            "rank_correlation": spearman(sim, meas),
+        }
+    return out
+
+
 def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     err = np.array([abs(r["error_pct"]) for r in results])
     best_m = min(results, key=lambda r: r["measured_s"])["graph"]
@@ -57,6 +110,8 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
     fastest_m = np.array([min(r.get("measured_runs_s") or [r["measured_s"]]) for r in results])
     sim = np.array([r["simulated_s"] for r in results])
     err_fast = np.abs(sim - fastest_m) / np.where(fastest_m > 0, fastest_m, np.nan) * 100
+    configs = picks(results)
+    rhos = [c["rank_correlation"] for c in configs.values() if c["rank_correlation"] is not None]
     return {
         "mape_pct": float(err.mean()),
         "max_abs_error_pct": float(err.max()),
@@ -64,7 +119,33 @@ def summarize(results: list[dict[str, Any]]) -> dict[str, Any]:
         "best_measured": best_m,
         "best_simulated": best_s,
         "same_best": best_m in best_s,
+        # per config (pass set): the simulator's pick against the measured best
+        "configs": configs,
+        "rank_correlation_min": min(rhos) if rhos else None,
+        "pick_slower_pct_max": max(c["pick_slower_pct"] for c in configs.values()),
+        "picks_right": all(c["pick_right"] for c in configs.values()),
     }
+
+
+def pick_lines(summ: dict[str, Any]) -> list[str]:
+    """One line per config: the pick, the measured best, the margin, the rank correlation."""
+    lines = []
+    for name, c in summ["configs"].items():
+        rho = c["rank_correlation"]
+        tied = f" (tied with {', '.join(c['pick_tied_with'])})" if c["pick_tied_with"] else ""
+        verdict = (
+            "the measured best"
+            if c["pick"] == c["best_measured"]
+            else f"{c['pick_slower_pct']:+.1f}% slower than the measured best {c['best_measured']}"
+        )
+        lines.append(
+            f"{name}: the simulator picks {c['pick']}{tied}: {verdict} "
+            f"({'within' if c['pick_right'] else 'NOT within'} {PICK_WITHIN_PCT:g}%); rank "
+            f"correlation simulated vs measured "
+            + ("n/a" if rho is None else f"{rho:.2f}")
+            + f" (Spearman, {c['graphs']} graphs)"
+        )
+    return lines
 
 
 def write_report(
@@ -84,18 +165,20 @@ def write_report(
         f"- MAPE on makespan: {summ['mape_pct']:.1f}% (worst {summ['max_abs_error_pct']:.1f}%)",
         f"- MAPE against each graph's fastest run (the undisturbed run the simulator models): "
         f"{summ['mape_fastest_run_pct']:.1f}%",
-        f"- best graph measured: {summ['best_measured']}; simulated: "
-        f"{' = '.join(summ['best_simulated'])} ({'same' if summ['same_best'] else 'DIFFERENT'})",
+        *(f"- {line}" for line in pick_lines(summ)),
         "",
-        "| graph | measured (ms) | measured runs, min-max (ms) | simulated (ms) | error |",
-        "|---|---:|---:|---:|---:|",
+        "| graph | measured (ms) | measured runs, min-max (ms) | simulated (ms) | error | "
+        "measured vs its config's best |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
+    slower = {g: v for c in summ["configs"].values() for g, v in c["measured_slower_pct"].items()}
     for r in results:
         runs = r.get("measured_runs_s") or [r["measured_s"]]
         lines.append(
             f"| {r['graph']} | {r['measured_s'] * 1e3:.3f} | "
             f"{min(runs) * 1e3:.3f}-{max(runs) * 1e3:.3f} | "
-            f"{r['simulated_s'] * 1e3:.3f} | {r['error_pct']:+.1f}% |"
+            f"{r['simulated_s'] * 1e3:.3f} | {r['error_pct']:+.1f}% | "
+            f"{slower.get(r['graph'], float('nan')):+.1f}% |"
         )
     kinds = sorted({k for r in results for k in r["per_kind"]})
     lines += [

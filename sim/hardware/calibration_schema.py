@@ -49,7 +49,13 @@ class Fit(AlphaBeta):
         None, description="mean relative error |fit / measured - 1| over the sizes fitted"
     )
     sizes: NonNegInt | None = Field(
-        None, description="sizes fitted, each the median of its repetitions"
+        None, description="sizes fitted, each the median of its quiet repetitions"
+    )
+    quiet: Fraction | None = Field(
+        None,
+        description="share of its repetitions that were quiet (within 2x of their size's "
+        "fastest; sim.hardware.costs.robust): the fit rests on those; below 0.5 the host "
+        "was busy and the file's warnings say so",
     )
 
     @model_validator(mode="after")
@@ -77,7 +83,7 @@ class GroupFit(Fit):
         return v
 
     n: NonNegInt | None = Field(
-        None, description="message sizes fitted, each the median of its repetitions"
+        None, description="message sizes fitted, each the median of its quiet repetitions"
     )
 
 
@@ -139,6 +145,37 @@ class GroupFitV1(Fit):
 Version = Annotated[str, Field(max_length=200)]
 
 
+class HostLoad(Strict):
+    """How busy the host was while it measured (exec.measure.environment.LoadProbe): a fit
+    taken under load rests on its quiet repetitions (sim.hardware.costs.robust)."""
+
+    loadavg_min: NonNegFloat | None = Field(
+        None, description="lowest 1-minute load average seen while measuring"
+    )
+    loadavg_max: NonNegFloat | None = Field(
+        None, description="highest 1-minute load average seen while measuring"
+    )
+    samples: NonNegInt | None = Field(None, description="load averages sampled")
+    cores: PosInt | None = Field(
+        None, description="cores this process may run on (its CPU affinity)"
+    )
+    busy_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = Field(
+        None,
+        description="share of all CPUs' time busy over the measurement (/proc/stat; the "
+        "calibration's own ranks included), percent",
+    )
+    steal_pct: Annotated[float, Field(ge=0, le=100, allow_inf_nan=False)] | None = Field(
+        None,
+        description="share of CPU time stolen by the hypervisor over the measurement "
+        "(/proc/stat; absent where the OS does not count it), percent",
+    )
+    busy: bool | None = Field(
+        None,
+        description="whether the host counted as busy: a load average above 1.25 x its "
+        "cores, or steal above 10%",
+    )
+
+
 class Meta(Strict):
     """Where and how it was measured (exec.measure.environment and the calibrate command)."""
 
@@ -175,6 +212,7 @@ class Meta(Strict):
         "as fp32), whose fits stand for it",
     )
     rows: NonNegInt | None = Field(None, description="measurements the fits were made from")
+    load: HostLoad | None = Field(None, description="how busy the host was while measuring")
     warnings: list[Annotated[str, Field(max_length=2000)]] | None = Field(
         None,
         description="problems the fit found (poor fits, implausible speeds, measurements left out)",

@@ -10,21 +10,28 @@ Measurements are rows (a pandas DataFrame) with columns:
 and optionally `dtype` (what the op ran in), `shape` ('batch,m,n,k' of a GEMM) and `layout`.
 
 Fits:
+Every estimate is one a busy host cannot inflate (sim.hardware.costs.robust): a repetition
+counts only when it is quiet (within 2x of the fastest of its size), and how many were is
+recorded (`quiet`) and flagged below half.
+
 - per op kind (GEMMs per dtype: a bf16 GEMM runs ~15x faster than an fp32 one on an H100), and
   per group size for collectives, t = alpha + beta * x by least squares (relative residuals) on
-  the median time per size of the rows measured alone (PipeMoE Eq. 13 / 16), constrained to
-  alpha, beta >= 0, with its quality (r2, mean relative error); a poor fit is a warning that
-  names the op. Collectives of one rank are a local copy, not a network cost: not fitted;
+  the median of the quiet repetitions per size of the rows measured alone (PipeMoE Eq. 13 /
+  16), constrained to alpha, beta >= 0, a size disturbed in every repetition (4x above the fit
+  through the others) left out, with its quality (r2, mean relative error); a poor fit is a
+  warning that names the op. Collectives of one rank are a local copy, not a network cost:
+  not fitted;
 - interference (MPipeMoE Sec. II-C, Fig. 3): for each stream kind and set of concurrent
-  kinds, the relative speed = median(predicted alone time / measured time), capped at 1
-  (a factor below SPEED_FLOOR is a measuring accident: dropped, with a warning); nothing
-  involving communication when no collective spanned two ranks;
-- GEMMs measured at exact (batch, m, n, k, dtype, layout) shapes: their median time;
-- jitter (sim.hardware.costs.jitter): per op kind, quantiles of time / median over the
-  repetitions of each size;
+  kinds, the relative speed = 1 / median(measured time / predicted alone time) over the quiet
+  rows, capped at 1 (a factor below SPEED_FLOOR is a measuring accident: dropped, with a
+  warning); nothing involving communication when no collective spanned two ranks;
+- GEMMs measured at exact (batch, m, n, k, dtype, layout) shapes: the median time of their
+  quiet repetitions;
+- jitter (sim.hardware.costs.jitter): per op kind, quantiles of time / quiet median over the
+  quiet repetitions of each size (at least 6 of them, else none and a warning);
 - dispatch latency (sim.hardware.costs.dispatch), from `gaps`
   (exec.measure.timings.dispatch_gaps): the mean same-stream and cross-stream wait between
-  ready and start.
+  ready and start, over the quiet gaps.
 
 Rows with a time that is not a positive number (a collective whose whole duration was waiting
 for a peer) are left out, and counted in a warning.
@@ -59,7 +66,18 @@ from sim.hardware.costs.calibration_file import (
     is_fit,
     read,
 )
-from sim.hardware.costs.jitter import ratio_quantiles
+from sim.hardware.costs.robust import (
+    LEFT_OUT,
+    MIN_JITTER_SAMPLES,
+    MIN_QUIET,
+    QUIET,
+    busy_warning,
+    describe_load,
+    fit_quiet,
+    quiet_gaps,
+    quiet_ratios,
+    quiet_speed,
+)
 
 COLUMNS = ("op", "ranks", "x", "t", "stream", "others")
 PER_DTYPE_OPS = frozenset({"gemm"})  # memory-bound stand-ins and copies move bytes, any dtype
@@ -101,12 +119,6 @@ def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
     return float(a), float(b), float(r2)
 
 
-def _fit(x: np.ndarray, t: np.ndarray) -> dict[str, float]:
-    a, b, r2 = fit_alpha_beta(x, t)
-    err = float(np.mean(np.abs((a + b * x) / t - 1.0)))
-    return {"alpha": a, "beta": b, "r2": r2, "mean_error": err, "sizes": len(x)}
-
-
 @dataclass
 class Calibration:
     compute: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -133,6 +145,8 @@ class Calibration:
         if missing:
             raise ConfigError(f"calibration: measurements lack column(s) {sorted(missing)}")
         cal = cls(meta=dict(meta or {}))
+        busy = busy_warning(cal.meta.get("load"))
+        cal.warnings += [busy] if busy else []
         rows = rows.reset_index(drop=True)
         t = pd.to_numeric(rows["t"], errors="coerce")
         good = np.isfinite(t) & (t > 0)
@@ -150,49 +164,67 @@ class Calibration:
             if local.any():
                 cal.meta["local_collectives_not_fitted"] = sorted(set(rows.loc[local, "op"]))
             rows = rows[~local]
-        # one point per size, the median of its repetitions: timings on a shared machine
-        # have heavy tails (a descheduled thread), which least squares would chase
+        # one point per size, from its quiet repetitions (sim.hardware.costs.robust): timings
+        # on a shared machine have heavy tails (a descheduled thread, a CPU hog), which least
+        # squares would chase and a median of mostly disturbed repetitions would follow
         solo = rows[rows["others"] == ""]
         for op, sub in solo.groupby("op"):
             op = str(op)
             if op in COMM_KINDS:
                 fits = []
                 for ranks, g in sub.groupby("ranks"):
-                    m = g.groupby("x", as_index=False)["t"].median()
-                    f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
-                    fits.append({"ranks": int(ranks), **f, "n": f.pop("sizes")})
+                    f = fit_quiet(g, fit_alpha_beta)
                     cal._judge(f"{op} ({int(ranks)} ranks)", f)
+                    fits.append({"ranks": int(ranks), **f, "n": f.pop("sizes")})
                 cal.collectives[op] = fits
             elif op in PER_DTYPE_OPS and (sub["dtype"] != "").all():
                 cal.compute[op] = {}
                 for dt, g in sub.groupby("dtype"):
-                    m = g.groupby("x", as_index=False)["t"].median()
-                    cal.compute[op][str(dt)] = f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
+                    cal.compute[op][str(dt)] = f = fit_quiet(g, fit_alpha_beta)
                     cal._judge(f"{op} ({dt})", f)
             else:
-                m = sub.groupby("x", as_index=False)["t"].median()
-                cal.compute[op] = f = _fit(m["x"].to_numpy(), m["t"].to_numpy())
+                cal.compute[op] = f = fit_quiet(sub, fit_alpha_beta)
                 cal._judge(op, f)
         cal._fit_interference(rows)
-        # run-to-run noise per op kind: the spread of repetitions of one size (costs.jitter)
+        # run-to-run noise per op kind: the spread of the quiet repetitions of one size around
+        # their median (costs.jitter), never how busy the host was
         for op, g in solo.groupby("op"):
             key = g["ranks"].astype(str) + "/" + g["x"].astype(str) + "/" + g["dtype"]
-            q = ratio_quantiles(g["t"].to_numpy(dtype=float), key.to_numpy())
-            if q is not None:
-                cal.jitter[str(op)] = q
+            r = quiet_ratios(g["t"].to_numpy(dtype=float), key.to_numpy())
+            if len(r) >= MIN_JITTER_SAMPLES:
+                cal.jitter[str(op)] = [float(v) for v in np.quantile(r, np.linspace(0, 1, 41))]
+            elif (g.groupby(key)["t"].size() >= 2).any():
+                cal.warnings.append(
+                    f"jitter of {op}: {len(r)} quiet repetitions, fewer than "
+                    f"{MIN_JITTER_SAMPLES}; not fitted (calibrate again on an idle host)"
+                )
         if "shape" in rows.columns:  # GEMMs profiled at exact shapes: their median, alone
             cal._fit_shapes(solo)
         if gaps is not None:
             for via, g in gaps.groupby("via"):
-                # the mean, not the median: a makespan adds up every gap, the slow ones too
+                # the mean, not the median: a makespan adds up every gap, the slow ones too;
+                # but only the quiet ones (robust.quiet_gaps): a busy host's are its own
+                q = quiet_gaps(g["gap"].to_numpy(dtype=float))
                 cal.dispatch[str(via)] = {
-                    "mean": float(g["gap"].mean()),
-                    "median": float(g["gap"].median()),
-                    "n": len(g),
+                    "mean": float(q.mean()),
+                    "median": float(np.median(q)),
+                    "n": len(q),
                 }
         return cal
 
-    def _judge(self, what: str, f: dict[str, float]) -> None:
+    def _judge(self, what: str, f: dict[str, Any]) -> None:
+        out = f.pop("left_out", 0)
+        if out:
+            self.warnings.append(
+                f"{what}: {out} size(s) disturbed in every repetition (over {LEFT_OUT:g}x the fit "
+                f"through the others) left out of its fit"
+            )
+        if f.get("quiet", 1.0) < MIN_QUIET:
+            self.warnings.append(
+                f"{what}: only {100 * f['quiet']:.0f}% of its repetitions were quiet (within "
+                f"{QUIET:g}x of their size's fastest): the host was busy; the fit rests on the "
+                f"quiet ones, calibrate again on an idle host to trust it"
+            )
         if f["r2"] < POOR_R2 or f["mean_error"] > POOR_ERROR:
             self.warnings.append(
                 f"poor fit for {what}: r2 {f['r2']:.2f}, mean error {100 * f['mean_error']:.0f}% "
@@ -213,10 +245,16 @@ class Calibration:
                 p = self.predict(r.op, int(r.ranks), float(r.x), r.dtype or None, missing=True)
                 pred.append(np.nan if p is None else p)
             ratio = np.asarray(pred) / g["t"].to_numpy()
-            ratio = ratio[np.isfinite(ratio)]
+            ratio = ratio[np.isfinite(ratio) & (ratio > 0)]
             if len(ratio) == 0:
                 continue
-            speed = float(np.median(ratio))
+            # the quiet rows only (robust.quiet_speed): a busy host slows some rows further
+            speed, share = quiet_speed(ratio)
+            if share < MIN_QUIET:
+                self.warnings.append(
+                    f"interference {stream} beside {key}: only {100 * share:.0f}% of its rows "
+                    f"were quiet; the speed rests on those (a busy host?)"
+                )
             if speed < SPEED_FLOOR:
                 self.warnings.append(
                     f"interference {stream} beside {key}: speed {speed:.3f} is not plausible "
@@ -237,8 +275,10 @@ class Calibration:
             row: dict[str, Any] = {"batch": b, "m": m, "n": n, "k": k}
             if dt:
                 row["dtype"] = str(dt)
+            t = g["t"].to_numpy(dtype=float)
+            quiet = t[t <= QUIET * t.min()]  # the median of its quiet repetitions (robust)
             self.gemm_shapes.append(
-                {**row, "layout": str(layout), "seconds": float(g["t"].median())}
+                {**row, "layout": str(layout), "seconds": float(np.median(quiet))}
             )
 
     # -- using it ---------------------------------------------------------------------------
@@ -272,10 +312,16 @@ class Calibration:
         lines = []
 
         def fit_line(name: str, p: dict[str, Any], extra: str = "") -> str:
+            quiet = p.get("quiet")
+            if quiet is not None and quiet < 1:
+                extra += f"  quiet {100 * quiet:.0f}%"
             return (
                 f"  {name:18s} alpha {p['alpha'] * 1e6:9.2f} us  beta {p['beta']:.3e}  "
                 f"r2 {p['r2']:6.3f}  mean error {100 * p.get('mean_error', 0.0):4.0f}%{extra}"
             )
+
+        if isinstance(self.meta.get("load"), dict):
+            lines.append(f"  host load          {describe_load(self.meta['load'])}")
 
         for op, entry in sorted(self.compute.items()):
             if is_fit(entry):

@@ -47,6 +47,12 @@ class Params(StrategyParams):
     gpus_per_node: Any = Field(
         None, description="GPUs per node of the kernels' NVLink domain; null: the cluster's"
     )
+    dedup: Any = Field(
+        "expected",
+        description="rows per node and GPU: expected (a token's k choices as independent "
+        "draws) or tokens (counted from the per-token choices the executor's real gate makes "
+        "for the routing: what `exec --moe` moves; uniform routing stays expected)",
+    )
 
 
 def pair_weight(
@@ -70,7 +76,9 @@ def build(
     sms = params["sms"]
     if not isinstance(sms, int) or isinstance(sms, bool) or sms < 1:
         raise ConfigError(f"strategy.sms: expected a positive integer, got {sms!r}")
-    return build_deepep(layer, passes, G, params["max_nodes"], params["dispatch_dtype"], sms, NAME)
+    return build_deepep(
+        layer, passes, G, params["max_nodes"], params["dispatch_dtype"], sms, NAME, params["dedup"]
+    )
 
 
 STRATEGY = Strategy(

@@ -41,12 +41,13 @@ def build_deepep(
     dispatch_dtype: str,
     sms: int,
     strategy: str,
+    dedup: str = "expected",
 ) -> TaskGraph:
     require_whole_experts(layer, strategy)
     for p in passes:
         if p not in PASSES:
             raise ConfigError(f"passes: expected entries from {PASSES}, got {p!r}")
-    vol = volumes(layer, gpus_per_node, max_nodes)
+    vol = volumes(layer, gpus_per_node, max_nodes, dedup)
     disp_row = row_bytes(layer.model_dim, dispatch_dtype)
     bf16_row = row_bytes(layer.model_dim, "bf16")
     meta_layer = {f.name: getattr(layer, f.name) for f in fields(layer) if f.name != "routing"}

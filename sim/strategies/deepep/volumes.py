@@ -14,6 +14,16 @@ skewed row is estimated, not counted per token). Then a node n is hit with proba
 uniform routing; node-limited routing (`max_nodes` M) scales the node probabilities so that
 no more than M nodes are expected. Given its node, a GPU g is hit with probability
 1 - (1 - g/h)^(k_n), k_n = k h / P(node) being the choices that land in a chosen node.
+
+`dedup: tokens` counts instead of estimating: the per-token choices the executor's real gate
+makes for the routing (`sim.workload.gate_plan` of the dropless layer: every routed choice
+kept, as DeepEP's kernels keep them), deduplicated token by token (`token_volumes`). So the
+graph moves exactly the rows `exec --moe`'s DeepEP layer moves (`exec.layers.split_check`
+compares them) where the expected counts, which take a token's k choices as independent
+draws, differ by tens of percent on a small skewed layer (issue 29: 551 vs 865 rows). The
+gate plan's choices are the realisation the executor runs, not a model of a trained gate's
+correlations, so the expected counts stay the default, and the only ones for uniform
+routing (no gate plan: the real gate routes on its own) and node-limited routing.
 """
 
 from __future__ import annotations
@@ -69,7 +79,45 @@ def choice_probs(layer: MoELayer) -> np.ndarray:
     return np.divide(t, tot, out=np.full_like(t, 1.0 / E), where=tot > 0)
 
 
-def volumes(layer: MoELayer, gpus_per_node: int, max_nodes: int | None = None) -> Volumes:
+DEDUP = ("expected", "tokens")
+
+
+def token_volumes(choices: list[np.ndarray], experts: int, gpus_per_node: int) -> Volumes:
+    """Exact counts from per-token choices: `choices[p]` [T, k] expert ids of GPU p's tokens
+    (-1: no choice); a token counts once per node and once per GPU its choices reach."""
+    P = len(choices)
+    G, El = min(gpus_per_node, P), experts // P
+    gpu_tokens = np.zeros((P, P))
+    node_tokens = np.zeros((P, P // G))
+    rows = np.zeros(P)
+    for p, c in enumerate(choices):
+        c = np.asarray(c, dtype=np.int64)
+        T = c.shape[0]
+        hit = np.zeros((T, P), dtype=bool)
+        tok, j = np.nonzero(c >= 0)
+        gpu = c[tok, j] // El
+        hit[tok, gpu] = True
+        gpu_tokens[p] = hit.sum(axis=0)
+        node_tokens[p] = hit.reshape(T, P // G, G).any(axis=2).sum(axis=0)
+        rows += np.bincount(gpu, minlength=P)
+    return Volumes(node_tokens, gpu_tokens, rows, G)
+
+
+def gate_choices(layer: MoELayer) -> list[np.ndarray]:
+    """Per GPU, the [T, k] choices the executor's real gate makes for the layer's routing
+    when every routed choice is kept (the gate plan of the dropless layer); the tokens'
+    order (the executor's seed) does not change what they deduplicate to."""
+    from dataclasses import replace
+
+    from sim.workload.gate_plan import assign, plan
+
+    demand = plan(replace(layer, dropless=True)).demand
+    return [assign(demand[p], layer.tokens, layer.top_k) for p in range(layer.world)]
+
+
+def volumes(
+    layer: MoELayer, gpus_per_node: int, max_nodes: int | None = None, dedup: str = "expected"
+) -> Volumes:
     P, E, k, T = layer.world, layer.experts, layer.top_k, layer.tokens
     G = min(gpus_per_node, P)
     if P % G:
@@ -78,6 +126,15 @@ def volumes(layer: MoELayer, gpus_per_node: int, max_nodes: int | None = None) -
         not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1
     ):
         raise ConfigError(f"strategy.max_nodes: expected a positive integer, got {max_nodes!r}")
+    if dedup not in DEDUP:
+        raise ConfigError(f"strategy.dedup: expected one of {list(DEDUP)}, got {dedup!r}")
+    if dedup == "tokens" and not layer.uniform:
+        if max_nodes is not None:
+            raise ConfigError(
+                "strategy.dedup: tokens counts the executor's gate choices, which no node "
+                "limit shapes; use dedup: expected with max_nodes"
+            )
+        return token_volumes(gate_choices(layer), E, G)
     N, El = P // G, E // P
     q = choice_probs(layer)
     g = q.reshape(P, P, El).sum(axis=2)  # [P, P] share of choices per GPU
