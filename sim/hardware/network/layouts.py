@@ -21,6 +21,8 @@ def route_cost(topo: Topology, local: list[int], trunk: bool, alpha: float) -> t
     A message occupies its route for the largest per-message cost of the link classes it
     crosses (the NIC's message rate, usually); that time is charged as bytes at the route's
     bottleneck rate, so a thousand tiny messages through one NIC cost a thousand times it.
+    The cost that grows with the messages sharing a link is added per step
+    (`connection_cost`).
     """
     loc = np.asarray(local, dtype=np.int64) % topo.links_per_node
     lat = float(topo.local_lat[loc].sum())
@@ -32,6 +34,31 @@ def route_cost(topo: Topology, local: list[int], trunk: bool, alpha: float) -> t
         msg = max(msg, tc.msg_cost)
         bw = min(bw, tc.eff_bw)
     return alpha + lat, (msg * bw if np.isfinite(bw) else 0.0)
+
+
+def connection_cost(topo: Topology, batch: BundleBatch) -> BundleBatch:
+    """Charge each message the per-connection cost of the links it crosses.
+
+    On a link whose class sets `conn_cost`, every message of a collective step occupies the
+    link `conn_cost` seconds longer per message crossing that link in the same step (its
+    concurrent peer connections: F of them cost F * conn_cost each, F^2 * conn_cost in all);
+    like `msg_cost`, the time is charged as bytes at the message's bottleneck rate. Without
+    such a link the batch comes back unchanged.
+    """
+    conn = topo.link_conn
+    if not len(batch) or not conn.any():
+        return batch
+    on = conn[batch.inc_l] > 0
+    if not on.any():
+        return batch
+    flows = np.bincount(batch.inc_l[on], weights=batch.inc_m[on], minlength=len(conn))
+    lk = batch.inc_l[on]
+    extra = np.zeros(len(batch))
+    np.maximum.at(extra, batch.inc_b[on], conn[lk] * flows[lk])
+    cap = np.full(len(batch), np.inf)
+    np.minimum.at(cap, batch.inc_b, topo.link_cap[batch.inc_l])
+    batch.nbytes = batch.nbytes + extra * np.where(np.isfinite(cap), cap, 0.0)
+    return batch
 
 
 def per_flow(
@@ -99,7 +126,7 @@ def per_flow(
                 [(lk, 1.0) for lk in links],
                 np.stack([src[g], dst[g]], axis=1),
             )
-    return acc.batch()
+    return connection_cost(topo, acc.batch())
 
 
 def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -197,4 +224,4 @@ def bundled_uniform(
                         (topo.trunk_down(down[0])[None, :], down[1][None, :] * float(m_rel))
                     )
                 acc.add(S * n_rel, per_pair + over, lat, links, ranks.ravel()[None, :])
-    return acc.batch()
+    return connection_cost(topo, acc.batch())
