@@ -51,12 +51,17 @@ def connection_cost(topo: Topology, batch: BundleBatch) -> BundleBatch:
     on = conn[batch.inc_l] > 0
     if not on.any():
         return batch
-    flows = np.bincount(batch.inc_l[on], weights=batch.inc_m[on], minlength=len(conn))
-    lk = batch.inc_l[on]
+    lk, bk = batch.inc_l[on], batch.inc_b[on]
+    flows = np.bincount(lk, weights=batch.inc_m[on], minlength=len(conn))
+    # per bundle, the largest term and the lowest capacity of its links (one sort, no ufunc.at)
+    order = np.lexsort((-(conn[lk] * flows[lk]), bk))
+    first = np.r_[True, bk[order][1:] != bk[order][:-1]]
     extra = np.zeros(len(batch))
-    np.maximum.at(extra, batch.inc_b[on], conn[lk] * flows[lk])
+    extra[bk[order][first]] = (conn[lk] * flows[lk])[order][first]
+    order = np.lexsort((topo.link_cap[batch.inc_l], batch.inc_b))
+    head = np.r_[True, batch.inc_b[order][1:] != batch.inc_b[order][:-1]]
     cap = np.full(len(batch), np.inf)
-    np.minimum.at(cap, batch.inc_b, topo.link_cap[batch.inc_l])
+    cap[batch.inc_b[order][head]] = topo.link_cap[batch.inc_l][order][head]
     batch.nbytes = batch.nbytes + extra * np.where(np.isfinite(cap), cap, 0.0)
     return batch
 
