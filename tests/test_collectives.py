@@ -436,3 +436,42 @@ def test_topology_draw(tmp_path, capsys):
     )
     html = (tmp_path / "t.html").read_text().replace("\\u002f", "/")  # plotly escapes '/'
     assert "plotly" in html and "n1/gpu7" in html and "fabric/spine" in html
+
+
+# -- a cost per concurrent connection (issue 26) --------------------------------------------
+def _ports(n: int, msg: float, conn: float) -> Topology:
+    """n GPUs, one port each on one switch: the per-message costs alone decide small sizes."""
+    return Topology(
+        {
+            "name": "ports",
+            "nodes": n,
+            "gpus_per_node": 1,
+            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12, "memory_bytes": 80e9},
+            "node": {"devices": {}, "links": [], "nic_of_gpu": ["gpu0"]},
+            "fabric": {"type": "switch", "class": "port", "attach": ["gpu0"]},
+            "link_classes": {"port": {"bw": 10e9, "msg_cost": msg, "conn_cost": conn}},
+        }
+    )
+
+
+@pytest.mark.parametrize("fidelity", ["bundled", "flow"])
+@pytest.mark.parametrize("conn", [0.0, 1e-8])
+def test_connection_cost_closed_form(fidelity, conn):
+    """Linear all-to-all of S bytes per GPU among n one-port GPUs: each port carries n - 1
+    messages of S/n, each occupying it msg + conn * (n - 1) seconds besides its payload, so
+    t = (n-1) S / (n bw) + (n-1) msg + conn (n-1)^2; conn = 0 leaves the per-message form."""
+    n, S, bw, msg = 6, 6e4, 10e9, 2e-6
+    topo = _ports(n, msg, conn)
+    g = collbench.graph_for("all_to_all", "linear", n, int(S))
+    got = simulate(g, topo, CostModel.build(topo, {"fidelity": fidelity, "alpha": 0.0})).makespan
+    want = (n - 1) * S / (n * bw) + (n - 1) * msg + conn * (n - 1) ** 2
+    assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_connection_cost_grows_linear_all_to_all_faster_than_2dh():
+    """With the per-connection term the linear all-to-all's per-message cost grows with the
+    peers a NIC serves, 2DH's with the nodes only: the gain passes the GPUs per node (8)."""
+    topo = Topology.load("dgx-a100", nodes=128)
+    lin = bench(topo, "all_to_all", "linear", 2**20).time_us
+    two = bench(topo, "all_to_all", "2dh", 2**20).time_us
+    assert lin / two > 8

@@ -21,6 +21,8 @@ def route_cost(topo: Topology, local: list[int], trunk: bool, alpha: float) -> t
     A message occupies its route for the largest per-message cost of the link classes it
     crosses (the NIC's message rate, usually); that time is charged as bytes at the route's
     bottleneck rate, so a thousand tiny messages through one NIC cost a thousand times it.
+    The cost that grows with the messages sharing a link is added per step
+    (`connection_cost`).
     """
     loc = np.asarray(local, dtype=np.int64) % topo.links_per_node
     lat = float(topo.local_lat[loc].sum())
@@ -32,6 +34,36 @@ def route_cost(topo: Topology, local: list[int], trunk: bool, alpha: float) -> t
         msg = max(msg, tc.msg_cost)
         bw = min(bw, tc.eff_bw)
     return alpha + lat, (msg * bw if np.isfinite(bw) else 0.0)
+
+
+def connection_cost(topo: Topology, batch: BundleBatch) -> BundleBatch:
+    """Charge each message the per-connection cost of the links it crosses.
+
+    On a link whose class sets `conn_cost`, every message of a collective step occupies the
+    link `conn_cost` seconds longer per message crossing that link in the same step (its
+    concurrent peer connections: F of them cost F * conn_cost each, F^2 * conn_cost in all);
+    like `msg_cost`, the time is charged as bytes at the message's bottleneck rate. Without
+    such a link the batch comes back unchanged.
+    """
+    conn = topo.link_conn
+    if not len(batch) or not conn.any():
+        return batch
+    on = conn[batch.inc_l] > 0
+    if not on.any():
+        return batch
+    lk, bk = batch.inc_l[on], batch.inc_b[on]
+    flows = np.bincount(lk, weights=batch.inc_m[on], minlength=len(conn))
+    # per bundle, the largest term and the lowest capacity of its links (one sort, no ufunc.at)
+    order = np.lexsort((-(conn[lk] * flows[lk]), bk))
+    first = np.r_[True, bk[order][1:] != bk[order][:-1]]
+    extra = np.zeros(len(batch))
+    extra[bk[order][first]] = (conn[lk] * flows[lk])[order][first]
+    order = np.lexsort((topo.link_cap[batch.inc_l], batch.inc_b))
+    head = np.r_[True, batch.inc_b[order][1:] != batch.inc_b[order][:-1]]
+    cap = np.full(len(batch), np.inf)
+    cap[batch.inc_b[order][head]] = topo.link_cap[batch.inc_l][order][head]
+    batch.nbytes = batch.nbytes + extra * np.where(np.isfinite(cap), cap, 0.0)
+    return batch
 
 
 def per_flow(
@@ -99,7 +131,7 @@ def per_flow(
                 [(lk, 1.0) for lk in links],
                 np.stack([src[g], dst[g]], axis=1),
             )
-    return acc.batch()
+    return connection_cost(topo, acc.batch())
 
 
 def product_layout(topo: Topology, members: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -197,4 +229,4 @@ def bundled_uniform(
                         (topo.trunk_down(down[0])[None, :], down[1][None, :] * float(m_rel))
                     )
                 acc.add(S * n_rel, per_pair + over, lat, links, ranks.ravel()[None, :])
-    return acc.batch()
+    return connection_cost(topo, acc.batch())

@@ -142,6 +142,7 @@ class Topology:
         lats = [lc.latency for lc in lcs]
         classes = [lc.name for lc in lcs]
         self.local_msg = np.array([lc.msg_cost for lc in lcs], dtype=float)
+        self.local_conn = np.array([lc.conn_cost for lc in lcs], dtype=float)
         self.local_cap = np.array(caps, dtype=float)
         self.local_lat = np.array(lats, dtype=float)
         self.local_names = names
@@ -242,6 +243,11 @@ class Topology:
         trunk = self.trunk_class
         extra = np.full(self.num_trunks, trunk.eff_bw if trunk else 0.0)
         return np.concatenate([np.tile(self.local_cap, self.nodes), extra])
+
+    @cached_property
+    def link_conn(self) -> np.ndarray:
+        """Per link instance: seconds per message per message sharing it in one step."""
+        return np.concatenate([np.tile(self.local_conn, self.nodes), np.zeros(self.num_trunks)])
 
     @cached_property
     def link_lat(self) -> np.ndarray:

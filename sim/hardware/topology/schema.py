@@ -51,6 +51,12 @@ class LinkClassSpec(Strict):
         description="seconds a message occupies the link before its payload (the message "
         "rate of a NIC)",
     )
+    conn_cost: Seconds = Field(
+        0.0,
+        description="seconds each message's occupancy grows per message crossing the same "
+        "link in the same collective step (a cost per concurrent peer connection: NCCL's "
+        "per-peer proxy work and the NIC's connection state); 0: none",
+    )
     source: str | None = Field(
         None, description="where the figures come from: documentation, the simulator ignores it"
     )

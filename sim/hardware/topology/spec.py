@@ -74,6 +74,7 @@ class LinkClass:
     latency: float  # s
     efficiency: float  # share of line rate a large transfer achieves
     msg_cost: float = 0.0  # s a message occupies the link before its payload (message rate)
+    conn_cost: float = 0.0  # s more per message, per message sharing the link in one step
 
     @property
     def eff_bw(self) -> float:
@@ -89,6 +90,7 @@ def link_classes(spec: dict[str, Any]) -> dict[str, LinkClass]:
             float(c.get("latency", 0.0)),
             float(c.get("efficiency", 1.0)),
             float(c.get("msg_cost", 0.0)),
+            float(c.get("conn_cost", 0.0)),
         )
         for name, c in spec["link_classes"].items()
     }
