@@ -105,21 +105,19 @@ def routed(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k
             f"model.routing.step: {step} steps of drift over {E} experts exceed "
             f"{MAX_DRIFT_WORK:,} draws; use drift 0 or 1, or a smaller step"
         )
-    # sibling sets per level: each a list of expert index ranges [lo, hi) of equal size
+    units_of = {"node": P // G, "gpu": P, "expert": E}  # loads per level, in expert order
+    # per level given: how many sibling sets (the units of the next level up given)
     sets: dict[str, int] = {}
     parent_sets = 1
-    for lv in LEVELS:
-        units = {"node": P // G, "gpu": P, "expert": E}[lv]
-        if targets[lv] is not None:
-            sets[lv] = parent_sets
-            parent_sets = units
+    for lv in given:
+        sets[lv] = parent_sets
+        parent_sets = units_of[lv]
     w = np.ones(E)
     for i, lv in enumerate(LEVELS):
         if lv not in sets:
             continue
         measure, value = targets[lv]  # type: ignore[misc]
-        units = {"node": P // G, "gpu": P, "expert": E}[lv]
-        groups = sets[lv]
+        units, groups = units_of[lv], sets[lv]
         n = units // groups  # siblings per set
         sigma = solve_sigma(n, measure, value, f"model.routing.{lv}.{measure}")
         prof = profile(n, sigma)
@@ -131,17 +129,18 @@ def routed(routing: dict[str, Any], world: int, experts: int, tokens: int, top_k
             unit_w[g * n : (g + 1) * n] = block
         w *= np.repeat(unit_w, E // units)
     row = split(top_k * tokens, w / w.sum(), tokens)
-    _check_realised(row, targets, sets, P, G, E)
+    _check_realised(row, targets, sets, units_of)
     return np.tile(row, (P, 1)).astype(np.int64)
 
 
-def _check_realised(row, targets, sets, P: int, G: int, E: int) -> None:
+def _check_realised(row, targets, sets, units_of: dict[str, int]) -> None:
     """The integer split keeps each level's target within TOLERANCE, or says why not."""
+    E = len(row)
     for lv, groups in sets.items():
         measure, value = targets[lv]
         if measure == "sigma":
             continue
-        units = {"node": P // G, "gpu": P, "expert": E}[lv]
+        units = units_of[lv]
         loads = row.reshape(units, E // units).sum(axis=1).astype(float).reshape(groups, -1)
         f = max_mean if measure == "max_mean" else gini
         got = max(abs(f(s) - value) for s in loads)
