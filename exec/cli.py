@@ -79,11 +79,12 @@ def _check_procs(nprocs: int, timeout: float) -> None:
         raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
     if timeout <= 0:
         raise ExecError(f"--timeout must be > 0 seconds, got {timeout:g}")
-    _warn_cores(nprocs)
 
 
 def _warn_cores(nprocs: int, threads: int | None = None) -> None:
-    """One line on stderr when the local ranks' threads outnumber the host's cores."""
+    """One line on stderr when the local ranks' threads outnumber the host's cores: said
+    once the inputs are checked, just before the ranks start (a refused input gets its
+    one-line error alone)."""
     import sys
 
     from exec.runtime.launch import oversubscription
@@ -102,6 +103,7 @@ def cmd_calibrate(a: argparse.Namespace) -> int:
     _check_procs(a.nprocs, a.timeout)
     check_output_file(a.out, "--out")  # before measuring: a refused path must not cost a run
     plan = api.calibration_plan(a.nprocs, a.quick, a.shapes_from, a.strategies)
+    _warn_cores(a.nprocs)
     print(f"calibrating {a.nprocs} ranks ({a.backend})")
     cal, path = api.calibrate(a.nprocs, a.backend, plan, a.out, a.timeout)
     for line in cal.describe():
@@ -124,6 +126,7 @@ def cmd_validate(a: argparse.Namespace) -> int:
     # every strategy built and simulated on the topology before anything is measured (the
     # calibration included): one line naming what cannot be, exit 2
     preflight(cfg, a.nprocs, a.topology, a.strategies, calibration)
+    _warn_cores(a.nprocs)
     if calibration is None:
         print(f"no --calibration: calibrating {a.nprocs} ranks first")
         calibration = api.calibrate_for(
@@ -222,14 +225,6 @@ def cmd_exec(a: argparse.Namespace) -> int:
         raise ExecError(f"--nprocs must be >= 1, got {nprocs}")
     if a.timeout <= 0:
         raise ExecError(f"--timeout must be > 0 seconds, got {a.timeout:g}")
-    if torchrun:  # the ranks torchrun started on this host, each with its own threads
-        import torch
-
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", nprocs))
-        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
-            _warn_cores(local, torch.get_num_threads())
-    else:
-        _warn_cores(nprocs)
     if a.warmup < 0:
         raise ExecError(f"--warmup must be >= 0, got {a.warmup}")
     if a.record_routing is not None:
@@ -242,6 +237,17 @@ def cmd_exec(a: argparse.Namespace) -> int:
     where = a.out or (cfg.output.get("dir") if cfg is not None else None)
     if where is None and not a.moe:  # a measurement is kept, and only where asked for
         raise ExecError("--out DIR is required: where to keep the measured trace")
+    from exec.runtime.launch import check_world
+
+    check_world(graph, nprocs)  # its error before any warning about the cores
+    if torchrun:  # the ranks torchrun started on this host, each with its own threads
+        import torch
+
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", nprocs))
+        if int(os.environ.get("LOCAL_RANK", 0)) == 0:
+            _warn_cores(local, torch.get_num_threads())
+    else:
+        _warn_cores(nprocs)
     out = Path(where or ".")
     if a.moe:
         check = api.check_layer(

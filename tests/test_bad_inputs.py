@@ -99,6 +99,15 @@ def test_hostile_files_and_command_lines(case):
     assert _check(case).rc == 2
 
 
+@pytest.mark.parametrize("case", B.exec_cases(), ids=lambda c: c.name)
+def test_executor_options_are_refused_in_one_line(case):
+    """Before any process starts; a warning that the ranks outnumber the cores is said only
+    for inputs that run (exec_world_mismatch asks for 3 processes: on a 2-core host the
+    warning came before its error, two lines)."""
+    pytest.importorskip("torch")
+    assert _check(case).rc == 2
+
+
 @pytest.mark.parametrize("case", B.fault_cases(), ids=lambda c: c.name)
 def test_issue_28_surfaces_are_refused_in_one_line(case):
     assert _check(case).rc == 2
