@@ -25,8 +25,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sim.core.errors import ConfigError
-from sim.core.io import check_output_dir
+from sim.core.io import check_output_dir, lock_dir
 
 JOURNAL = "candidates.jsonl"
 LOCK = ".plan.lock"
@@ -74,7 +73,9 @@ class Journal:
         self.dir = check_output_dir(out, what)
         self.fp = fp
         self.path = self.dir / JOURNAL
-        self.lock_fd = _lock(self.dir, what)
+        self.lock_fd = lock_dir(
+            self.dir, LOCK, f"{what} {self.dir}: another plan is writing there now"
+        )
         self.records: dict[str, dict[str, Any]] = {}
         try:
             self._read()
@@ -120,17 +121,3 @@ class Journal:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
-
-
-def _lock(d: Path, what: str) -> int | None:
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): concurrent plans into one folder unguarded
-        return None
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ConfigError(f"{what} {d}: another plan is writing there now") from None
-    return fd

@@ -25,7 +25,13 @@ import pandas as pd
 from sim.analysis.sweep.run import BOOL_COLUMNS, COLUMNS, FLOAT_COLUMNS, INT_COLUMNS
 from sim.analysis.sweep.spec import Sweep, text
 from sim.core.errors import ConfigError
-from sim.core.io import OutputSet, atomic_write_bytes, atomic_write_text, check_output_dir
+from sim.core.io import (
+    OutputSet,
+    atomic_write_bytes,
+    atomic_write_text,
+    check_output_dir,
+    lock_dir,
+)
 
 STATE = "sweep.json"
 ROWS = "rows"
@@ -37,7 +43,9 @@ class Store:
         self.dir = check_output_dir(out, "--out")
         self.sweep = sweep
         self.rows = self.dir / ROWS
-        self.lock_fd = _lock(self.dir)
+        self.lock_fd = lock_dir(
+            self.dir, LOCK, f"--out {self.dir}: another sweep is writing there now"
+        )
         try:
             self._open(sweep, restart)
         except BaseException:
@@ -131,20 +139,6 @@ class Store:
         if self.lock_fd is not None:
             os.close(self.lock_fd)
             self.lock_fd = None
-
-
-def _lock(d: Path) -> int | None:
-    try:
-        import fcntl
-    except ImportError:  # no flock (Windows): concurrent sweeps into one directory unguarded
-        return None
-    fd = os.open(d / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ConfigError(f"--out {d}: another sweep is writing there now") from None
-    return fd
 
 
 def _read_part(path: Path) -> pd.DataFrame:
