@@ -52,7 +52,9 @@ def published(row: dict[str, str]) -> Candidate:
         ep_overlap=rec.ep_overlap and _int(row["ep"]) > 1,
         recompute=recompute,
         fsdp=_int(row["fsdp"], 0) > 0,
-        dispatcher=rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall",
+        dispatcher=""
+        if _int(row["ep"]) <= 1
+        else (rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall"),
     )
 
 
