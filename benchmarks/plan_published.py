@@ -4,7 +4,13 @@ GPU count, batch, sequence and precision, with the published layout given, and r
 the plan finds that layout feasible, its rank, and how far the plan's best is ahead of it (and
 what the best changes). Results: benchmarks/results/plan_published.{json,md}.
 
-    python benchmarks/plan_published.py --rows 4 14 15 20 [--workers 2]
+    python benchmarks/plan_published.py --rows 4 14 15 20 [--workers 2] [--budget-s 1200]
+
+The published layout is scored as the plan scores every candidate: the request's recipe
+(the newest recorded for the model, system and precision) with the row's recipe's EP
+overlap, dispatcher and recomputation, the pipeline split evenly and nothing offloaded; it
+can differ from `moesim predict` of the row (its release's recipe, layout string and
+offloading). `--budget-s`: no new row is started after that many seconds.
 """
 
 from __future__ import annotations
@@ -46,7 +52,9 @@ def published(row: dict[str, str]) -> Candidate:
         ep_overlap=rec.ep_overlap and _int(row["ep"]) > 1,
         recompute=recompute,
         fsdp=_int(row["fsdp"], 0) > 0,
-        dispatcher=rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall",
+        dispatcher=""
+        if _int(row["ep"]) <= 1
+        else (rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall"),
     )
 
 
@@ -55,22 +63,35 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="+", required=True, help="1-based table rows")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--scheduler", help="a Dask scheduler address or dask-local")
+    ap.add_argument("--budget-s", type=float, default=None, help="start no row after this")
     a = ap.parse_args()
     rows = read_table(TABLE)
-    out, lines = (
-        [],
-        [
-            "# `moesim plan` on published runs",
-            "",
-            f"Machine: {machine()}; load average {os.getloadavg()[0]:.1f} at the start; "
-            f"{a.workers} worker(s)" + (f" on Dask ({a.scheduler})" if a.scheduler else "") + ".",
-            "",
-            "| row | run | candidates | simulated | wall s | published layout | its tok/s/GPU | "
-            "rank | fits | best | best tok/s/GPU | best ahead by |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|",
-        ],
-    )
+    start = time.time()
+    load0 = os.getloadavg()[0]
+    out: list[dict] = []
+    lines = [
+        "# `moesim plan` on published runs",
+        "",
+        f"Machine: {machine()} (shared with other work); load average {load0:.1f} at the "
+        f"start; {a.workers} worker(s)"
+        + (f" on Dask ({a.scheduler})" if a.scheduler else "")
+        + ". Regenerate: `python benchmarks/plan_published.py --rows "
+        + " ".join(map(str, a.rows))
+        + f" --workers {a.workers}`.",
+        "",
+        "Pruned: dropped before simulation for memory / compute bound / bound with "
+        "communication (the last computed in the workers).",
+        "",
+        "| row | run | candidates | simulated | pruned mem / bound / comm | wall s | "
+        "published layout | its tok/s/GPU | rank | fits | best | best tok/s/GPU | "
+        "best ahead by | within 10% |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    skipped = []
     for n in a.rows:
+        if a.budget_s is not None and time.time() - start > a.budget_s:
+            skipped.append(n)
+            continue
         r = rows[n - 1]
         req = Request(
             r["model"],
@@ -100,15 +121,21 @@ def main() -> None:
             + (" FSDP" if best.get("fsdp") else "")
             + (f" {best.get('dispatcher')}" if int(best.get("ep") or 1) > 1 else "")
         )
+        pr = p.pruned
+        within = "" if ahead is None else ("yes" if ahead <= 0.10 else "no")
         lines.append(
-            f"| {n} | {r['release']} {r['system']} {r['model']} {r['precision']} {r['gpus']} GPUs "
-            f"| {p.considered} | {p.simulated} | {wall:.0f} | {label} | "
+            f"| {n} | {r['release']} {r['system']} {r['model']} {r['variant']} "
+            f"{r['precision']} {r['gpus']} GPUs "
+            f"| {p.considered} | {p.simulated} | {pr.get('memory', 0)} / {pr.get('bound', 0)} / "
+            f"{pr.get('comm_bound', 0)} | {wall:.0f} | {label} | "
             f"{'' if gt is None else f'{gt:,.0f}'} | {g.get('rank', '-')} | {g.get('fits', '-')} "
             f"| {best_label} | {'' if bt is None else f'{bt:,.0f}'} | "
-            f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} |"
+            f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} | {within} |"
         )
+        if g.get("reason"):
+            lines.append(f"|  | published layout not built: {g['reason']} |" + " |" * 12)
         if gt and bt and ahead is not None and ahead > 0.10:
-            lines.append(f"|  | best vs published: {why(best, g)} | | | | | | | | | | |")
+            lines.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
         out.append(
             {
                 "row": n,
@@ -120,7 +147,17 @@ def main() -> None:
                 "best": best,
             }
         )
-    record("plan_published", {"machine": machine(), "rows": out}, lines)
+    lines += [
+        "",
+        f"Total wall time {time.time() - start:.0f} s; load average "
+        f"{os.getloadavg()[0]:.1f} at the end."
+        + (f" Not run (over the time budget): rows {skipped}." if skipped else ""),
+    ]
+    record(
+        "plan_published",
+        {"machine": machine(), "load_start": load0, "rows": out, "skipped": skipped},
+        lines,
+    )
 
 
 if __name__ == "__main__":

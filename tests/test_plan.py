@@ -42,7 +42,8 @@ def test_the_pruned_plan_finds_the_exhaustive_optimum(exhaustive):
 
 def test_every_bound_is_below_its_simulated_step(exhaustive):
     for c in exhaustive.candidates:
-        assert c["lower_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
+        assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
 
 
 def test_ranked_candidates_fit_and_are_in_order(exhaustive):
@@ -175,8 +176,9 @@ def test_moe_choices_are_searched_and_pruning_keeps_the_optimum():
         for ov in (False, True)
         for d, sms in (("alltoall", 0), ("deepep", 0), ("deepep", 48))
     }
-    for c in exhaustive.candidates:
-        assert c["lower_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
+    for c in exhaustive.candidates:  # the bounds, with communication and without
+        assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
     pruned = plan(MOE, grid=MOE_GRID)
     assert {k: pruned.candidates[0][k] for k in KEY} == {
         k: exhaustive.candidates[0][k] for k in KEY
@@ -266,3 +268,128 @@ def test_grid_option():
     ):
         with pytest.raises(ConfigError, match=needle):
             parse_grid(bad)
+
+
+# -- screening on the pool, the best row for predict ----------------------------------------
+
+
+def test_the_screeners_shared_work_is_the_step_models():
+    """Memory and bound from the screener's cached layers equal those of a plain step model
+    (collectives free), for a MoE model with MTP and dense leading layers, over pipelines,
+    recomputation and FSDP."""
+    from dataclasses import replace
+
+    from sim.training.memory import step_memory
+    from sim.training.plan import _FreeComm, _recipe, _Screener, lower_bound
+    from sim.training.predict import parse_row, prepare
+    from sim.training.recipe import recipe_for
+    from sim.training.step import StepModel
+
+    req = Request("DeepSeekV3", "DGX-H100", 256, 1024, 4096, "FP8")
+    base = replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
+    s = _Screener(req, base)
+    from sim.training.plan import _row
+
+    for c in (
+        Candidate(1, 1, 8, 4, 32, 1, recompute="selective"),
+        Candidate(2, 1, 16, 1, 16, 1, recompute="full"),
+        Candidate(1, 1, 4, 2, 64, 2, recompute="none"),
+        Candidate(1, 1, 8, 4, 32, 1, recompute="full"),  # the first's layers, shared
+    ):
+        p = prepare(
+            parse_row({k: str(v) for k, v in _row(req, c).items()}, 1), _recipe(base, c, True)
+        )
+        m = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _FreeComm())
+        works = m.chunk_work()
+        assert s.screen(c) == (step_memory(m, works).fits, lower_bound(m, works))
+    assert "beyond a node" in str(s.screen(Candidate(16, 1, 1, 1, 16, 1)))
+
+
+def test_pool_lazy_feed_may_wait_for_results():
+    """A lazy feed that says WAIT until its first results are back (as a plan's screening
+    does), on two processes; one that waits with nothing running is a one-line error."""
+    from sim.core import pool
+    from sim.core.errors import MoesimError
+
+    back: list[int] = []
+
+    def feed():
+        yield 1
+        yield 2
+        while len(back) < 2:
+            yield pool.WAIT
+        yield from [10 * x for x in list(back)]
+
+    got = []
+    for item in pool.stream(abs, feed(), workers=2, lazy=True):
+        if item is not None:
+            back.append(item[1])
+            got.append(item[1])
+    assert sorted(got) == [1, 2, 10, 20]
+
+    def stuck():
+        yield pool.WAIT
+
+    with pytest.raises(MoesimError, match="waits for results with nothing running"):
+        list(pool.stream(abs, stuck(), workers=2, lazy=True))
+    with pytest.raises(MoesimError, match="waits for results with nothing running"):
+        list(pool.stream(abs, stuck(), workers=1, lazy=True))
+
+
+def test_the_ranking_does_not_depend_on_the_workers():
+    one = plan(REQ, grid=SMALL)
+    two = plan(REQ, grid=SMALL, workers=2)
+    strip = [{k: v for k, v in c.items() if k != "cpu_s"} for c in one.candidates]
+    assert [{k: v for k, v in c.items() if k != "cpu_s"} for c in two.candidates] == strip
+    assert two.simulated == len(two.candidates) + two.outranked + (two.pruned.get("failed", 0))
+
+
+def test_predict_of_best_csv_reproduces_the_plans_best(tmp_path: Path):
+    """best.csv carries the best candidate's dispatcher, overlap, SMs and recomputation (and
+    the even pipeline, no offloading, the architecture's MTP), which predict reads."""
+    from sim.training.predict import predict_rows, read_table
+
+    p = plan(MOE, grid={**MOE_GRID, "recompute": ("none", "full")}, out=tmp_path / "p")
+    best = p.candidates[0]
+    rows = read_table(tmp_path / "p" / "best.csv")
+    assert rows[0]["dispatcher"] == best["dispatcher"] and rows[0]["recompute"] == best["recompute"]
+    assert rows[0]["ep_overlap"] == ("on" if best["ep_overlap"] else "off")
+    got = predict_rows(rows)["rows"][0]
+    assert "reason" not in got, got.get("reason")
+    assert got["predicted_tokens_per_s_per_gpu"] == pytest.approx(
+        best["predicted_tokens_per_s_per_gpu"], rel=1e-9
+    )
+
+
+@pytest.mark.parametrize(
+    "col,value,needle",
+    [
+        ("dispatcher", "nccl", "dispatcher: expected one of"),
+        ("ep_overlap", "maybe", "ep_overlap: expected on or off"),
+        ("recompute", "some", "recompute: expected one of"),
+        ("comm_sms", "-1", "comm_sms: expected an integer >= 0"),
+        ("mtp", "x", "mtp: expected an integer"),
+    ],
+)
+def test_predict_choice_columns_fail_in_one_line(col, value, needle):
+    from sim.training.predict import parse_row
+
+    row = {
+        "system": "DGX-H100",
+        "model": "Qwen3_30B_A3B",
+        "gpus": "8",
+        "precision": "BF16",
+        "gbs": "16",
+        "mbs": "1",
+        "seq_len": "4096",
+        "fsdp": "0",
+        "tp": "1",
+        "pp": "1",
+        "cp": "1",
+        "vp": "",
+        "ep": "8",
+        "ga": "",
+        col: value,
+    }
+    with pytest.raises(ConfigError, match=needle):
+        parse_row(row, 3)

@@ -14,12 +14,13 @@ the workers; no shared file system is needed, the caller writes the results).
 `lazy`: items are pulled from the iterable only as slots free up (as many in flight as
 the pool runs at once), so a caller can decide what to run next from the results so far
 (`moesim plan` skips candidates its best step has ruled out); else every item is submitted
-at once (`moesim sweep`).
+at once (`moesim sweep`). A lazy iterable may yield `WAIT`: nothing to run until a result
+in flight comes back (`moesim plan` ranks its candidates once all of them are screened);
+it is asked again after the next result.
 """
 
 from __future__ import annotations
 
-import itertools
 import os
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -37,6 +38,37 @@ ORPHAN_POLL_S = 0.5  # how often a worker looks whether its parent is still ther
 LOCAL_DASK = "dask-local"  # --scheduler value: a Dask cluster of local processes
 
 Got = tuple[Any, Any] | None
+
+
+class _Wait:
+    def __repr__(self) -> str:
+        return "WAIT"
+
+
+WAIT: Any = _Wait()  # a lazy iterable's "nothing yet" (see the module docstring)
+
+
+_END: Any = object()
+
+
+def take(items: Iterator[Any], n: int, running: int = 1, what: str = "work") -> list[Any]:
+    """Up to `n` items of a lazy iterable: fewer where it ends or says WAIT; with nothing
+    `running`, a WAIT is a stall (the iterable waits for results that cannot come)."""
+    out: list[Any] = []
+    while len(out) < n:
+        x = next(items, _END)
+        if x is _END:
+            break
+        if x is WAIT:
+            if not out and not running:
+                raise _stalled(what)
+            break
+        out.append(x)
+    return out
+
+
+def _stalled(what: str) -> MoesimError:
+    return MoesimError(f"{what}: the work waits for results with nothing running (a bug)")
 
 
 def stream(
@@ -65,16 +97,25 @@ def stream(
     if scheduler is not None:
         return _on_dask(fn, iter(items), scheduler, workers, name, lazy, fail)
     if workers is not None and workers <= 1:
-        return ((item, fn(item)) for item in items)
+        return _in_process(fn, iter(items), what)
     if not lazy:
         listed = list(items)
         n = min(workers or os.cpu_count() or 1, len(listed))
         if n <= 1:
-            return ((item, fn(item)) for item in listed)
+            return _in_process(fn, iter(listed), what)
         items = listed
     else:
         n = workers or os.cpu_count() or 1
     return _on_processes(fn, iter(items), n, close_fds or [], lazy, fail)
+
+
+def _in_process(fn: Callable[[Any], Any], items: Iterator[Any], what: str) -> Iterator[Got]:
+    """Each item run here, its result yielded before the next is asked for (so a lazy
+    iterable never has to WAIT: nothing is in flight)."""
+    for item in items:
+        if item is WAIT:
+            raise _stalled(what)
+        yield item, fn(item)
 
 
 class _Failure:
@@ -119,14 +160,14 @@ def _on_processes(
     method = method or ("forkserver" if "forkserver" in methods else "spawn")
     # only a forked worker has the parent's descriptors (in another, the number is another's)
     inherited = close_fds if method == "fork" else []
+    first = take(items, n, 0, fail.what) if lazy else items
     pool = ProcessPoolExecutor(
         n, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(inherited,)
     )
     # the first ones submitted now, so that the workers exist before a progress bar starts
     # its thread
-    first = itertools.islice(items, n) if lazy else items
     futures = {pool.submit(fn, item): item for item in first}
-    return drain(pool, futures, items if lazy else None, fail, fn)
+    return drain(pool, futures, items if lazy else None, fail, fn, n)
 
 
 def _init_worker(fds: list[int]) -> None:
@@ -160,11 +201,12 @@ def drain(
     more: Iterator[Any] | None = None,
     fail: _Failure | None = None,
     fn: Callable[[Any], Any] | None = None,
+    slots: int = 1,
 ) -> Iterator[Got]:
     """(item, result) of `futures` ({future: item}) as they finish, None every HEARTBEAT_S
-    while none does; with `more`, one item of it submitted to `pool` (`fn(item)`) for each
-    that finishes, after that one's result is yielded (the caller's view of it decides what
-    comes next)."""
+    while none does; with `more`, items of it submitted to `pool` (`fn(item)`) as each one
+    finishes, after its result is yielded (the caller's view of it decides what comes
+    next), until `slots` are in flight or `more` says WAIT."""
     from concurrent.futures import FIRST_COMPLETED, wait
 
     fail = fail or _Failure(None, "work", "run it again")
@@ -174,11 +216,14 @@ def drain(
             finished, left = wait(left, timeout=HEARTBEAT_S, return_when=FIRST_COMPLETED)
             if not finished:
                 yield None
-            for fut in finished:
+            back = list(finished)
+            for i, fut in enumerate(back):
                 item = futures.pop(fut)
                 yield item, fail.result(fut, item)
                 if more is not None and fn is not None:
-                    for nxt in itertools.islice(more, 1):
+                    # in flight, or back and still to be told: what a WAIT waits for
+                    running = len(left) + len(back) - i - 1
+                    for nxt in take(more, max(1, slots - len(left)), running, fail.what):
                         new = pool.submit(fn, nxt)
                         futures[new] = nxt
                         left.add(new)
@@ -238,18 +283,21 @@ def _on_dask(
         def slots() -> int:  # threads of the cluster's workers now (workers may join late)
             return max(1, int(sum(client.nthreads().values())))
 
-        left = set(submit(itertools.islice(items, slots()) if lazy else items))
+        left = set(submit(take(items, slots(), 0, fail.what) if lazy else items))
         while left:
             try:
                 finished, left = wait(left, timeout=HEARTBEAT_S, return_when="FIRST_COMPLETED")
             except TimeoutError:  # distributed's wait raises where concurrent's returns
                 yield None
                 continue
-            for fut in finished:
+            back = list(finished)
+            for i, fut in enumerate(back):
                 item = by_key.pop(fut.key)
                 yield item, fail.result(fut, item)
                 if lazy:
-                    left.update(submit(itertools.islice(items, max(1, slots() - len(left)))))
+                    running = len(left) + len(back) - i - 1
+                    n = max(1, slots() - len(left))
+                    left.update(submit(take(items, n, running, fail.what)))
     finally:
         if own:
             client.close()

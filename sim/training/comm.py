@@ -6,7 +6,12 @@ dispatches in the same layer, every DP group reduces its gradients at the end), 
 share NICs, rails and spines. `CommTimer.seconds` builds that one collective on every group
 (a graph of the whole world, one task per rank), runs it through `sim.engine` with the
 topology's network model and caches the result by (kind, dimension, bytes): a step asks for a
-few dozen distinct collectives, each simulated once.
+few dozen distinct collectives, each simulated once. The results are also kept per process
+(`_SHARED`, by the topology, its cost model, the groups' layout and the collective), so
+that steps of one layout (a plan's candidates that differ in micro-batches, recomputation or
+overlap; a sweep's rows) simulate each collective once between them; `simulations` counts the
+collectives a step asked for, wherever the answer came from, so it does not depend on what
+the process ran before.
 """
 
 from __future__ import annotations
@@ -21,6 +26,12 @@ from sim.hardware.topology import Topology
 from sim.training.layout import Layout
 
 BYTES_QUANTUM = 4096  # collectives within 4 KiB of each other share one simulation
+SHARED_MAX = 1 << 16  # collectives kept per process before the shared cache starts over
+KEPT_MAX = 64  # topologies and cost models it may hold alive before it starts over
+# (id of the topology, id of its cost model) -> (per_domain, layout, *collective) -> seconds
+_SHARED: dict[tuple[int, int], dict[tuple, float]] = {}
+_KEPT: dict[int, object] = {}  # the topologies and cost models keyed by id in _SHARED, kept
+# alive so that their ids are not reused while their entries exist
 
 
 class Timer(Protocol):
@@ -47,6 +58,16 @@ class CommTimer:
         self.per_domain = per_domain or topo.gpus_per_node
         self._cache: dict[tuple, float] = {}
         self.simulations = 0
+        # what the groups of every dimension depend on (Layout.groups), with the machine: the
+        # key of this timer's collectives in the per-process cache
+        lay = layout
+        if len(_KEPT) >= KEPT_MAX and (id(topo) not in _KEPT or id(costs) not in _KEPT):
+            _SHARED.clear()
+            _KEPT.clear()
+        _KEPT.setdefault(id(topo), topo)
+        _KEPT.setdefault(id(costs), costs)
+        self._machine = (id(topo), id(costs))
+        self._shared_key = (self.per_domain, (lay.gpus, lay.tp, lay.cp, lay.pp, lay.ep, lay.etp))
 
     def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
         """One collective of `kind` over every `dim` group, `nbytes` per GPU (all-gather: the
@@ -62,9 +83,28 @@ class CommTimer:
         q = max(1, int(round(nbytes / BYTES_QUANTUM)))
         key = (*what, q)
         if key not in self._cache:
-            self._cache[key] = run(q * BYTES_QUANTUM)
+            shared = (*self._shared_key, *key)
+            known = self.shared()
+            got = known.get(shared)
+            if got is None:
+                got = run(q * BYTES_QUANTUM)
+                if len(known) >= SHARED_MAX:
+                    known.clear()
+                known[shared] = got
+            self._cache[key] = got
             self.simulations += 1
         return self._cache[key]
+
+    def shared(self) -> dict[tuple, float]:
+        """The collectives this process simulated on this timer's machine (topology and cost
+        model), by (per_domain, the layout's group sizes, the collective, its bytes): a
+        caller may read them out and seed another process's with them (`moesim plan`'s
+        workers share theirs so)."""
+        return _SHARED.setdefault(self._machine, {})
+
+    def layout_key(self) -> tuple:
+        """What this timer's entries in `shared()` start with."""
+        return self._shared_key
 
     def deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
         """DeepEP's normal dispatch (or combine) over every EP group at once, through the
@@ -75,7 +115,7 @@ class CommTimer:
         evenly: 1 - C(experts - e, k) / C(experts, k)."""
         if self.layout.ep <= 1 or nbytes <= 0:
             return 0.0
-        what = ("deepep", "combine" if combine else "dispatch", sms)
+        what = ("deepep", "combine" if combine else "dispatch", sms, top_k, experts)
         return self._cached(what, nbytes, lambda b: self._deepep(b, top_k, experts, combine, sms))
 
     def _deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:

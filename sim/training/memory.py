@@ -77,7 +77,7 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
             for lw in works[s][c]:
                 d, e = model.params(lw)
                 dense, expert = dense + d, expert + e
-                per_mb += saved_bytes(lw, model)
+                per_mb += model.saved_bytes(lw)
             inflight = _inflight(lay.pp, lay.vp, lay.ga, s)
             act += per_mb * inflight / lay.vp if lay.vp > 1 else per_mb * inflight
         params = dense + expert

@@ -15,15 +15,26 @@ memory, found by simulating the candidates that could win.
 3. Bound: a candidate's step is at least its busiest stage's kernel time over the step plus
    the pipeline's fill and drain (`lower_bound`; the simulated step adds communication and
    host time to that). Candidates are simulated in the order of their bounds; one whose bound
-   is no better than the best step simulated so far cannot win and is not simulated.
+   is no better than the best step simulated so far cannot win and is not simulated
+   (`bound`). Just before simulating, a worker times the candidate's collectives (the
+   simulation needs them anyway) and bounds its step again with them (`comm_bound`: the
+   EP all-to-alls its compute waits for, TP, CP and FSDP traffic); no better than the best
+   step when it was sent, it is not simulated either (`comm_bound`).
 4. Rank the simulated ones by tokens/s/GPU.
 
 Candidates that differ only in their communication choices (EP overlap, dispatcher, SMs)
-share one memory model and one bound (both leave communication out). The simulations run on
-local processes or a Dask cluster (`sim.core.pool`, shared with `moesim sweep`), as many at
-a time as there are workers, the next one picked when one finishes. With `out`, every
-simulated candidate is journaled as it finishes (`sim.training.plan_store`) and a plan run
-again with the same request takes it from there instead of simulating it again.
+share one memory model and one bound (both leave communication out), and candidates share
+the work of their layers (`_Screener`: a layer's kernels depend on TP, CP, EP, the micro-batch
+and its kind, not on the pipeline). Screening (steps 2 and 3) and the simulations run on the
+same pool, local processes or a Dask cluster (`sim.core.pool`, shared with `moesim sweep`):
+the distinct memory-and-bound questions in chunks first, then the candidates in the order of
+their bounds, as many at a time as there are workers, the next one picked when one finishes.
+A worker's process keeps the collectives it simulated (`sim.training.comm`), which candidates
+of one layout share. The ranking does not depend on the number of workers: with several, a
+candidate may be simulated that a single worker would have pruned (a bound beaten by a
+result still running); it is left out of the ranking (counted in `outranked`). With `out`,
+every simulated candidate is journaled as it finishes (`sim.training.plan_store`) and a plan
+run again with the same request takes it from there instead of simulating it again.
 
 Each candidate is a row of `moesim predict` (`sim.training.predict`) with a recipe of its
 choices, so the best one is written as a table row `predict` takes.
@@ -34,14 +45,18 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError, MoesimError
-from sim.training.predict import MODELS, SYSTEMS, _lookup, predict_run, prepare
+from sim.training.ops import LayerWork
+from sim.training.pipeline import Phase
+from sim.training.predict import MODELS, SYSTEMS, _lookup, predict_run, prepare, with_choices
 from sim.training.recipe import Recipe, recipe_for
+from sim.training.step import StepModel
 
 TP = (1, 2, 4, 8)
 CP = (1, 2, 4)
@@ -53,6 +68,7 @@ RECOMPUTE = ("none", "selective", "full")
 DISPATCHER = ("alltoall", "deepep")  # the EP dispatchers the step model tells apart
 COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.step)
 LAYOUT_KEYS = ("tp", "cp", "pp", "vp", "ep", "mbs")
+SCREEN_CHUNK = 256  # memory-and-bound questions per task of the pool, at most
 
 
 @dataclass(frozen=True)
@@ -108,6 +124,9 @@ class Plan:
     pruned: dict[str, int] = field(default_factory=dict)
     given: dict[str, Any] | None = None  # the --layout candidate, scored and ranked
     resumed: int = 0  # of the simulated, those taken from an earlier run's journal
+    # of the simulated, those a single worker would have pruned: not ranked (see the module
+    # docstring)
+    outranked: int = 0
     files: dict[str, Any] = field(default_factory=dict)  # written with `out`
 
     def as_dict(self) -> dict[str, Any]:
@@ -116,6 +135,7 @@ class Plan:
             "considered": self.considered,
             "simulated": self.simulated,
             "resumed": self.resumed,
+            "outranked": self.outranked,
             "pruned": dict(self.pruned),
             "candidates": self.candidates,
             "given": self.given,
@@ -143,21 +163,26 @@ def _row(req: Request, c: Candidate) -> dict[str, Any]:
 
 
 def _recipe(base: Recipe, c: Candidate, mla: bool) -> Recipe:
-    modules: tuple[str, ...] = ()
-    if c.recompute == "selective":
-        modules = base.recompute_modules or (("mla_up_proj",) if mla else ("layernorm", "moe_act"))
-    return replace(
-        base,
-        ep_overlap=c.ep_overlap,
-        dispatcher=c.dispatcher or base.dispatcher,
-        comm_sms=c.comm_sms or None,
-        recompute_modules=modules,
-        recompute_full=c.recompute == "full",
-        recompute_layers=None,
-        offload_layers=0,
-        pipeline_layout="",
-        source=f"plan: {c.label()}",
-    )
+    """The candidate's recipe: the request's with the candidate's choices over it, the
+    pipeline split evenly and nothing offloaded (the recipe's layout string and offloading
+    are tuned for its published layout), as `moesim predict` builds a row with those choices
+    (`best_choices`)."""
+    choices = {**best_choices(c), "dispatcher": c.dispatcher or base.dispatcher}
+    return replace(with_choices(base, choices, mla), source=f"plan: {c.label()}")
+
+
+def best_choices(c: Candidate) -> dict[str, Any]:
+    """The candidate's choices as `moesim predict`'s CHOICES (a plan keeps the
+    architecture's MTP modules whatever the recipe says: `base`'s mtp is None)."""
+    out: dict[str, Any] = {
+        "dispatcher": c.dispatcher,
+        "ep_overlap": c.ep_overlap,
+        "comm_sms": c.comm_sms,
+        "recompute": c.recompute,
+        "pipeline_layout": "",
+        "offload_layers": 0,
+    }
+    return {k: v for k, v in out.items() if v != "" or k == "pipeline_layout"}
 
 
 GRID: dict[str, tuple] = {
@@ -247,17 +272,262 @@ def lower_bound(model: Any, works: list[list[list[Any]]]) -> float:
     return lay.ga * max(per_stage) + (lay.pp - 1) * min(per_stage) / lay.vp + opt
 
 
-def _evaluate(args: tuple[Request, Candidate, Recipe]) -> dict[str, Any]:
-    """Simulate one candidate (in a worker): its row of predictions, or its reason."""
-    req, c, recipe = args
+class _ScreenModel(StepModel):
+    """The step model the memory model and the bound read: every collective free
+    (`_FreeComm`), the layers' works, their passes and their weights shared through a
+    `_Screener` between the layers of a kind and between candidates. A layer's work depends
+    on TP, CP, EP, ETP, the micro-batch, the sequence and the layer's kind (MoE, banded), not
+    on the pipeline; its phases on that and on the recomputation, which a plan's recipes set
+    for every layer or none (`_recipe`: no `recompute_layers`, no offloading), so the phases
+    of the first layer of a kind stand for the others (their `layer` labels are that one's:
+    the bound reads their seconds only)."""
+
+    def __init__(self, screener: _Screener, p: Any, comm: Any = None):
+        super().__init__(
+            p.arch, p.layout, p.precision, p.recipe, p.gpu, comm or _FreeComm(), p.imbalance
+        )
+        r, lay = p.recipe, p.layout
+        assert r.recompute_layers is None and not r.offload_layers, "a plan's recipe"
+        self.s = screener
+        self.phase_memo = screener.phases
+        self._lay_key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs, lay.seq, self.p, self.imbalance)
+        self._rc_key = (r.recompute_full, r.recompute_modules)
+
+    def layer_work(self, layer: int) -> LayerWork:
+        key = (self._lay_key, "t", self.a.is_moe(layer), self.a.is_banded(layer))
+        t = self.s.works.get(key)
+        if t is None:
+            t = self.s.works[key] = [super().layer_work(layer)]
+        return LayerWork(layer, t[0].work, t[0].comm, t[0].moe)
+
+    def symbol_work(self, sym: str) -> list[LayerWork]:
+        key = (self._lay_key, sym)
+        got = self.s.works.get(key)
+        if got is None:
+            got = self.s.works[key] = super().symbol_work(sym)
+        return got
+
+    def phases(self, lw: LayerWork, backward: bool) -> list[Phase]:
+        key = (id(lw.work), backward, lw.layer >= 0, self._rc_key)
+        got = self.phase_memo.get(key)
+        if got is None:
+            got = self.phase_memo[key] = super().phases(lw, backward)
+        return got
+
+    def params(self, lw: LayerWork) -> tuple[float, float]:
+        got = self.s.params.get(id(lw.work))
+        if got is None:
+            got = self.s.params[id(lw.work)] = super().params(lw)
+        return got
+
+    def saved_bytes(self, lw: LayerWork) -> float:
+        key = (id(lw.work), lw.layer >= 0, self._rc_key)
+        got = self.s.saved.get(key)
+        if got is None:
+            got = self.s.saved[key] = super().saved_bytes(lw)
+        return got
+
+
+class _BoundModel(_ScreenModel):
+    """The screening model with the candidate's collectives timed (`p.comm`: the timer its
+    simulation uses, so that what it simulates here is kept for that; `sim.training.comm`),
+    but those of the distributed optimizer (its gathers and reduces run beside the passes and
+    are left out of the bound); the phases shared between the layers of this candidate only
+    (they depend on its collectives)."""
+
+    def __init__(self, screener: _Screener, p: Any):
+        super().__init__(screener, p, p.comm)
+        self.phase_memo = {}
+
+    def dp_collectives(self, lw: LayerWork) -> tuple[float, float]:
+        return 0.0, 0.0
+
+
+def comm_bound(
+    model: Any, works: list[list[list[Any]]], overlap: bool, slowdown: float = 1.0
+) -> float:
+    """Seconds a step takes at least, with its communication: `lower_bound`'s, where each
+    stage's passes count the EP collectives their compute waits for. A stage's compute
+    stream runs its tasks in the order they were issued, one at a time, so a pass's compute
+    after its all-to-all cannot start before the all-to-all ends, nor the next pass's
+    before it: a pass takes its compute plus the collectives between its compute phases.
+    With EP overlap (`overlap`) a forward and a backward issued as a merged pair hide each
+    other's collectives: the pair takes at least both computes, or one pass's compute and
+    the collectives between, whichever is longer (compute slowed by `slowdown` as the
+    simulation slows it: the SMs the collectives hold), and the stage at least the
+    collectives its communication stream runs one after the other. TP, CP and FSDP
+    communication is in the compute phases already (`StepModel.phases`, `_fsdp`). `model`: a
+    step model with its collectives timed but the distributed optimizer's (`_BoundModel`)."""
+    from sim.training.pipeline import schedule
+
+    progs, _ = model.stage_programs(works)
+    lay = model.lay
+
+    def split(phases: list[Phase]) -> tuple[float, float, float]:
+        """(compute, collectives between the first and last compute, all collectives)."""
+        at = [i for i, ph in enumerate(phases) if ph.stream == "compute"]
+        compute = sum(phases[i].seconds for i in at)
+        comm = sum(ph.seconds for ph in phases if ph.stream != "compute")
+        inner = (
+            sum(ph.seconds for ph in phases[at[0] : at[-1]] if ph.stream != "compute")
+            if at
+            else 0.0
+        )
+        return compute, inner, comm
+
+    busiest, lightest = 0.0, math.inf
+    for s, prog in enumerate(progs):
+        parts = {("F", c): split(prog.fwd[c]) for c in range(lay.vp)}
+        parts.update({("B", c): split(prog.bwd[c]) for c in range(lay.vp)})
+        order = schedule(lay.pp, lay.vp, lay.ga, s)
+        total = on_comm = 0.0
+        i = 0
+        while i < len(order):
+            merged = (
+                overlap and order[i][0] == "F" and i + 1 < len(order) and order[i + 1][0] == "B"
+            )
+            group = [parts[(kind, c)] for kind, _, c in order[i : i + 1 + merged]]
+            if merged:  # each chain's span, or both computes, whichever is longer
+                spans = [compute * slowdown + inner for compute, inner, _ in group]
+                total += max(*spans, sum(compute for compute, _, _ in group) * slowdown)
+            else:
+                total += group[0][0] + group[0][1]
+            on_comm += sum(comm for _, _, comm in group)
+            i += 1 + merged
+        busiest = max(busiest, total, on_comm)
+        lightest = min(lightest, sum(parts[(k, c)][0] for k in "FB" for c in range(lay.vp)))
+    opt = max(prog.optimizer_s for prog in progs)
+    return busiest + (lay.pp - 1) * lightest / lay.vp + opt
+
+
+class _Screener:
+    """One request's memory model and bound of candidates, in one process, with the work
+    candidates share cached (`_ScreenModel`; the cached works stay alive with it, so the ids
+    that key their phases and weights stay theirs)."""
+
+    def __init__(self, req: Request, base: Recipe):
+        self.req, self.base = req, base
+        self.works: dict[tuple, list[LayerWork]] = {}
+        self.phases: dict[tuple, list[Phase]] = {}
+        self.params: dict[int, tuple[float, float]] = {}
+        self.saved: dict[tuple, float] = {}
+        self.mla: bool | None = None
+
+    def screen(self, c: Candidate) -> tuple[bool, float] | str:
+        """(fits, lower bound in seconds) of a candidate, or why it cannot be built."""
+        from sim.training.memory import step_memory
+        from sim.training.predict import parse_row
+
+        req = self.req
+        try:
+            run = parse_row({k: str(v) for k, v in _row(req, c).items()}, 1)
+            if self.mla is None:
+                from sim.workload.architectures import architecture
+
+                arch = architecture(_lookup(MODELS, req.model, "model", req.where))
+                self.mla = arch.mla is not None
+            p = prepare(run, _recipe(self.base, c, self.mla))
+            if c.tp > p.topo.gpus_per_node:
+                raise ConfigError(f"{req.where}: tp {c.tp} beyond a node")
+        except MoesimError as e:
+            return str(e)
+        model = _ScreenModel(self, p)
+        works = model.chunk_work()
+        return step_memory(model, works).fits, lower_bound(model, works)
+
+
+_SCREENERS: dict[str, _Screener] = {}  # per process: the last requests' screeners
+
+
+def _screener(req: Request, base: Recipe) -> _Screener:
+    from sim.training.predict import KERNELS
+
+    key = json.dumps([asdict(replace(req, where="")), KERNELS], sort_keys=True, default=str)
+    got = _SCREENERS.get(key)
+    if got is None:
+        if len(_SCREENERS) >= 2:
+            _SCREENERS.pop(next(iter(_SCREENERS)))
+        got = _SCREENERS[key] = _Screener(req, base)
+    return got
+
+
+# the pool's tasks: ("screen", chunk number, request, recipe, [candidate, ...]) and
+# ("sim", request, candidate, recipe, the best step when sent)
+Item = tuple[Any, ...]
+
+
+def _work(item: Item) -> Any:
+    """A task of the pool (in a worker): a chunk of candidates screened (their answers), or
+    one candidate simulated (its record)."""
+    if item[0] == "screen":
+        _, _, req, base, cands = item
+        s = _screener(req, base)
+        return [s.screen(c) for c in cands]
+    return _evaluate(item[1:])
+
+
+def _name(item: Item) -> str:
+    if item[0] == "screen":
+        return f"screen{item[1]}"
+    return item[2].canonical().replace(",", "-").replace("=", "")
+
+
+def _killed_item(item: Item, e: Exception) -> Any:
+    if item[0] == "screen":
+        raise MoesimError(f"plan: screening stopped: a worker killed ({e})")
+    return _killed(item[1:4], e)
+
+
+def _layout_key(req: Request, c: Candidate) -> tuple:
+    """The group sizes that key a candidate's collectives (`CommTimer.layout_key`'s)."""
+    return (req.gpus, c.tp, c.cp, c.pp, c.ep, 1)
+
+
+def _base(req: Request) -> Recipe:
+    """The recipe a request's candidates start from: the recorded one, expert-TP 1 and the
+    architecture's MTP modules."""
+    return replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
+
+
+def _evaluate(args: tuple) -> dict[str, Any]:
+    """Simulate one candidate (in a worker): its row of predictions, or its reason. First its
+    bound with communication (`comm_bound`, in `comm_bound_s`); where that is no better than
+    `best` (the best step when it was sent, default none), the candidate is not simulated
+    (`_pruned`)."""
+    req, c, recipe = args[:3]
+    best = args[3] if len(args) > 3 else math.inf
+    known: dict[tuple, float] = args[4] if len(args) > 4 else {}
     rec: dict[str, Any] = {**_row(req, c), **_choices(c)}
     try:
         from sim.training.predict import parse_row
 
         run = parse_row({k: str(v) for k, v in _row(req, c).items()}, 1)
-        rec.update(predict_run(run, recipe))
+        p = prepare(run, recipe)
+        shared = p.comm.shared()
+        for k, v in known.items():  # what other workers simulated of this layout
+            shared.setdefault(k, v)
+        mine = p.comm.layout_key()
+        before = {k for k in shared if k[:2] == mine}
+        rec["_collectives"] = lambda: {
+            k: v for k, v in shared.items() if k[:2] == mine and k not in before
+        }
+        model = _BoundModel(_screener(req, _base(req)), p)
+        overlap = recipe.ep_overlap and p.arch.moe and p.layout.ep > 1
+        slowdown = 1.0
+        if overlap:  # as run_step slows a merged pair's compute
+            from sim.hardware.costs.resources import Resources
+            from sim.training.step import comm_sms
+
+            slowdown = 1.0 / Resources.build(p.topo.gpu, None).sm_speed(comm_sms(recipe))
+        rec["comm_bound_s"] = comm_bound(model, model.chunk_work(), overlap, slowdown)
+        if rec["comm_bound_s"] >= best:
+            rec["_pruned"] = True
+        else:
+            rec.update(predict_run(run, recipe))
     except MoesimError as e:
         rec["reason"] = str(e)
+    if "_collectives" in rec:  # the layout's collectives simulated here, for the others
+        rec["_collectives"] = rec["_collectives"]()
     return rec
 
 
@@ -314,10 +584,10 @@ def plan(
     candidates (a run again with the same request skips them) and receives the results as
     one output set (`sim.training.plan_report.write`). `progress(state)` is called as the
     plan moves."""
-    from sim.hardware.topology import Topology
-    from sim.training.memory import step_memory
-    from sim.training.predict import parse_row
-    from sim.training.step import StepModel
+    from sim.core import pool
+    from sim.training.kernels import GpuKernels
+    from sim.training.predict import _topology
+    from sim.training.step import precision_of
     from sim.workload.architectures import architecture
 
     check_request(req)
@@ -327,77 +597,77 @@ def plan(
         raise ConfigError(f"{req.where}: workers: expected an integer >= 1, got {workers!r}")
     arch = architecture(_lookup(MODELS, req.model, "model", req.where))
     preset = _lookup(SYSTEMS, req.system, "system", req.where)
-    node = Topology.load(preset, nodes=1)
-    base = recipe_for(req.model, req.system, req.precision)
-    base = replace(base, etp=1, mtp=None)
+    node = _topology(preset, 1)
+    base = _base(req)
     _check_grid(req, grid)
     if given is not None and arch.moe and given.ep > 1 and not given.dispatcher:
         given = replace(given, dispatcher=base.dispatcher)
     out_plan = Plan(req)
     state = Progress()
     tell = progress or (lambda s: None)
-    given_reason = ""
     pruned = state.pruned
-    feasible: list[tuple[float, Candidate, Recipe]] = []
-    probe = None
     space = list(candidates(req, arch, min(8, node.gpus_per_node), grid))
     if given is not None and given.key() not in {c.key() for c in space}:
         space.append(given)
-    state.total = len(space)
-    tell(state)
-    screened: dict[tuple, tuple[bool, float] | str] = {}  # screen_key -> (fits, bound) | reason
-    for c in space:
-        out_plan.considered += 1
-        state.screened += 1
-        recipe = _recipe(base, c, arch.mla is not None)
-        got = screened.get(c.screen_key())
-        if got is None:
-            try:
-                run = parse_row({k: str(v) for k, v in _row(req, c).items()}, 1)
-                p = prepare(run, recipe)
-                if c.tp > p.topo.gpus_per_node:
-                    raise ConfigError(f"{req.where}: tp {c.tp} beyond a node")
-            except MoesimError as e:
-                got = str(e)
-            else:
-                probe = probe or p
-                # collectives free: memory needs none, and the bound leaves them out
-                model = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _FreeComm())
-                works = model.chunk_work()
-                got = (step_memory(model, works).fits, lower_bound(model, works))
-            screened[c.screen_key()] = got
-        if isinstance(got, str):
-            pruned["invalid"] = pruned.get("invalid", 0) + 1
-            if c == given:
-                given_reason = got
-        elif not got[0] and c != given:
-            pruned["memory"] = pruned.get("memory", 0) + 1
-        else:
-            feasible.append((got[1], c, recipe))
-        tell(state)
     if not space:
         g = {**GRID, **(grid or {})}
         raise ConfigError(
             f"{req.where}: no layout divides {req.gpus} GPUs with GBS {req.gbs} and sequence "
             f"{req.seq_len}: tried TP {g['tp']} x CP {g['cp']} x PP {g['pp']} x MBS {g['mbs']}"
         )
-    if not feasible:
-        tried = ", ".join(f"{k} {v}" for k, v in sorted(pruned.items())) or "none"
-        raise ConfigError(
-            f"{req.where}: no layout of {req.model} on {req.gpus} GPUs of {req.system} fits: "
-            f"{out_plan.considered} candidates, dropped for {tried}"
-        )
-    feasible.sort(key=lambda t: t[0])
-    bounds = {c: bound for bound, c, _ in feasible}
+    out_plan.considered = state.total = len(space)
+    # the distinct memory-and-bound questions, in chunks for the pool (in the order of the
+    # space, so that a chunk's candidates share layers)
+    share: dict[tuple, list[Candidate]] = {}
+    for c in space:
+        share.setdefault(c.screen_key(), []).append(c)
+    firsts = [cs[0] for cs in share.values()]
+    n = workers or os.cpu_count() or 1
+    size = max(1, min(SCREEN_CHUNK, -(-len(firsts) // (4 * n))))
+    chunks = [firsts[i : i + size] for i in range(0, len(firsts), size)]
+    screened: dict[tuple, tuple[bool, float] | str] = {}  # screen_key -> (fits, bound) | why
+    feasible: list[tuple[float, Candidate, Recipe]] = []
+    bounds: dict[Candidate, float] = {}
     best_step = [math.inf]
     done: list[dict[str, Any]] = []
-    state.phase = "simulating"
+    # the collectives the workers simulated, by layout, sent with that layout's candidates
+    # (a worker's own are kept in its process; these are the others')
+    known: dict[tuple, dict[tuple, float]] = {}
+    given_reason = ""
+    tell(state)
 
     journal = None
     if out is not None:
         from sim.training.plan_store import Journal, fingerprint
 
         journal = Journal(out, fingerprint(asdict(req), preset))
+
+    def took(chunk: list[Candidate], answers: list[tuple[bool, float] | str]) -> None:
+        for c, got in zip(chunk, answers):
+            screened[c.screen_key()] = got
+            state.screened += len(share[c.screen_key()])
+
+    def rank_screened() -> None:
+        """The screened candidates dropped (invalid, memory) or queued in bound order."""
+        nonlocal given_reason
+        for c in space:
+            got = screened[c.screen_key()]
+            if isinstance(got, str):
+                pruned["invalid"] = pruned.get("invalid", 0) + 1
+                if c == given:
+                    given_reason = got
+            elif not got[0] and c != given:
+                pruned["memory"] = pruned.get("memory", 0) + 1
+            else:
+                feasible.append((got[1], c, _recipe(base, c, arch.mla is not None)))
+        if not feasible:
+            tried = ", ".join(f"{k} {v}" for k, v in sorted(pruned.items())) or "none"
+            raise ConfigError(
+                f"{req.where}: no layout of {req.model} on {req.gpus} GPUs of {req.system} "
+                f"fits: {out_plan.considered} candidates, dropped for {tried}"
+            )
+        feasible.sort(key=lambda t: t[0])  # stable: ties in the order of the space
+        bounds.update({c: bound for bound, c, _ in feasible})
 
     def accept(c: Candidate, rec: dict[str, Any], resumed: bool) -> None:
         lost = rec.pop("_lost", False)
@@ -415,9 +685,17 @@ def plan(
         if rec.get("predicted_step_s"):
             best_step[0] = min(best_step[0], rec["predicted_step_s"])
 
-    def feed() -> Iterator[tuple[Request, Candidate, Recipe]]:
-        """The candidates to simulate, in the order of their bounds: those that can still
-        win when their turn comes (the journal's taken from it, not simulated)."""
+    def feed() -> Iterator[Item]:
+        """The chunks to screen; once all are back, the candidates to simulate in the order
+        of their bounds: those that can still win when their turn comes (the journal's
+        taken from it, not simulated)."""
+        for i, chunk in enumerate(chunks):
+            yield ("screen", i, req, base, chunk)
+        while len(screened) < len(firsts):
+            yield pool.WAIT
+        rank_screened()
+        state.phase = "simulating"
+        tell(state)
         for bound, c, recipe in feasible:
             if prune and bound >= best_step[0] and c != given:
                 pruned["bound"] = pruned.get("bound", 0) + 1
@@ -429,20 +707,19 @@ def plan(
                 tell(state)
                 continue
             state.running += 1
-            yield (req, c, recipe)
+            best = best_step[0] if prune and c != given else math.inf
+            yield ("sim", req, c, recipe, best, known.get(_layout_key(req, c), {}))
 
     try:
-        from sim.core import pool
-
         results = pool.stream(
-            _evaluate,
+            _work,
             feed(),
             scheduler=scheduler,
             workers=workers,
             close_fds=[journal.lock_fd] if journal is not None and journal.lock_fd else [],
-            name=lambda item: item[1].canonical().replace(",", "-").replace("=", ""),
+            name=_name,
             lazy=True,
-            killed=_killed,
+            killed=_killed_item,
             what="plan",
             resume=(
                 f"the candidates simulated so far are kept in {journal.path}: run the same "
@@ -453,18 +730,48 @@ def plan(
         )
         for got_one in results:
             if got_one is not None:
-                (_, c, _), rec = got_one
-                state.running -= 1
-                accept(c, rec, False)
+                item, answer = got_one
+                if item[0] == "screen":
+                    took(item[4], answer)
+                    continue
+                for k, v in (answer.pop("_collectives", None) or {}).items():
+                    known.setdefault(k[1], {})[k] = v
+                if answer.get("_pruned"):  # its bound with communication lost
+                    state.running -= 1
+                    pruned["comm_bound"] = pruned.get("comm_bound", 0) + 1
+                else:
+                    state.running -= 1
+                    accept(item[2], answer, False)
             tell(state)
     finally:
         if journal is not None:
             journal.close()
+    order = {c: i for i, (_, c, _) in enumerate(feasible)}
+    done.sort(key=lambda r: order[r["_candidate"]])
+    if prune:  # what a single worker would have simulated: the same ranking for any number
+        best, kept = math.inf, []
+        for r in done:
+            c = r["_candidate"]
+            if c != given and max(bounds[c], r.get("comm_bound_s", 0.0)) >= best:
+                out_plan.outranked += 1
+                continue
+            kept.append(r)
+            if r.get("predicted_step_s"):
+                best = min(best, r["predicted_step_s"])
+        done = kept
     ran = [r for r in done if r.get("predicted_tokens_per_s_per_gpu")]
+    spec = node.gpu
+    probe = (
+        GpuKernels.from_gpu(spec, f"{req.where}: {preset}"),
+        precision_of(req.precision.upper(), base),
+    )
     for r in ran:
         r["fits"] = r["memory_margin_bytes"] >= 0
         r["mfu"] = _mfu(r, probe)
-    ok = sorted((r for r in ran if r["fits"]), key=lambda r: -r["predicted_tokens_per_s_per_gpu"])
+    ok = sorted(
+        (r for r in ran if r["fits"]),
+        key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], order[r["_candidate"]]),
+    )
     for rank, r in enumerate(ok, start=1):
         r["rank"] = rank
     pruned["failed"] = len(done) - len(ran)
@@ -502,11 +809,11 @@ def _check_grid(req: Request, grid: dict[str, tuple] | None) -> None:
             )
 
 
-def _mfu(r: dict[str, Any], p: Any) -> float | None:
-    """Model FLOPs per second per GPU over the dense peak of the run's GEMM dtype."""
-    if p is None:
-        return None
-    peak = p.gpu.peak.get(p.precision.gemm) or p.gpu.peak["bf16"]
+def _mfu(r: dict[str, Any], probe: tuple[Any, Any]) -> float:
+    """Model FLOPs per second per GPU over the dense peak of the run's GEMM dtype;
+    `probe`: the GPU's kernels and the run's precision."""
+    gpu, prec = probe
+    peak = gpu.peak.get(prec.gemm) or gpu.peak["bf16"]
     return float(r["predicted_tflops_per_gpu"]) * 1e12 / peak
 
 

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.training.predict import REQUIRED
+from sim.training.predict import CHOICES, MODELS, REQUIRED
 
 if TYPE_CHECKING:  # the plan writes its report: only its type is read here
     from sim.training.plan import Plan
@@ -39,7 +39,8 @@ COLUMNS = (
     "lower_bound_s",
 )
 FROM_BREAKDOWN = ("bubble_share", "ep_comm_s")
-PREDICT_COLUMNS = REQUIRED  # the best candidate as a row `moesim predict` reads
+# the best candidate as a row `moesim predict` reads: its layout and its choices
+PREDICT_COLUMNS = REQUIRED + CHOICES
 
 
 def _label(r: dict[str, Any]) -> str:
@@ -157,8 +158,28 @@ def best_row(p: Plan) -> str:
     w = csv.DictWriter(buf, fieldnames=PREDICT_COLUMNS, extrasaction="ignore", lineterminator="\n")
     w.writeheader()
     if p.candidates:
-        w.writerow({k: p.candidates[0].get(k, "") for k in PREDICT_COLUMNS})
+        w.writerow(predict_row(p, p.candidates[0]))
     return buf.getvalue()
+
+
+def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
+    """A simulated candidate as a `moesim predict` row that reproduces its prediction: its
+    layout columns and its choices (the pipeline split evenly, nothing offloaded, the
+    architecture's MTP modules: what the plan simulated)."""
+    from sim.workload.architectures import architecture
+
+    arch = architecture(MODELS.get(p.request.model, p.request.model))
+    row = {k: c.get(k, "") for k in REQUIRED}
+    row.update(
+        dispatcher=c.get("dispatcher") or "",
+        ep_overlap="on" if c.get("ep_overlap") else "off",
+        comm_sms=c.get("comm_sms") or 0,
+        recompute=c.get("recompute") or "none",
+        pipeline_layout="even",
+        offload_layers=0,
+        mtp=arch.mtp,
+    )
+    return row
 
 
 def html_page(p: Plan) -> str:

@@ -2,8 +2,10 @@
 Megatron-Bridge's performance summary) predicted from the model, the hardware and the layout.
 
 A row is parsed into a run (`Run`), simulated (`sim.training.step`), and returned as its input
-columns plus the predictions; a row that cannot be built keeps its columns and gets a `reason`
-(one line naming the row and the field), never a traceback. Where the table has a measured
+columns plus the predictions. Its recipe is the recorded one (`sim.training.recipe`), with the
+optional CHOICES columns over it where not empty (`moesim plan` writes its best candidate
+so). A row that cannot be built keeps its columns and gets a `reason` (one line naming the
+row and the field), never a traceback. Where the table has a measured
 `tokens_per_s_per_gpu` the row gets its signed relative `error`, and the result the MAPE per
 system and overall.
 """
@@ -55,6 +57,22 @@ REQUIRED = (
     "ep",
     "ga",
 )
+# optional columns over the row's recipe (empty: the recipe's): the EP dispatcher, EP overlap,
+# the SMs the dispatcher's kernels hold (0: its default), the recomputation (none, selective:
+# the recipe's modules or the default ones, full: every layer), the pipeline's stages (`even`,
+# or a Megatron-Core layout string), layers offloaded per stage, MTP modules
+CHOICES = (
+    "dispatcher",
+    "ep_overlap",
+    "comm_sms",
+    "recompute",
+    "pipeline_layout",
+    "offload_layers",
+    "mtp",
+)
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+RECOMPUTE = ("none", "selective", "full")
+ON_OFF = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 MEASURED = "tokens_per_s_per_gpu"
 OUTPUT_FIELDS = (
     "predicted_step_s",
@@ -79,6 +97,7 @@ class Run:
     variant: str = ""
     columns: dict[str, Any] = field(default_factory=dict)
     imbalance: float = 1.0  # `routing_max_mean`: the hottest EP rank's rows over the mean
+    choices: dict[str, Any] = field(default_factory=dict)  # CHOICES given, parsed
 
     @property
     def where(self) -> str:
@@ -156,7 +175,58 @@ def parse_row(cols: dict[str, Any], row: int) -> Run:
         str(cols.get("variant") or "").strip(),
         dict(cols),
         _imbalance(cols, where),
+        parse_choices(cols, where),
     )
+
+
+def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
+    """The row's CHOICES columns that are not empty, checked (one-line errors)."""
+    out: dict[str, Any] = {}
+    for k in CHOICES:
+        raw = str(cols.get(k, "") or "").strip()
+        if raw == "":
+            continue
+        if k == "dispatcher":
+            if raw not in DISPATCHERS:
+                raise ConfigError(
+                    f"{where}: dispatcher: expected one of {DISPATCHERS}, got {raw!r}"
+                )
+            out[k] = raw
+        elif k == "ep_overlap":
+            if raw.lower() not in ON_OFF:
+                raise ConfigError(f"{where}: ep_overlap: expected on or off, got {raw!r}")
+            out[k] = ON_OFF[raw.lower()]
+        elif k == "recompute":
+            if raw not in RECOMPUTE:
+                raise ConfigError(f"{where}: recompute: expected one of {RECOMPUTE}, got {raw!r}")
+            out[k] = raw
+        elif k == "pipeline_layout":
+            out[k] = "" if raw == "even" else raw
+        else:  # comm_sms, offload_layers, mtp
+            out[k] = _int(cols, k, where, low=0)
+    return out
+
+
+def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
+    """`recipe` with the CHOICES given over it (`moesim plan`'s candidates are built so)."""
+    kw: dict[str, Any] = {}
+    if "dispatcher" in choices:
+        kw["dispatcher"] = choices["dispatcher"]
+    if "ep_overlap" in choices:
+        kw["ep_overlap"] = choices["ep_overlap"]
+    if "comm_sms" in choices:
+        kw["comm_sms"] = choices["comm_sms"] or None
+    rc = choices.get("recompute")
+    if rc is not None:
+        modules: tuple[str, ...] = ()
+        if rc == "selective":
+            default = ("mla_up_proj",) if mla else ("layernorm", "moe_act")
+            modules = recipe.recompute_modules or default
+        kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
+    for k in ("pipeline_layout", "offload_layers", "mtp"):
+        if k in choices:
+            kw[k] = choices[k]
+    return replace(recipe, **kw) if kw else recipe
 
 
 def _imbalance(cols: dict[str, Any], where: str) -> float:
@@ -238,6 +308,7 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     recipe = recipe or recipe_for(
         run.model, run.system, run.precision, str(run.columns.get("release", "")).strip()
     )
+    recipe = with_choices(recipe, run.choices, arch.mla is not None)
     if "w/o mtp" in run.variant.lower():
         arch = replace(arch, mtp=0)
     elif recipe.mtp is not None:

@@ -19,7 +19,7 @@ from typing import Any
 from sim.training.comm import Timer
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
-from sim.training.memory import MemoryReport, step_memory
+from sim.training.memory import MemoryReport, saved_bytes, step_memory
 from sim.training.ops import (
     PRECISIONS,
     LayerWork,
@@ -238,23 +238,35 @@ class StepModel:
     def chunk_work(self) -> list[list[list[LayerWork]]]:
         """Per stage, per chunk: the layer works of its virtual stage (embedding first, the
         LM head and MTP last)."""
-        lay, a = self.lay, self.a
+        lay = self.lay
         out: list[list[list[LayerWork]]] = [[[] for _ in range(lay.vp)] for _ in range(lay.pp)]
         for v, (sym, layers) in enumerate(zip(self.vstages, self.vstage_layers)):
             s, c = v % lay.pp, v // lay.pp
             todo = iter(layers)
             works: list[LayerWork] = []
             for x in sym:
-                if x == "E":
-                    works.append(embedding_work(a, lay))
-                elif x == "t":
-                    works.append(layer_work(a, lay, self.p, next(todo), self.imbalance))
-                elif x == "m":
-                    works += mtp_work(a, lay, self.p, self.imbalance)
-                elif x == "L":
-                    works.append(head_work(a, lay))
+                if x == "t":
+                    works.append(self.layer_work(next(todo)))
+                else:
+                    works += self.symbol_work(x)
             out[s][c] = works
         return out
+
+    def layer_work(self, layer: int) -> LayerWork:
+        """One transformer layer's work (`sim.training.ops.layer_work`)."""
+        return layer_work(self.a, self.lay, self.p, layer, self.imbalance)
+
+    def symbol_work(self, sym: str) -> list[LayerWork]:
+        """The works of a stage symbol other than a layer: the embedding (E), the MTP
+        modules (m), the LM head and loss (L)."""
+        a, lay = self.a, self.lay
+        if sym == "E":
+            return [embedding_work(a, lay)]
+        if sym == "m":
+            return mtp_work(a, lay, self.p, self.imbalance)
+        if sym == "L":
+            return [head_work(a, lay)]
+        return []
 
     def params(self, lw: LayerWork) -> tuple[float, float]:
         """(dense, expert) weights of a layer work on one GPU: dense ones split by TP,
@@ -276,6 +288,10 @@ class StepModel:
             else:
                 dense += a.mlp_params(a.ffn) / lay.tp
         return dense, expert
+
+    def saved_bytes(self, lw: LayerWork) -> float:
+        """Bytes the layer keeps for its backward per micro-batch (`sim.training.memory`)."""
+        return saved_bytes(lw, self)
 
     def dp_collectives(self, lw: LayerWork) -> tuple[float, float]:
         """(all-gather, reduce-scatter) seconds of one layer's parameters and gradients."""
