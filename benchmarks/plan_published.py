@@ -25,8 +25,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, record  # noqa: E402
-from sim.training.plan import Candidate, Request, plan  # noqa: E402
+from sim.training.plan import plan  # noqa: E402
 from sim.training.plan_report import why  # noqa: E402
+from sim.training.plan_space import Candidate, Request  # noqa: E402
 from sim.training.predict import read_table  # noqa: E402
 
 TABLE = ROOT.parent / "shared" / "reference" / "published-runs" / "megatron_bridge_perf.csv"

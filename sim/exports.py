@@ -260,8 +260,8 @@ def plan(
     scheduler address, a `distributed.Client` or "dask-local" (else `workers` local
     processes); `out`: a folder for the journal (a plan run again resumes) and the files of
     `--out`; `grid`: the values tried per key (`{"pp": (1, 2), "comm_sms": (16, 24)}`)."""
-    from sim.training.plan import Request, parse_layout
     from sim.training.plan import plan as run_plan
+    from sim.training.plan_space import Request, parse_layout
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")

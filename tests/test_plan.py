@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from sim.core.errors import ConfigError
-from sim.training.plan import Candidate, Request, parse_layout, plan
+from sim.training.plan import plan
+from sim.training.plan_space import Candidate, Request, parse_layout
 
 REQ = Request("LLAMA3_8B", "DGX-H100", 8, 16, 4096, "BF16")
 GRID = {
@@ -253,7 +254,7 @@ def test_plan_on_processes_and_dask_is_the_same_plan():
 
 
 def test_grid_option():
-    from sim.training.plan import parse_grid
+    from sim.training.plan_space import parse_grid
 
     assert parse_grid(["pp=1,2", "dispatcher=deepep", "comm_sms=16,24"]) == {
         "pp": (1, 2),
@@ -280,15 +281,16 @@ def test_the_screeners_shared_work_is_the_step_models():
     from dataclasses import replace
 
     from sim.training.memory import step_memory
-    from sim.training.plan import _FreeComm, _recipe, _Screener, lower_bound
+    from sim.training.plan_space import recipe_of
+    from sim.training.plan_work import FreeComm, Screener, lower_bound
     from sim.training.predict import parse_row, prepare
     from sim.training.recipe import recipe_for
     from sim.training.step import StepModel
 
     req = Request("DeepSeekV3", "DGX-H100", 256, 1024, 4096, "FP8")
     base = replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
-    s = _Screener(req, base)
-    from sim.training.plan import _row
+    s = Screener(req, base)
+    from sim.training.plan_work import candidate_row
 
     for c in (
         Candidate(1, 1, 8, 4, 32, 1, recompute="selective"),
@@ -297,9 +299,10 @@ def test_the_screeners_shared_work_is_the_step_models():
         Candidate(1, 1, 8, 4, 32, 1, recompute="full"),  # the first's layers, shared
     ):
         p = prepare(
-            parse_row({k: str(v) for k, v in _row(req, c).items()}, 1), _recipe(base, c, True)
+            parse_row({k: str(v) for k, v in candidate_row(req, c).items()}, 1),
+            recipe_of(base, c, True),
         )
-        m = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _FreeComm())
+        m = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, FreeComm())
         works = m.chunk_work()
         assert s.screen(c) == (step_memory(m, works).fits, lower_bound(m, works))
     assert "beyond a node" in str(s.screen(Candidate(16, 1, 1, 1, 16, 1)))

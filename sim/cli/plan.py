@@ -10,8 +10,9 @@ from typing import Any
 def cmd_plan(a: argparse.Namespace) -> int:
     from sim.core.errors import ConfigError
     from sim.core.io import check_output_dir
-    from sim.training.plan import Request, parse_grid, parse_layout, plan
+    from sim.training.plan import plan
     from sim.training.plan_report import text_plan
+    from sim.training.plan_space import Request, parse_grid, parse_layout
 
     if a.out is not None:  # an unusable --out fails before anything is simulated
         check_output_dir(a.out)

@@ -405,21 +405,3 @@ def verify_set(out_dir: str | Path) -> list[str]:
         elif hashlib.sha256(f.read_bytes()).hexdigest() != entry.get("sha256"):
             problems.append(f"{f}: changed since the run wrote it (a mixed set)")
     return problems
-
-
-def lock_dir(d: Path, lock_name: str, busy: str) -> int | None:
-    """An exclusive lock on `d` (a file `lock_name` in it) for as long as the returned fd is
-    open, so that two runs never append to one folder's journal at once; `busy` is the
-    one-line error when another holds it. None where the OS has no flock (Windows): such
-    runs into one folder are unguarded."""
-    try:
-        import fcntl
-    except ImportError:
-        return None
-    fd = os.open(d / lock_name, os.O_RDWR | os.O_CREAT, 0o666)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        raise ConfigError(busy) from None
-    return fd

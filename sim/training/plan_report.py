@@ -10,7 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from sim.training.predict import CHOICES, MODELS, REQUIRED
+from sim.training.predict import MODELS, REQUIRED
+from sim.training.row_cells import CHOICES
 
 if TYPE_CHECKING:  # the plan writes its report: only its type is read here
     from sim.training.plan import Plan

@@ -25,7 +25,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sim.core.io import check_output_dir, lock_dir
+from sim.core.dirlock import lock_dir
+from sim.core.io import check_output_dir
 
 JOURNAL = "candidates.jsonl"
 LOCK = ".plan.lock"

@@ -24,6 +24,7 @@ from sim.core.errors import ConfigError, MoesimError
 from sim.training.layout import Layout
 from sim.training.ops import PRECISIONS
 from sim.training.recipe import Recipe, recipe_for
+from sim.training.row_cells import imbalance_cell, int_cell, parse_choices, with_choices
 
 # The table's names -> presets (topologies/ and sim/workload/architectures.yaml)
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72"}
@@ -57,22 +58,6 @@ REQUIRED = (
     "ep",
     "ga",
 )
-# optional columns over the row's recipe (empty: the recipe's): the EP dispatcher, EP overlap,
-# the SMs the dispatcher's kernels hold (0: its default), the recomputation (none, selective:
-# the recipe's modules or the default ones, full: every layer), the pipeline's stages (`even`,
-# or a Megatron-Core layout string), layers offloaded per stage, MTP modules
-CHOICES = (
-    "dispatcher",
-    "ep_overlap",
-    "comm_sms",
-    "recompute",
-    "pipeline_layout",
-    "offload_layers",
-    "mtp",
-)
-DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
-RECOMPUTE = ("none", "selective", "full")
-ON_OFF = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
 MEASURED = "tokens_per_s_per_gpu"
 OUTPUT_FIELDS = (
     "predicted_step_s",
@@ -114,23 +99,6 @@ def _lookup(table: dict[str, str], value: str, what: str, where: str) -> str:
     raise ConfigError(f"{where}: {what}: unknown {what} {value!r} (known: {', '.join(table)})")
 
 
-def _int(
-    cols: dict[str, Any], key: str, where: str, default: int | None = None, low: int = 1
-) -> int:
-    raw = str(cols.get(key, "") or "").strip()
-    if raw == "":
-        if default is None:
-            raise ConfigError(f"{where}: {key}: a value is required")
-        return default
-    try:
-        v = float(raw)
-    except ValueError:
-        raise ConfigError(f"{where}: {key}: expected an integer, got {raw!r}") from None
-    if not v.is_integer() or v < low or v > 1e9:
-        raise ConfigError(f"{where}: {key}: expected an integer >= {low}, got {raw!r}")
-    return int(v)
-
-
 def parse_row(cols: dict[str, Any], row: int) -> Run:
     where = f"row {row}"
     missing = [k for k in REQUIRED if k not in cols]
@@ -146,21 +114,21 @@ def parse_row(cols: dict[str, Any], row: int) -> Run:
         raise ConfigError(
             f"{where}: precision: unknown {precision!r} (known: {', '.join(PRECISIONS)})"
         )
-    fsdp = _int(cols, "fsdp", where, default=0, low=0)
+    fsdp = int_cell(cols, "fsdp", where, default=0, low=0)
     lay = Layout(
-        gpus=_int(cols, "gpus", where),
-        tp=_int(cols, "tp", where, 1),
-        pp=_int(cols, "pp", where, 1),
-        cp=_int(cols, "cp", where, 1),
-        vp=_int(cols, "vp", where, 1),
-        ep=_int(cols, "ep", where, 1),
+        gpus=int_cell(cols, "gpus", where),
+        tp=int_cell(cols, "tp", where, 1),
+        pp=int_cell(cols, "pp", where, 1),
+        cp=int_cell(cols, "cp", where, 1),
+        vp=int_cell(cols, "vp", where, 1),
+        ep=int_cell(cols, "ep", where, 1),
         fsdp=fsdp,
-        mbs=_int(cols, "mbs", where),
-        gbs=_int(cols, "gbs", where),
-        seq=_int(cols, "seq_len", where),
+        mbs=int_cell(cols, "mbs", where),
+        gbs=int_cell(cols, "gbs", where),
+        seq=int_cell(cols, "seq_len", where),
         where=where,
     )
-    ga = _int(cols, "ga", where, default=0, low=0)
+    ga = int_cell(cols, "ga", where, default=0, low=0)
     if ga and ga != lay.ga:
         raise ConfigError(
             f"{where}: ga: {ga} but gbs / (mbs x dp) = {lay.gbs} / ({lay.mbs} x {lay.dp}) "
@@ -174,74 +142,9 @@ def parse_row(cols: dict[str, Any], row: int) -> Run:
         lay,
         str(cols.get("variant") or "").strip(),
         dict(cols),
-        _imbalance(cols, where),
+        imbalance_cell(cols, where),
         parse_choices(cols, where),
     )
-
-
-def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
-    """The row's CHOICES columns that are not empty, checked (one-line errors)."""
-    out: dict[str, Any] = {}
-    for k in CHOICES:
-        raw = str(cols.get(k, "") or "").strip()
-        if raw == "":
-            continue
-        if k == "dispatcher":
-            if raw not in DISPATCHERS:
-                raise ConfigError(
-                    f"{where}: dispatcher: expected one of {DISPATCHERS}, got {raw!r}"
-                )
-            out[k] = raw
-        elif k == "ep_overlap":
-            if raw.lower() not in ON_OFF:
-                raise ConfigError(f"{where}: ep_overlap: expected on or off, got {raw!r}")
-            out[k] = ON_OFF[raw.lower()]
-        elif k == "recompute":
-            if raw not in RECOMPUTE:
-                raise ConfigError(f"{where}: recompute: expected one of {RECOMPUTE}, got {raw!r}")
-            out[k] = raw
-        elif k == "pipeline_layout":
-            out[k] = "" if raw == "even" else raw
-        else:  # comm_sms, offload_layers, mtp
-            out[k] = _int(cols, k, where, low=0)
-    return out
-
-
-def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
-    """`recipe` with the CHOICES given over it (`moesim plan`'s candidates are built so)."""
-    kw: dict[str, Any] = {}
-    if "dispatcher" in choices:
-        kw["dispatcher"] = choices["dispatcher"]
-    if "ep_overlap" in choices:
-        kw["ep_overlap"] = choices["ep_overlap"]
-    if "comm_sms" in choices:
-        kw["comm_sms"] = choices["comm_sms"] or None
-    rc = choices.get("recompute")
-    if rc is not None:
-        modules: tuple[str, ...] = ()
-        if rc == "selective":
-            default = ("mla_up_proj",) if mla else ("layernorm", "moe_act")
-            modules = recipe.recompute_modules or default
-        kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
-    for k in ("pipeline_layout", "offload_layers", "mtp"):
-        if k in choices:
-            kw[k] = choices[k]
-    return replace(recipe, **kw) if kw else recipe
-
-
-def _imbalance(cols: dict[str, Any], where: str) -> float:
-    """The optional `routing_max_mean` column: routed rows of the hottest EP rank over the
-    mean (UltraEP, arXiv 2606.04101, measured 1.30-4.01); empty: balanced routing (1)."""
-    raw = str(cols.get("routing_max_mean", "") or "").strip()
-    if raw == "":
-        return 1.0
-    try:
-        v = float(raw)
-    except ValueError:
-        v = float("nan")
-    if not 1.0 <= v <= 1e6:  # nan fails too
-        raise ConfigError(f"{where}: routing_max_mean: expected a number >= 1, got {raw!r}")
-    return v
 
 
 def read_table(path: str | Path) -> list[dict[str, Any]]:

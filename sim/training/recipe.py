@@ -125,3 +125,42 @@ def recipe_for(model: str, system: str, precision: str, release: str = "") -> Re
         return table[(model, system, precision, release)]
     same = sorted(k for k in table if k[:3] == (model, system, precision))
     return table[same[-1]] if same else Recipe()
+
+
+# SMs the EP dispatcher's kernels hold while they run beside compute: HybridEP's
+# `moe_hybridep_num_sms: 32` (Megatron-Bridge recipes, recipes.yaml), DeepEP's normal kernels
+# 24 (DeepEP's Buffer default, as `megatron_ep`'s `sms`), NCCL's all-to-all one block per
+# channel (assumed 32 channels, NCCL's maximum on NVSwitch systems)
+COMM_SMS = {"hybridep": 32, "deepep": 24, "alltoall": 32, "allgather": 32}
+
+
+def comm_sms(recipe: Recipe) -> int:
+    """SMs the recipe's EP dispatcher holds: the recipe's `comm_sms` (DeepEP's
+    `Buffer.set_num_sms`, HybridEP's `moe_hybridep_num_sms`), else the dispatcher's default."""
+    return recipe.comm_sms or COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"])
+
+
+# CUDA-graph scope names (Megatron-Core `--cuda-graph-scope`) -> the modules they capture
+GRAPH_SCOPES = {
+    "attn": {"attn", "core_attn", "layernorm", "mla_up_proj"},
+    "mlp": {"mlp"},
+    "moe_router": {"moe_router"},
+    "moe_preprocess": {"moe_preprocess"},
+    "moe": {"moe_router", "moe_preprocess", "moe", "moe_act", "shared_experts"},
+    "full": {
+        "attn",
+        "core_attn",
+        "layernorm",
+        "mla_up_proj",
+        "mlp",
+        "moe",
+        "moe_act",
+        "moe_router",
+        "moe_preprocess",
+        "shared_experts",
+        "embedding",
+        "head",
+        "mtp",
+    },
+}
+GRAPH_SCOPES["full_iteration"] = GRAPH_SCOPES["full"]

@@ -30,49 +30,11 @@ from sim.training.ops import (
     mtp_work,
 )
 from sim.training.pipeline import Phase, StagePrograms, step_graph
-from sim.training.recipe import Recipe
+from sim.training.recipe import GRAPH_SCOPES, Recipe, comm_sms
 from sim.workload.architectures import Architecture
 
 OPTIMIZER_BYTES_PER_PARAM = 30.0  # Adam on a shard: fp32 master, m, v read and written (24),
 # the fp32 gradient read (4), the bf16 weight written (2)
-
-# SMs the EP dispatcher's kernels hold while they run beside compute: HybridEP's
-# `moe_hybridep_num_sms: 32` (Megatron-Bridge recipes, recipes.yaml), DeepEP's normal kernels
-# 24 (DeepEP's Buffer default, as `megatron_ep`'s `sms`), NCCL's all-to-all one block per
-# channel (assumed 32 channels, NCCL's maximum on NVSwitch systems)
-COMM_SMS = {"hybridep": 32, "deepep": 24, "alltoall": 32, "allgather": 32}
-
-
-def comm_sms(recipe: Recipe) -> int:
-    """SMs the recipe's EP dispatcher holds: the recipe's `comm_sms` (DeepEP's
-    `Buffer.set_num_sms`, HybridEP's `moe_hybridep_num_sms`), else the dispatcher's default."""
-    return recipe.comm_sms or COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"])
-
-
-# CUDA-graph scope names (Megatron-Core `--cuda-graph-scope`) -> the modules they capture
-GRAPH_SCOPES = {
-    "attn": {"attn", "core_attn", "layernorm", "mla_up_proj"},
-    "mlp": {"mlp"},
-    "moe_router": {"moe_router"},
-    "moe_preprocess": {"moe_preprocess"},
-    "moe": {"moe_router", "moe_preprocess", "moe", "moe_act", "shared_experts"},
-    "full": {
-        "attn",
-        "core_attn",
-        "layernorm",
-        "mla_up_proj",
-        "mlp",
-        "moe",
-        "moe_act",
-        "moe_router",
-        "moe_preprocess",
-        "shared_experts",
-        "embedding",
-        "head",
-        "mtp",
-    },
-}
-GRAPH_SCOPES["full_iteration"] = GRAPH_SCOPES["full"]
 
 
 @dataclass

@@ -24,13 +24,13 @@ import pandas as pd
 
 from sim.analysis.sweep.run import BOOL_COLUMNS, COLUMNS, FLOAT_COLUMNS, INT_COLUMNS
 from sim.analysis.sweep.spec import Sweep, text
+from sim.core.dirlock import lock_dir
 from sim.core.errors import ConfigError
 from sim.core.io import (
     OutputSet,
     atomic_write_bytes,
     atomic_write_text,
     check_output_dir,
-    lock_dir,
 )
 
 STATE = "sweep.json"

@@ -1,0 +1,235 @@
+"""The space `moesim plan` searches (`sim.training.plan`): the layout grids and the
+communication choices, a request and a candidate, the recipe a candidate runs, and the
+`--layout` / `--grid` parsers."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.training.recipe import Recipe
+from sim.training.row_cells import with_choices
+
+TP = (1, 2, 4, 8)
+CP = (1, 2, 4)
+PP = (1, 2, 4, 8, 16, 32)
+VP = (1, 2, 3, 4, 5, 6, 8, 12)
+EP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+MBS = (1, 2, 4)
+RECOMPUTE = ("none", "selective", "full")
+DISPATCHER = ("alltoall", "deepep")  # the EP dispatchers the step model tells apart
+COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.step)
+LAYOUT_KEYS = ("tp", "cp", "pp", "vp", "ep", "mbs")
+SCREEN_CHUNK = 256  # memory-and-bound questions per task of the pool, at most
+
+
+@dataclass(frozen=True)
+class Request:
+    model: str
+    system: str
+    gpus: int
+    gbs: int
+    seq_len: int
+    precision: str
+    where: str = "plan"
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tp: int
+    cp: int
+    pp: int
+    vp: int
+    ep: int
+    mbs: int
+    ep_overlap: bool = False
+    recompute: str = "none"
+    fsdp: bool = False  # FSDP over the data-parallel ranks instead of the distributed optimizer
+    dispatcher: str = ""  # the EP dispatcher; "": the recipe's
+    comm_sms: int = 0  # SMs the dispatcher's kernels hold; 0: the dispatcher's default
+
+    def key(self) -> tuple:
+        return tuple(vars(self).values())
+
+    def canonical(self) -> str:
+        """The candidate as text, every field named: its key in a plan's journal."""
+        return ",".join(f"{k}={v}" for k, v in vars(self).items())
+
+    def screen_key(self) -> tuple:
+        """What the memory model and the bound read: not the communication choices."""
+        return (self.tp, self.cp, self.pp, self.vp, self.ep, self.mbs, self.recompute, self.fsdp)
+
+    def label(self) -> str:
+        s = f"TP{self.tp} CP{self.cp} PP{self.pp} VP{self.vp} EP{self.ep} MBS{self.mbs}"
+        s += " FSDP" if self.fsdp else ""
+        s += f" {self.dispatcher}" if self.dispatcher and self.ep > 1 else ""
+        s += f" sms={self.comm_sms}" if self.comm_sms else ""
+        return s + (" overlap" if self.ep_overlap else "") + f" recompute={self.recompute}"
+
+
+def recipe_of(base: Recipe, c: Candidate, mla: bool) -> Recipe:
+    """The candidate's recipe: the request's with the candidate's choices over it, the
+    pipeline split evenly and nothing offloaded (the recipe's layout string and offloading
+    are tuned for its published layout), as `moesim predict` builds a row with those choices
+    (`best_choices`)."""
+    choices = {**best_choices(c), "dispatcher": c.dispatcher or base.dispatcher}
+    return replace(with_choices(base, choices, mla), source=f"plan: {c.label()}")
+
+
+def best_choices(c: Candidate) -> dict[str, Any]:
+    """The candidate's choices as `moesim predict`'s CHOICES (a plan keeps the
+    architecture's MTP modules whatever the recipe says: `base`'s mtp is None)."""
+    out: dict[str, Any] = {
+        "dispatcher": c.dispatcher,
+        "ep_overlap": c.ep_overlap,
+        "comm_sms": c.comm_sms,
+        "recompute": c.recompute,
+        "pipeline_layout": "",
+        "offload_layers": 0,
+    }
+    return {k: v for k, v in out.items() if v != "" or k == "pipeline_layout"}
+
+
+GRID: dict[str, tuple] = {
+    "tp": TP,
+    "cp": CP,
+    "pp": PP,
+    "vp": VP,
+    "ep": EP,
+    "mbs": MBS,
+    "recompute": RECOMPUTE,
+    "dispatcher": DISPATCHER,
+    "comm_sms": COMM_SMS,
+}
+
+
+def candidates(
+    req: Request, arch: Any, gpus_per_node: int, grid: dict[str, tuple] | None = None
+) -> Iterator[Candidate]:
+    """Every layout and choice the request's sizes allow (unchecked beyond divisibility), over
+    `grid` (the module's value lists, or narrower ones)."""
+    g = {**GRID, **(grid or {})}
+    kv = arch.kv_heads if arch.mla is None else arch.heads
+    for tp, cp, pp in itertools.product(g["tp"], g["cp"], g["pp"]):
+        if tp > gpus_per_node or arch.heads % tp or kv % tp and tp % kv:
+            continue
+        if req.gpus % (tp * cp * pp) or pp > arch.layers or req.seq_len % (2 * cp):
+            continue
+        if cp > 1 and req.seq_len < 8192:  # CP pays off only on long sequences
+            continue
+        dp = req.gpus // (tp * cp * pp)
+        for vp, ep, mbs in itertools.product(g["vp"], g["ep"] if arch.moe else (1,), g["mbs"]):
+            if vp > 1 and (pp == 1 or pp * vp > arch.layers):
+                continue
+            if arch.moe and (arch.experts % ep or (req.gpus // pp) % ep):
+                continue
+            if req.gbs % (mbs * dp):
+                continue
+            overlaps = (False, True) if arch.moe and ep > 1 else (False,)
+            shards = (False, True) if pp == 1 and dp > 1 else (False,)
+            comms = comm_choices(g) if arch.moe and ep > 1 else [("", 0)]
+            for rc, fs, ov, (disp, sms) in itertools.product(
+                g["recompute"], shards, overlaps, comms
+            ):
+                yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms)
+
+
+def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
+    """(dispatcher, SMs) pairs: SMs only for DeepEP, whose simulated kernels depend on them."""
+    return [(d, sms) for d in g["dispatcher"] for sms in (g["comm_sms"] if d == "deepep" else (0,))]
+
+
+def check_grid(req: Request, grid: dict[str, tuple] | None) -> None:
+    unknown = sorted(set(grid or {}) - set(GRID))
+    if unknown:
+        raise ConfigError(f"{req.where}: grid: unknown key(s) {unknown} (keys: {sorted(GRID)})")
+    for d in (grid or {}).get("dispatcher", ()):
+        if d not in DISPATCHER:
+            raise ConfigError(
+                f"{req.where}: grid: dispatcher {d!r}: the step model tells apart "
+                f"{', '.join(DISPATCHER)} (allgather and hybridep move tokens as alltoall)"
+            )
+
+
+def parse_layout(text: str, where: str = "--layout") -> Candidate:
+    """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=none,fsdp=off,
+    dispatcher=deepep,sms=24]` as a candidate."""
+    vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
+    extra: dict[str, Any] = {}
+    for part in filter(None, text.split(",")):
+        if "=" not in part:
+            raise ConfigError(f"{where}: {part!r}: expected KEY=VALUE")
+        k, v = (x.strip() for x in part.split("=", 1))
+        if k in vals:
+            try:
+                vals[k] = int(v)
+            except ValueError:
+                raise ConfigError(f"{where}: {k}: expected an integer, got {v!r}") from None
+            if vals[k] < 1:
+                raise ConfigError(f"{where}: {k}: expected an integer >= 1, got {v!r}")
+        elif k == "overlap":
+            if v not in ("on", "off", "true", "false"):
+                raise ConfigError(f"{where}: overlap: expected on or off, got {v!r}")
+            extra["ep_overlap"] = v in ("on", "true")
+        elif k == "fsdp":
+            if v not in ("on", "off", "true", "false"):
+                raise ConfigError(f"{where}: fsdp: expected on or off, got {v!r}")
+            extra["fsdp"] = v in ("on", "true")
+        elif k == "recompute":
+            if v not in RECOMPUTE:
+                raise ConfigError(f"{where}: recompute: expected one of {RECOMPUTE}, got {v!r}")
+            extra["recompute"] = v
+        elif k == "dispatcher":
+            if v not in DISPATCHER:
+                raise ConfigError(f"{where}: dispatcher: expected one of {DISPATCHER}, got {v!r}")
+            extra["dispatcher"] = v
+        elif k == "sms":
+            if not v.isdigit():
+                raise ConfigError(f"{where}: sms: expected an integer >= 0, got {v!r}")
+            extra["comm_sms"] = int(v)
+        else:
+            raise ConfigError(
+                f"{where}: unknown key {k!r} (keys: {', '.join(LAYOUT_KEYS)}, overlap, "
+                "recompute, fsdp, dispatcher, sms)"
+            )
+    return Candidate(**vals, **extra)
+
+
+def check_request(req: Request) -> None:
+    """One-line errors for sizes no layout can take."""
+    for k in ("gpus", "gbs", "seq_len"):
+        v = getattr(req, k)
+        if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+            raise ConfigError(f"{req.where}: {k}: expected an integer >= 1, got {v!r}")
+
+
+def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
+    """`KEY=V1,V2,...` items (e.g. `pp=1,2,4`, `dispatcher=deepep`, `comm_sms=16,24,32`) as
+    the values a plan tries for those keys (the others: GRID's)."""
+    grid: dict[str, tuple] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"{where}: {item!r}: expected KEY=V1,V2,...")
+        k, v = (x.strip() for x in item.split("=", 1))
+        if k not in GRID:
+            raise ConfigError(f"{where}: unknown key {k!r} (keys: {', '.join(GRID)})")
+        vals = [x.strip() for x in v.split(",") if x.strip()]
+        if not vals:
+            raise ConfigError(f"{where}: {k}: no values")
+        if isinstance(GRID[k][0], int):
+            try:
+                grid[k] = tuple(int(x) for x in vals)
+            except ValueError:
+                raise ConfigError(f"{where}: {k}: expected integers, got {v!r}") from None
+            if min(grid[k]) < (0 if k == "comm_sms" else 1):
+                raise ConfigError(f"{where}: {k}: expected integers >= 1, got {v!r}")
+        else:
+            allowed = {"recompute": RECOMPUTE, "dispatcher": DISPATCHER}[k]
+            bad = [x for x in vals if x not in allowed]
+            if bad:
+                raise ConfigError(f"{where}: {k}: {bad[0]!r} is not one of {', '.join(allowed)}")
+            grid[k] = tuple(vals)
+    return grid

@@ -1,0 +1,110 @@
+"""The cells of a `moesim predict` row besides the layout (`sim.training.predict`): an
+integer cell, the optional recipe-choice columns over the row's recipe (what `moesim plan`'s
+candidates and its best.csv set) and the routing's imbalance."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from sim.core.errors import ConfigError
+from sim.training.recipe import Recipe
+
+# optional columns over the row's recipe (empty: the recipe's): the EP dispatcher, EP overlap,
+# the SMs the dispatcher's kernels hold (0: its default), the recomputation (none, selective:
+# the recipe's modules or the default ones, full: every layer), the pipeline's stages (`even`,
+# or a Megatron-Core layout string), layers offloaded per stage, MTP modules
+CHOICES = (
+    "dispatcher",
+    "ep_overlap",
+    "comm_sms",
+    "recompute",
+    "pipeline_layout",
+    "offload_layers",
+    "mtp",
+)
+DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
+RECOMPUTE = ("none", "selective", "full")
+ON_OFF = {"on": True, "true": True, "1": True, "off": False, "false": False, "0": False}
+
+
+def int_cell(
+    cols: dict[str, Any], key: str, where: str, default: int | None = None, low: int = 1
+) -> int:
+    raw = str(cols.get(key, "") or "").strip()
+    if raw == "":
+        if default is None:
+            raise ConfigError(f"{where}: {key}: a value is required")
+        return default
+    try:
+        v = float(raw)
+    except ValueError:
+        raise ConfigError(f"{where}: {key}: expected an integer, got {raw!r}") from None
+    if not v.is_integer() or v < low or v > 1e9:
+        raise ConfigError(f"{where}: {key}: expected an integer >= {low}, got {raw!r}")
+    return int(v)
+
+
+def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
+    """The row's CHOICES columns that are not empty, checked (one-line errors)."""
+    out: dict[str, Any] = {}
+    for k in CHOICES:
+        raw = str(cols.get(k, "") or "").strip()
+        if raw == "":
+            continue
+        if k == "dispatcher":
+            if raw not in DISPATCHERS:
+                raise ConfigError(
+                    f"{where}: dispatcher: expected one of {DISPATCHERS}, got {raw!r}"
+                )
+            out[k] = raw
+        elif k == "ep_overlap":
+            if raw.lower() not in ON_OFF:
+                raise ConfigError(f"{where}: ep_overlap: expected on or off, got {raw!r}")
+            out[k] = ON_OFF[raw.lower()]
+        elif k == "recompute":
+            if raw not in RECOMPUTE:
+                raise ConfigError(f"{where}: recompute: expected one of {RECOMPUTE}, got {raw!r}")
+            out[k] = raw
+        elif k == "pipeline_layout":
+            out[k] = "" if raw == "even" else raw
+        else:  # comm_sms, offload_layers, mtp
+            out[k] = int_cell(cols, k, where, low=0)
+    return out
+
+
+def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
+    """`recipe` with the CHOICES given over it (`moesim plan`'s candidates are built so)."""
+    kw: dict[str, Any] = {}
+    if "dispatcher" in choices:
+        kw["dispatcher"] = choices["dispatcher"]
+    if "ep_overlap" in choices:
+        kw["ep_overlap"] = choices["ep_overlap"]
+    if "comm_sms" in choices:
+        kw["comm_sms"] = choices["comm_sms"] or None
+    rc = choices.get("recompute")
+    if rc is not None:
+        modules: tuple[str, ...] = ()
+        if rc == "selective":
+            default = ("mla_up_proj",) if mla else ("layernorm", "moe_act")
+            modules = recipe.recompute_modules or default
+        kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
+    for k in ("pipeline_layout", "offload_layers", "mtp"):
+        if k in choices:
+            kw[k] = choices[k]
+    return replace(recipe, **kw) if kw else recipe
+
+
+def imbalance_cell(cols: dict[str, Any], where: str) -> float:
+    """The optional `routing_max_mean` column: routed rows of the hottest EP rank over the
+    mean (UltraEP, arXiv 2606.04101, measured 1.30-4.01); empty: balanced routing (1)."""
+    raw = str(cols.get("routing_max_mean", "") or "").strip()
+    if raw == "":
+        return 1.0
+    try:
+        v = float(raw)
+    except ValueError:
+        v = float("nan")
+    if not 1.0 <= v <= 1e6:  # nan fails too
+        raise ConfigError(f"{where}: routing_max_mean: expected a number >= 1, got {raw!r}")
+    return v
