@@ -157,6 +157,21 @@ def summarise(rows: list[dict]) -> dict:
     }
 
 
+def saa_by_degrees(tb: dict) -> dict[str, str]:
+    """SAA's mean gain over AAS per testbed: the (N_MP, N_ESP) with the least and the most."""
+    out = {}
+    for k, s in tb.items():
+        g: dict[tuple, list[float]] = {}
+        for r in s["rows"]:
+            if r["tp"] > 1:
+                t = r["times"]
+                g.setdefault((r["tp"], r["esp"]), []).append(100 * (t["s2_aas"] / t["s2"] - 1))
+        m = {d: sum(v) / len(v) for d, v in g.items()}
+        lo, hi = min(m, key=m.__getitem__), max(m, key=m.__getitem__)
+        out[k.split(":")[0]] = f"from {m[lo]:+.1f}% at {lo} to {m[hi]:+.1f}% at {hi}"
+    return out
+
+
 def main(step: int = 1, degrees: tuple = DEGREES) -> None:
     out: dict = {
         "machine": MACHINE,
