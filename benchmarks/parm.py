@@ -24,6 +24,8 @@ next to the paper's 1.13x - 5.77x. Results go to benchmarks/results/parm.{json,m
 
     python benchmarks/parm.py [--step STEP] [--table-iv]   # every STEP-th layer (default 1:
                                          # all; about 17 minutes on 2 cores, fits cached)
+
+`--step N`: take N prime to 2 and 3, or the sample keeps one value of the inner axes.
 """
 
 from __future__ import annotations
