@@ -169,6 +169,46 @@ def gain(setup: dict, dispatcher: str, queues: int, comm_sms: int) -> dict:
     return {"plain_s": spans[False], "overlap_s": spans[True], "gain": spans[False] / spans[True]}
 
 
+def dualpipe_bubble(pp: int) -> tuple[float, float]:
+    """Simulated idle time of a DualPipe device against the published formula, under the
+    formula's assumptions (`tests/test_dualpipe.py`'s setting)."""
+    from sim.engine.engine import simulate
+    from sim.hardware.costs import CostModel
+    from sim.hardware.topology import Topology
+    from sim.strategies import build
+    from sim.strategies.dualpipe.schedule import Pipeline, table
+    from sim.workload.moe import MoELayer
+
+    zero = {"alpha": 0.0, "beta": 0.0}
+    kinds = ("layernorm", "softmax", "elementwise", "attention", "gate", "encode", "decode")
+    layer = MoELayer(batch=1, seq_len=64, model_dim=128, hidden_dim=256, experts=2, world=1)
+    params = {"variant": "dualpipe", "pp": pp, "micro": 2 * pp, "layers": 2, "shared": 0}
+    g = build("dualpipe", layer, params, ("fwd", "bwd"))
+    topo = Topology.load("flat-switch", nodes=g.world_size)
+    costs = CostModel.build(
+        topo,
+        {
+            "compute": "alpha_beta",
+            "network": "collective",
+            "alpha_beta": {"gemm": {"alpha": 3e-6, "beta": 2e-12}} | {k: zero for k in kinds},
+            "collectives": {"all_to_all": zero, "all_gather": zero, "send": zero},
+        },
+    )
+    r = simulate(g, topo, costs)
+    dur, tasks = r.end - r.start, list(g)
+    chunk = {"fwd": 0.0, "dX": 0.0, "dW": 0.0}
+    busy = [0.0] * g.world_size
+    for i, t in enumerate(tasks):
+        if t.stream.startswith("compute"):
+            busy[t.rank] += dur[i]
+            if t.rank == 0:
+                chunk[t.tags.get("role", "fwd")] += dur[i]
+    n = 2 * Pipeline("dualpipe", pp, 2 * pp).per_phase
+    F, Bi, W = (chunk[k] / n for k in ("fwd", "dX", "dW"))
+    want = table(pp, F, Bi + W, W, F + Bi + W)["dualpipe"]["bubble"]
+    return max(r.makespan - b for b in busy), want
+
+
 def main() -> None:
     t0 = time.time()
     rows = []

@@ -286,45 +286,59 @@ def test_factors_in_closed_form():
     assert g.eta_all == pytest.approx(0.9 * f.eta_all)
 
 
+# Fig. 13's settings: fp32 models on the paper's A100s under torch 1.9.0, whose fp32 matmuls run
+# as TF32 (allow_tf32 defaults to True from torch 1.7 to 1.11): the preset's tf32 rate (issue 26)
+FIG13 = "tf32"
+
+
 @pytest.mark.parametrize("model", [GPT_S, GPT_XL, BERT_L])
-def test_fig_13_selector_offloads_on_one_node_and_recomputes_on_eight(model):
-    """Fig. 13 / Sec. V-G on dgx-a100, the paper's models in fp32 (4 bytes per element as in
-    Eq. 1's model states; the preset's fp32 is the 19.5 TFLOP/s non-tensor rate): on 8 GPUs
-    (one node, all-to-all over NVLink) the Eq. 10 selector offloads (S1/S2); on 32 and 64
-    GPUs the all-to-all's NIC traffic shares each GPU's PCIe link with its host copies, eta
-    drops, and it recomputes (S3/S4)."""
-    chosen = {}
+def test_fig_13_selector_recomputes_across_nodes(model):
+    """Fig. 13 / Sec. V-G on dgx-a100: on 32 and 64 GPUs the all-to-all's NIC traffic shares
+    each GPU's PCIe link with its host copies, eta drops, and the Eq. 10 selector recomputes
+    (S3/S4); on one node the copies share no link (eta_all = 1)."""
     for gpus in (8, 32, 64):
         g = build(
-            "mpipemoe", _layer(gpus, 8192, model), {"degree": 4}, ("fwd",), _cluster(gpus // 8)
+            "mpipemoe",
+            _layer(gpus, 8192, model, FIG13),
+            {"degree": 4},
+            ("fwd",),
+            _cluster(gpus // 8),
         )
-        chosen[gpus] = g.meta["reuse"]
         info = g.meta["selector"]
         assert info["selector"] == "eq10"
         assert (info["eta_all"] == 1.0) == (gpus == 8)  # link sharing only across nodes
-    assert chosen[8] in ("S1", "S2")
-    assert chosen[32] in ("S3", "S4") and chosen[64] in ("S3", "S4")
+        if gpus > 8:
+            assert g.meta["reuse"] in ("S3", "S4")
 
 
-def test_fig_13_simulated_reuse_overheads_on_bert_l():
-    """The simulated step times behind Fig. 13 (BERT-L, B = 8k tokens per GPU, n = 4): on 8
-    GPUs offloading and recomputing cost about the same (within 0.5%; the single T_M slot
-    holds the next fc1 until its copy is out, about what S3 recomputes), while on 64 GPUs
-    recomputation is clearly cheaper (> 2%), S4 beats S2 (Sec. V-G) and the Eq. 10 choice is
-    the simulated best."""
-    gaps = {}
-    for gpus in (8, 64):
-        cl = _cluster(gpus // 8)
-        L = _layer(gpus, 8192)
-        t = {s: v["makespan_s"] for s, v in reuse_times(L, cl, 4).items()}
-        offload, recompute = min(t["S1"], t["S2"]), min(t["S3"], t["S4"])
-        gaps[gpus] = (offload - recompute) / t["none"]
-        chosen = build("mpipemoe", L, {"degree": 4}, ("fwd",), cl).meta["reuse"]
-        if gpus == 64:
-            assert t[chosen] == min(t[s] for s in ("S1", "S2", "S3", "S4"))
-            assert t["S4"] < t["S2"]
-        assert min(t.values()) == t["none"]  # reuse costs time, never saves it
-    assert abs(gaps[8]) < 0.005 and gaps[64] > 0.02
+@pytest.mark.xfail(
+    strict=True,
+    reason="not reproduced in TF32: a T_M copy over PCIe takes several GEMMs, so offload "
+    "loses on one node too (benchmarks/results/papers.md)",
+)
+def test_fig_13_offload_is_best_on_one_node():
+    """Fig. 13: S1 and S2 perform better when N is small (8 GPUs): Eq. 10 offloads there and
+    offloading costs no more than recomputing in the simulation (BERT-L, B = 8k, n = 4)."""
+    cl = _cluster(1)
+    L = _layer(8, 8192, BERT_L, FIG13)
+    t = {s: v["makespan_s"] for s, v in reuse_times(L, cl, 4).items()}
+    assert build("mpipemoe", L, {"degree": 4}, ("fwd",), cl).meta["reuse"] in ("S1", "S2")
+    assert min(t["S1"], t["S2"]) <= min(t["S3"], t["S4"])
+
+
+def test_fig_13_simulated_reuse_overheads_on_64_gpus():
+    """The simulated step times behind Fig. 13 on 64 GPUs (BERT-L, B = 8k tokens per GPU, n =
+    4, TF32): recomputation is clearly cheaper than offloading (> 2%), S4 beats S2 (Sec.
+    V-G), the Eq. 10 choice is the simulated best, and reuse costs time, never saves it."""
+    cl = _cluster(8)
+    L = _layer(64, 8192, BERT_L, FIG13)
+    t = {s: v["makespan_s"] for s, v in reuse_times(L, cl, 4).items()}
+    offload, recompute = min(t["S1"], t["S2"]), min(t["S3"], t["S4"])
+    chosen = build("mpipemoe", L, {"degree": 4}, ("fwd",), cl).meta["reuse"]
+    assert t[chosen] == min(t[s] for s in ("S1", "S2", "S3", "S4"))
+    assert t["S4"] < t["S2"]
+    assert min(t.values()) == t["none"]
+    assert (offload - recompute) / t["none"] > 0.02
 
 
 # -- Algorithm 1 -----------------------------------------------------------------------------------

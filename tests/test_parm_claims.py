@@ -1,7 +1,7 @@
-"""Parm's claims over its whole layer grid (slow: 1,296 layers, about 8 minutes on 2
-cores; the recorded run is benchmarks/results/parm.md): on both testbeds S1 and S2 are never
-slower than the baseline, and the selector picks the faster of the two in at least 90% of
-the layers."""
+"""Parm's claims over its whole layer grid (slow: Table III's grid, 1,296 layers a testbed
+with N_MP and N_ESP in {1, 2, 4}, about 20 minutes on 2 cores; the recorded run is
+benchmarks/results/parm.md): on both testbeds S1 and S2 are never slower than the baseline,
+and the selector picks the faster of the two in at least 90% of the layers."""
 
 from __future__ import annotations
 
