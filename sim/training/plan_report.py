@@ -16,8 +16,8 @@ from sim.training.row_cells import CHOICES
 if TYPE_CHECKING:  # the plan writes its report: only its type is read here
     from sim.training.plan import Plan
 
-COLUMNS = (
-    "rank",
+# what tells candidates apart: their layout and their choices
+CANDIDATE_KEYS = (
     "tp",
     "cp",
     "pp",
@@ -29,6 +29,10 @@ COLUMNS = (
     "dispatcher",
     "comm_sms",
     "recompute",
+)
+COLUMNS = (
+    "rank",
+    *CANDIDATE_KEYS,
     "predicted_tokens_per_s_per_gpu",
     "predicted_step_s",
     "mfu",
@@ -56,19 +60,7 @@ def why(best: dict[str, Any], other: dict[str, Any]) -> str:
     """What the best changes against another candidate, and where its time goes instead."""
     diffs = [
         f"{k} {other[k]} -> {best[k]}"
-        for k in (
-            "tp",
-            "cp",
-            "pp",
-            "vp",
-            "ep",
-            "mbs",
-            "fsdp",
-            "ep_overlap",
-            "dispatcher",
-            "comm_sms",
-            "recompute",
-        )
+        for k in CANDIDATE_KEYS
         if str(best.get(k)) != str(other.get(k))
     ]
     parts = []
