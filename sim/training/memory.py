@@ -5,7 +5,10 @@
   linear weights Transformer Engine caches across micro-batches (row- and column-wise), and
   with the distributed optimizer the fp32 master weight and Adam's two moments (12 B) over the
   data-parallel ranks of that parameter (dense: DP x CP, experts: expert-DP); FSDP shards
-  weights and gradients too.
+  weights and gradients too. With `fp8_param_gather` the linear weights are Transformer
+  Engine's quantized primary weights (`fp8_model_init`; the fp32 master copy lives in the
+  optimizer, NVIDIA/TransformerEngine PR #1544): no bf16 copy of them is kept, only their
+  quantized row- and column-wise data. The embedding, the LM head and the router stay bf16.
 - Activations: what each kernel keeps for its backward (a GEMM its input, in the GEMM dtype
   when quantized; fused attention Q, K, V, O; a one-in one-out kernel its input), less what the
   recipe recomputes, times the micro-batches a stage holds at once: `pp - stage` in 1F1B, the
@@ -21,6 +24,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from sim.training.ops import ACT, DTYPE_BYTES, LayerWork
+from sim.training.pipeline import schedule
 
 if TYPE_CHECKING:
     from sim.training.step import StepModel
@@ -67,27 +71,55 @@ def saved_bytes(lw: LayerWork, model: StepModel) -> float:
     return kept
 
 
+def unquantized_params(lw: LayerWork, model: StepModel) -> float:
+    """Weights of a layer work that stay bf16 whatever the precision: the embedding and the
+    LM head (vocabulary split by TP), the router, MTP's projection (norms are negligible)."""
+    a, tp = model.a, model.lay.tp
+    names = {w.name for w in lw.work}
+    n = 0.0
+    if "embedding" in names:
+        n += a.vocab * a.hidden / tp
+    if "lm_head" in names:
+        n += a.vocab * a.hidden / tp
+    if "mtp.proj" in names:
+        n += 2 * a.hidden * a.hidden / tp
+    if "router" in names:
+        n += a.hidden * a.experts
+    return n
+
+
 def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryReport:
     lay, r, a = model.lay, model.r, model.a
     best: MemoryReport | None = None
     for s in range(lay.pp):
-        dense = expert = act = 0.0
+        dense = expert = plain = 0.0
+        per_chunk = []
         for c in range(lay.vp):
             per_mb = 0.0
             for lw in works[s][c]:
                 d, e = model.params(lw)
                 dense, expert = dense + d, expert + e
+                plain += unquantized_params(lw, model)
                 per_mb += model.saved_bytes(lw)
-            inflight = _inflight(lay.pp, lay.vp, lay.ga, s)
-            act += per_mb * inflight / lay.vp if lay.vp > 1 else per_mb * inflight
+            per_chunk.append(per_mb)
+        act = held_activations(per_chunk, lay.pp, lay.ga, s)
         params = dense + expert
+        # bf16 weights: all of them, or only those Transformer Engine does not quantize
+        weights = params
         qbytes = 0.0
-        if model.p.quantized:  # cached row- and column-wise copies of the linear weights
-            qbytes = 2 * DTYPE_BYTES[model.p.gemm] * params / (lay.fsdp or 1)
+        if model.p.quantized:  # row- and column-wise copies of the linear weights
+            linear = params - plain
+            qbytes = 2 * DTYPE_BYTES[model.p.gemm] * linear / (lay.fsdp or 1)
+            if r.fp8_param_gather:
+                weights = plain
         if lay.fsdp:
-            state = (2 + r.grad_reduce_bytes + 12) * params / lay.fsdp
+            state = (2 * weights + (r.grad_reduce_bytes + 12) * params) / lay.fsdp
         else:
-            state = (2 + r.grad_reduce_bytes) * params + 12 * (dense / lay.dpcp + expert / lay.edp)
+            state = (
+                2 * weights
+                + r.grad_reduce_bytes * params
+                + 12 * (dense / lay.dpcp + expert / lay.edp)
+            )
         logits = 0.0
         if s == lay.pp - 1:
             # bf16 logits; the fused cross-entropy (cross_entropy_fusion_impl: te) writes its
@@ -107,8 +139,14 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
     return best
 
 
-def _inflight(pp: int, vp: int, micro: int, stage: int) -> float:
-    """Micro-batch passes (of one chunk each) a stage holds at its peak."""
-    if vp == 1:
-        return float(min(pp - stage, micro))
-    return float(min((pp - stage - 1) * 2 + (vp - 1) * pp + 1, micro * vp))
+def held_activations(per_chunk: list[float], pp: int, micro: int, stage: int) -> float:
+    """Most activation bytes a stage holds at once over its step; `per_chunk`: one
+    micro-batch's kept bytes per model chunk. The stage's passes in Megatron-Core's order
+    (`sim.training.pipeline.schedule`: plain 1F1B holds `pp - stage` micro-batches after its
+    warm-up; the interleaved schedule `(pp - stage - 1) * 2 + (vp - 1) * pp + 1` chunk
+    passes) are followed one by one, as chunks may differ (the embedding, the LM head)."""
+    held = peak = 0.0
+    for kind, _, chunk in schedule(pp, len(per_chunk), micro, stage):
+        held += per_chunk[chunk] if kind == "F" else -per_chunk[chunk]
+        peak = max(peak, held)
+    return peak

@@ -287,12 +287,18 @@ class _Builder:
         F = a.moe_ffn // lay.etp
         self.linear("expert.fc1", routed, h, F * (2 if a.gated else 1), "moe", experts=local)
         width = 2 if a.gated else 1
+        # Megatron-Core weighs each routed row by its probability in the grouped MLP's
+        # activation (TEGroupedMLP.bias_act_func, weighted_bias_swiglu_impl): it keeps its
+        # input and the fp32 probabilities; the unpermute then only sums, keeping nothing
         self.mem(
-            "expert.act", (width + 1) * ACT * routed * F, "moe_act", saved=width * ACT * routed * F
+            "expert.act",
+            (width + 1) * ACT * routed * F,
+            "moe_act",
+            saved=width * ACT * routed * F + 4.0 * routed,
         )
         self.linear("expert.fc2", routed, F, h, "moe", experts=local)
         self.out.comm.append(Comm("combine", "all_to_all", "ep", routed * h * ACT, "expert.fc2"))
-        self.mem("unpermute", 3 * ACT * routed * h, "moe", launches=4, saved=ACT * routed * h)
+        self.mem("unpermute", 3 * ACT * routed * h, "moe", launches=4, saved=0.0)
         if a.shared:
             self.tp_gather("shared.ag", "norm2")
             self.dense_mlp(a.moe_ffn * a.shared, "shared.", "shared_experts")
