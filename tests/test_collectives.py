@@ -82,6 +82,65 @@ def test_2dh_phase_volumes_match_tutel():
     assert res.stats["flows"] == n * (m - 1) + n * (n // m - 1)
 
 
+def _one_a2a(topo: Topology, group: list[int], S: float, algo: str) -> TaskGraph:
+    """One all-to-all of S bytes per member over `group` (any subset of the topology)."""
+    g = TaskGraph(topo.world_size)
+    for r in group:
+        g.add(Task(f"a{r}", r, "comm", "all_to_all", bytes=S, group=group, coll="x", algo=algo))
+    return g
+
+
+def _stride_copy_s(topo: Topology, S: float) -> float:
+    """One 2DH stride copy (Tutel Alg. 3, strideMemcpy): a kernel that reads and writes the
+    whole per-GPU buffer, at the GPU's memory bandwidth, plus its launch (the roofline)."""
+    gpu = topo.spec["gpu"]
+    roof = gpu["roofline"]
+    return roof["launch_s"] + 2 * S / (gpu["mem_bw"] * roof["mem_efficiency"])
+
+
+@pytest.mark.parametrize("fidelity", ["flow", "bundled"])
+def test_2dh_is_the_sum_of_its_phases_on_2_nodes_x_2_gpus(fidelity):
+    """Tutel Fig. 15 / Alg. 3 on the smallest 2D case (GPUs 0, 1 of two dgx-a100 nodes): no two
+    messages share a link, so the time is the four phases' closed forms, one after the other:
+    stride copy, intra-node exchange (S/2 over NVLink), stride copy, inter-node exchange
+    (S/2 through the GPU's own NIC; one message per NIC, so one conn_cost)."""
+    topo = Topology.load("dgx-a100", nodes=2)
+    alpha, S = 1.7e-6, 8 * 2**20
+    res = simulate(
+        _one_a2a(topo, [0, 1, 8, 9], S, "2dh"),
+        topo,
+        CostModel.build(topo, {"alpha": alpha, "fidelity": fidelity}),
+    )
+    nv, pcie, hdr = (topo.link_classes[c] for c in ("nvlink3", "pcie4", "hdr"))
+    # gpu -> nvswitch -> gpu
+    intra = alpha + 2 * nv.latency + S / 2 / nv.eff_bw + nv.msg_cost
+    # gpu -> pcie switch -> nic -> fabric -> nic -> pcie switch -> gpu; the HDR port is the
+    # bottleneck and the largest per-message cost on the route
+    bw = min(pcie.eff_bw, hdr.eff_bw)
+    inter = alpha + 4 * pcie.latency + 2 * hdr.latency + S / 2 / bw + hdr.msg_cost + hdr.conn_cost
+    copy = _stride_copy_s(topo, S)
+    assert hdr.conn_cost > 0 and nv.msg_cost > 0  # the closed form does cover both costs
+    assert math.isclose(res.makespan, copy + intra + copy + inter, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize(
+    "nodes, group",
+    [(1, list(range(8))), (16, list(range(0, 128, 8)))],
+    ids=["one-node", "one-gpu-per-node"],
+)
+def test_2dh_exchanges_cost_what_the_linear_ones_do(nodes, group):
+    """2DH's intra-node exchange is the linear all-to-all of one node, and its inter-node
+    exchange the linear all-to-all of one GPU per node: the same flows, so the same
+    per-message (msg_cost) and per-connection (conn_cost) charges; 2DH adds its two stride
+    copies and nothing else."""
+    topo = Topology.load("dgx-a100", nodes=nodes)
+    S = 2**20
+    costs = CostModel.build(topo, {})
+    lin = simulate(_one_a2a(topo, group, S, "linear"), topo, costs).makespan
+    two = simulate(_one_a2a(topo, group, S, "2dh"), topo, costs).makespan
+    assert math.isclose(two, lin + 2 * _stride_copy_s(topo, S), rel_tol=1e-9)
+
+
 def test_2dh_needs_whole_nodes():
     topo = Topology.load("dgx-a100", nodes=2)
     tasks = [

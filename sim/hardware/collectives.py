@@ -107,7 +107,14 @@ def all_to_all_pairwise(tasks: list[Task], topo: Topology) -> list[Phase]:
 def all_to_all_2dh(tasks: list[Task], topo: Topology) -> list[Phase]:
     """Tutel's two-dimensional hierarchical all-to-all (Alg. 3 / Fig. 15): stride copy,
     intra-node all-to-all (S/m to each of the m-1 local peers), stride copy, inter-node
-    all-to-all among same-local-rank GPUs (n/m - 1 messages of m*S/n each)."""
+    all-to-all among same-local-rank GPUs (n/m - 1 messages of m*S/n each).
+
+    The stride copies are the algorithm's own steps (Tutel Sec. 3.4: "additional phases that
+    conduct efficient stride memory copies"; Alg. 3's strideMemcpy before each exchange):
+    each is a kernel reading and writing the whole per-GPU buffer, timed as a d2d copy of
+    2*S bytes (GPU memory bandwidth plus the kernel launch). Alg. 3 needs no third copy: the
+    inter-node exchange lands chunks in source-rank order. The exchanges are uniform phases
+    like the linear algorithm's, so they pay the same per-message and per-connection costs."""
     t = tasks[0]
     nodes, m = _layout(t, topo)
     n, S, g = _size(t), t.bytes, _group(t)
