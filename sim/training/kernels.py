@@ -5,8 +5,9 @@ them the training kernels reach (`gpu.kernels`, each with its source in the pres
 A GEMM takes the longer of its FLOPs at the dtype's GEMM rate and its bytes at the memory rate
 (a roofline: the small MoE GEMMs of fine-grained experts are bound by their weights); grouped
 expert GEMMs reach `grouped_gemm` of that rate; fused attention its forward and backward
-shares of the bf16 peak; everything else is memory-bound. Every kernel pays `launch_s` unless
-the recipe captures it in a CUDA graph.
+shares of the bf16 peak; everything else is memory-bound. Every kernel pays `launch_s` of host
+time unless the recipe captures it in a CUDA graph, and `kernel_s` of GPU time whatever the
+host does (the GPU's own per-kernel floor: an empty kernel and the gap to the next one).
 
 A GEMM's output is computed in tiles, a wave of them per SM at a time: one whose tiles
 leave SMs idle in its last wave runs at the share of the waves it fills (`wave_share`; a
@@ -40,6 +41,7 @@ class GpuKernels:
     launch_s: float
     memory_bytes: float
     sms: int = 0
+    kernel_s: float = 0.0
 
     @classmethod
     def from_gpu(cls, gpu: dict[str, Any], where: str) -> GpuKernels:
@@ -68,6 +70,7 @@ class GpuKernels:
             launch_s=float(k.get("launch_s") or 0.0),
             memory_bytes=float(gpu["memory_bytes"]),
             sms=int(gpu.get("sms") or 0),
+            kernel_s=float(k.get("kernel_s") or 0.0),
         )
 
     def rate(self, dtype: str) -> float:

@@ -110,15 +110,18 @@ class StepModel:
     # -- one pass of one layer as phases ---------------------------------------------------
     def _seconds(self, lw: LayerWork, names: list[str], backward: bool) -> float:
         by_name = {w.name: w for w in lw.work}
-        t, launches = 0.0, 0
+        t, kernels, launches = 0.0, 0, 0
         for n in names:
             w = by_name[n]
             t += self.gpu.seconds(w, backward)
-            if w.module not in self.graphed:
-                launches += self.gpu.launches(w, backward)
+            k = self.gpu.launches(w, backward)
             if backward and self.recomputed(w.module, lw.layer):
                 t += self.gpu.seconds(w)
-                launches += 0 if w.module in self.graphed else w.launches
+                k += w.launches
+            kernels += k
+            if w.module not in self.graphed:
+                launches += k
+        t += kernels * self.gpu.kernel_s  # the GPU's own floor per kernel, graphed or not
         # the host launches ahead of the GPU, except after a host sync (a dropless dispatcher
         # reads the token counts before its all-to-all): then each stretch between syncs
         # takes the longer of its kernels and their launches (the CPU thread is serial)

@@ -106,6 +106,11 @@ class KernelParams(Strict):
         description="per-kernel overhead in a training step run without CUDA graphs: the host "
         "launch gap between consecutive kernels (framework dispatch + launch), seconds",
     )
+    kernel_s: Seconds | None = Field(
+        None,
+        description="per-kernel time on the GPU itself, with or without CUDA graphs: an empty "
+        "kernel's run plus the dispatch gap to the next kernel in the stream, seconds",
+    )
 
 
 class GpuSpec(Strict):

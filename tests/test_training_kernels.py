@@ -1,0 +1,29 @@
+"""Kernel time of a training step's stretches (`sim.training.kernels`, `StepModel._seconds`)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from sim.training.layout import Layout
+from sim.training.recipe import Recipe
+from tests.test_training_memory import _model
+
+
+def test_a_stretch_pays_each_kernels_gpu_floor_graphed_or_not() -> None:
+    """Between host syncs a stretch takes its kernels' roofline times plus `kernel_s` per
+    kernel (the GPU's own floor), the same with every module in a CUDA graph."""
+    lay = Layout(gpus=8, tp=1, pp=1, ep=8, gbs=8, seq=4096)
+    plain = _model("qwen3-30b-a3b", lay, "BF16", Recipe(notes={"moe_token_drop": True}))
+    graphed = _model(
+        "qwen3-30b-a3b", lay, "BF16", Recipe(cuda_graph_scope=("full",), notes=plain.r.notes)
+    )
+    lw = plain.layer_work(0)
+    names = [w.name for w in lw.work]
+    floor = 2e-6
+    for m in (plain, graphed):
+        m.gpu = replace(m.gpu, kernel_s=floor)
+        roof = sum(m.gpu.seconds(w) for w in lw.work)
+        kernels = sum(m.gpu.launches(w) for w in lw.work)
+        assert m._seconds(lw, names, False) == pytest.approx(roof + kernels * floor)
