@@ -20,6 +20,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -145,8 +146,20 @@ def held_activations(per_chunk: list[float], pp: int, micro: int, stage: int) ->
     (`sim.training.pipeline.schedule`: plain 1F1B holds `pp - stage` micro-batches after its
     warm-up; the interleaved schedule `(pp - stage - 1) * 2 + (vp - 1) * pp + 1` chunk
     passes) are followed one by one, as chunks may differ (the embedding, the LM head)."""
-    held = peak = 0.0
-    for kind, _, chunk in schedule(pp, len(per_chunk), micro, stage):
-        held += per_chunk[chunk] if kind == "F" else -per_chunk[chunk]
-        peak = max(peak, held)
-    return peak
+    return max(
+        sum(n * b for n, b in zip(held, per_chunk))
+        for held in _held_counts(pp, len(per_chunk), micro, stage)
+    )
+
+
+@functools.lru_cache(maxsize=4096)
+def _held_counts(pp: int, vp: int, micro: int, stage: int) -> tuple[tuple[int, ...], ...]:
+    """The distinct numbers of micro-batches held per chunk after each forward of the stage
+    (a peak follows a forward); cached, as a plan asks the same schedules many times."""
+    held = [0] * vp
+    seen: set[tuple[int, ...]] = set()
+    for kind, _, chunk in schedule(pp, vp, micro, stage):
+        held[chunk] += 1 if kind == "F" else -1
+        if kind == "F":
+            seen.add(tuple(held))
+    return tuple(seen) if seen else ((0,) * vp,)
