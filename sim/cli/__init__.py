@@ -46,7 +46,7 @@ class _Parser(argparse.ArgumentParser):
 # The subcommands of each group (the module whose `add_parsers(sub)` adds them), in `moesim
 # --help`'s order. A command line naming one of them builds that group's parsers only:
 # building all ~150 options of every group (and importing their modules) costs ~5 ms, a
-# fiftieth of a small `moesim simulate`, for parsers that cannot match. (tests/test_cli.py
+# fiftieth of a small `moesim simulate`, for parsers that cannot match. (tests/test_startup.py
 # holds each group's parsers to the full parser's.)
 COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "sim.cli.simulate": ("demo", "simulate", "compare", "graph"),
