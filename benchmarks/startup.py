@@ -2,6 +2,9 @@
 minimum of several runs after a warm-up run (bytecode cached):
 
 - `python -c pass`, the floor;
+- the libraries a run cannot do without, imported as a run imports them (LIBRARIES: numpy
+  with one BLAS thread, pydantic's BaseModel, yaml, simpy), the floor of any `moesim
+  simulate`;
 - `import sim`, `moesim --help`, `moesim --version`;
 - `moesim simulate TINY --json --out DIR`: one node of dgx-h100, one small layer, sequential,
   forward only (TINY below), where start-up is nearly all of the command;
@@ -54,6 +57,12 @@ TINY = {
     "strategy": {"name": "sequential"},
     "passes": ["fwd"],
 }
+# numpy, pydantic, yaml and simpy as a run imports them (numpy with one BLAS thread:
+# sim.cli._single_threaded_blas), with nothing of moesim's: what start-up cannot go below
+LIBRARIES = (
+    "import os\nos.environ['OPENBLAS_NUM_THREADS'] = '1'\nimport numpy\n"
+    "del os.environ['OPENBLAS_NUM_THREADS']\nimport yaml, simpy\nfrom pydantic import BaseModel\n"
+)
 # what the `moesim` console script runs
 MOESIM = "import re, sys\nfrom sim.cli import main\nsys.exit(main())\n"
 
@@ -123,6 +132,7 @@ def cases(tmp: Path) -> dict[str, list[str]]:
     tiny.write_text(json.dumps(TINY))  # JSON is YAML
     return {
         "python -c pass": ["-c", "pass"],
+        "libraries (numpy, pydantic, yaml, simpy)": ["-c", LIBRARIES],
         "import sim": ["-c", "import sim"],
         "moesim --help": ["-c", MOESIM, "--help"],
         "moesim --version": ["-c", MOESIM, "--version"],
@@ -253,7 +263,7 @@ def main() -> None:
             t = times[label, name]
             rows.append({"case": name, "median_cpu_s": statistics.median(t), "min_cpu_s": min(t)})
             print(
-                f"{label:8s} {name:34s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
+                f"{label:8s} {name:42s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
                 f"min {min(t):.3f} s"
             )
         for r in imports.get(label, [])[:15]:
