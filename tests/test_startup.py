@@ -24,6 +24,7 @@ NOT_FOR_A_TINY_RUN = (
     "numpy.random",
     "numpy.ma",
     "sim.hardware.calibration_schema",
+    "sim.core.graph_schema",  # a graph file's TypedDicts (the constants: sim.core.kinds)
     "sim.engine.equivalence",
     "sim.workload.routing.loads",
     "difflib",

@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from sim.core.graph_schema import DTYPES
+from sim.core.kinds import DTYPES
 from sim.core.schema import Strict
 
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]

@@ -15,7 +15,7 @@ from pydantic import BeforeValidator, Field, field_validator
 
 from sim.config.model_schema import Dtype, ModelSpec, model_preset
 from sim.core.errors import ConfigError
-from sim.core.graph_schema import GEMM_DIMS, GEMM_LAYOUTS
+from sim.core.kinds import GEMM_DIMS, GEMM_LAYOUTS
 from sim.core.limits import DEFAULT as LIMIT_DEFAULTS
 from sim.core.limits import NAMES as LIMIT_NAMES
 from sim.core.schema import PosInt, Strict, short

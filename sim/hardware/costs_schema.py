@@ -13,8 +13,14 @@ from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
-from sim.core.kinds import ALL_KINDS, COLLECTIVE_KINDS, COMPUTE_KINDS, COPY_KINDS
+from sim.core.kinds import (
+    ALL_KINDS,
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    COPY_KINDS,
+    DTYPES,
+    GEMM_LAYOUTS,
+)
 from sim.core.schema import Fraction, PosInt, Strict
 
 STREAM_KINDS = ("compute", "comm", "copy")

@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.core.graph_schema import DTYPES
+from sim.core.kinds import DTYPES
 from sim.core.schema import Fraction, PosInt, Strict
 from sim.hardware.costs_schema import (
     Collectives,
