@@ -84,14 +84,13 @@ step("interpreter start (site, encodings)")
 import sim.cli, sim.commands
 step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
-import numpy.ma
-step("numpy (with numpy.ma, which np.unique loads)")
+step("numpy (one BLAS thread)")
 import pydantic
 from pydantic import BaseModel, TypeAdapter
 step("pydantic")
 import yaml, simpy
 step("yaml, simpy")
-import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
+import sim.core.schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
 step("topology and cost schema modules (pydantic models)")
 import sim.strategies, sim.strategies.sequential, sim.engine.symmetric, sim.pipeline
