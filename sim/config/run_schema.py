@@ -7,7 +7,9 @@ parameters) is checked where it is resolved. `moesim schema config` prints the J
 The `model:` section's models are in `sim.config.model_schema`.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from typing import Annotated, Any, Literal
 

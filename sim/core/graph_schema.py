@@ -12,7 +12,9 @@ TypedDicts rather than models: a graph holds 10^5-10^6 tasks, and validating pla
 about three times faster than building a model per task.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal

@@ -7,7 +7,9 @@ Ranges are what the cost models can use without producing nonsense: times finite
 speeds in (0, 1], fits with the group sizes they were measured at.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from typing import TYPE_CHECKING, Annotated, Literal
 
