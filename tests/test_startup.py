@@ -25,6 +25,7 @@ NOT_FOR_A_TINY_RUN = (
     "numpy.ma",
     "sim.hardware.calibration_schema",
     "sim.core.graph_schema",  # a graph file's TypedDicts (the constants: sim.core.kinds)
+    "sim.config.run_schema",  # the optional sections' models (a config without any: RunCore)
     "sim.engine.equivalence",
     "sim.workload.routing.loads",
     "difflib",
@@ -112,7 +113,8 @@ def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
     """What issue 21 item 10 cut from a tiny run's start-up, kept cut: the other strategies
     (`sim.strategies.STRATEGY_LIST` is built on first use; a run reads STRATEGIES[name]),
     pydantic validators of input models it does not validate (`defer_build`; RunSpec without
-    the sections the config leaves out: `run_spec`), numpy.random (flow tags), and
+    the sections the config leaves out: `run_spec`, here RunCore, and the sections' models
+    not even made: sim.config.run_schema), numpy.random (flow tags), and
     pydantic's scan of installed distributions for plugins (`sim.cli._lean_runtime`); and
     the modules of what it does not do: numpy.ma (`np.unique`'s plain form loads it:
     sim.core.arrays), the other commands' parsers (`sim.cli.COMMAND_GROUPS`), the
@@ -155,7 +157,7 @@ def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
     assert got == {
         "strategies": ["sim.strategies.sequential"],
         "listed": False,
-        "built": ["sim.config.run_schema.RunSpec", "sim.hardware.topology.schema.TopologySpec"],
+        "built": ["sim.config.run_core.RunCore", "sim.hardware.topology.schema.TopologySpec"],
         "loaded": [],
         "plugins_scanned": False,
         "restored": True,
