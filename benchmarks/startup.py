@@ -2,6 +2,9 @@
 minimum of several runs after a warm-up run (bytecode cached):
 
 - `python -c pass`, the floor;
+- the libraries a run cannot do without, imported as a run imports them (LIBRARIES: numpy
+  with one BLAS thread, pydantic's BaseModel, yaml, simpy), the floor of any `moesim
+  simulate`;
 - `import sim`, `moesim --help`, `moesim --version`;
 - `moesim simulate TINY --json --out DIR`: one node of dgx-h100, one small layer, sequential,
   forward only (TINY below), where start-up is nearly all of the command;
@@ -14,10 +17,13 @@ with `git worktree add /tmp/before HEAD~1`: their runs are interleaved, so they 
 machine's load. Each label's rows are kept in benchmarks/results/startup.{json,md} until it
 is measured again. `--importtime` also records where the tiny run's imports go (`python -X
 importtime`, wall time, each module's own time summed by package; median of 3), `--phases`
-its CPU time step by step of start-up in one interpreter (PHASES).
+its CPU time step by step of start-up in one interpreter (PHASES). `--instructions` also
+counts the instructions each case executes, once per tree (valgrind's cachegrind, `I refs`):
+unlike CPU time, which varies by 10% or more with the load of a shared 2-core machine, the
+count is the same run after run to ~0.1%, so a change of a few percent shows.
 
     python benchmarks/startup.py [--runs 9] [--tree before=DIR --tree after=.] [--importtime]
-                                 [--phases] [--note LABEL=TEXT] [--no-write]
+                                 [--phases] [--instructions] [--note LABEL=TEXT] [--no-write]
 """
 
 from __future__ import annotations
@@ -25,7 +31,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -54,6 +62,12 @@ TINY = {
     "strategy": {"name": "sequential"},
     "passes": ["fwd"],
 }
+# numpy, pydantic, yaml and simpy as a run imports them (numpy with one BLAS thread:
+# sim.cli._single_threaded_blas), with nothing of moesim's: what start-up cannot go below
+LIBRARIES = (
+    "import os\nos.environ['OPENBLAS_NUM_THREADS'] = '1'\nimport numpy\n"
+    "del os.environ['OPENBLAS_NUM_THREADS']\nimport yaml, simpy\nfrom pydantic import BaseModel\n"
+)
 # what the `moesim` console script runs
 MOESIM = "import re, sys\nfrom sim.cli import main\nsys.exit(main())\n"
 
@@ -75,14 +89,13 @@ step("interpreter start (site, encodings)")
 import sim.cli, sim.commands
 step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
-import numpy.ma
-step("numpy (with numpy.ma, which np.unique loads)")
+step("numpy (one BLAS thread)")
 import pydantic
 from pydantic import BaseModel, TypeAdapter
 step("pydantic")
 import yaml, simpy
 step("yaml, simpy")
-import sim.core.schema, sim.core.graph_schema, sim.hardware.topology.schema
+import sim.core.schema, sim.hardware.topology.schema
 import sim.hardware.costs_schema
 step("topology and cost schema modules (pydantic models)")
 import sim.strategies, sim.strategies.sequential, sim.engine.symmetric, sim.pipeline
@@ -123,6 +136,7 @@ def cases(tmp: Path) -> dict[str, list[str]]:
     tiny.write_text(json.dumps(TINY))  # JSON is YAML
     return {
         "python -c pass": ["-c", "pass"],
+        "libraries (numpy, pydantic, yaml, simpy)": ["-c", LIBRARIES],
         "import sim": ["-c", "import sim"],
         "moesim --help": ["-c", MOESIM, "--help"],
         "moesim --version": ["-c", MOESIM, "--version"],
@@ -161,6 +175,24 @@ def cpu_seconds(args: list[str], root: Path) -> float:
     )
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+
+
+def instructions(args: list[str], root: Path) -> int:
+    """Instructions (valgrind's `I refs`) of one child interpreter running `args` in `root`."""
+    if shutil.which("valgrind") is None:
+        raise SystemExit("--instructions needs valgrind")
+    p = subprocess.run(
+        ["valgrind", "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
+        + [sys.executable, *args],
+        cwd=root,
+        env=environment(root),
+        check=True,
+        capture_output=True,
+        text=True,
+    )
+    found = re.search(r"I\s+refs:\s+([\d,]+)", p.stderr)
+    assert found, p.stderr[-2000:]
+    return int(found.group(1).replace(",", ""))
 
 
 def import_breakdown(args: list[str], root: Path, runs: int = 3) -> list[dict]:
@@ -211,6 +243,9 @@ def main() -> None:
     )
     ap.add_argument("--importtime", action="store_true", help="record the tiny run's imports")
     ap.add_argument("--phases", action="store_true", help="record the tiny run's CPU by step")
+    ap.add_argument(
+        "--instructions", action="store_true", help="count each case's instructions (valgrind)"
+    )
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     trees = {}
@@ -230,6 +265,11 @@ def main() -> None:
                 for label, root in trees.items():
                     times.setdefault((label, name), []).append(cpu_seconds(args, root))
         load = (load_before + os.getloadavg()[0]) / 2
+        counts = {
+            (label, name): instructions(args, root)
+            for name, args in (todo.items() if a.instructions else [])
+            for label, root in trees.items()
+        }
         imports = (
             {
                 label: import_breakdown(todo["moesim simulate tiny.yaml --json"], root)
@@ -252,9 +292,12 @@ def main() -> None:
         for name in todo:
             t = times[label, name]
             rows.append({"case": name, "median_cpu_s": statistics.median(t), "min_cpu_s": min(t)})
+            if (label, name) in counts:
+                rows[-1]["instructions"] = counts[label, name]
             print(
-                f"{label:8s} {name:34s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
+                f"{label:8s} {name:42s} median {rows[-1]['median_cpu_s']:.3f} s CPU  "
                 f"min {min(t):.3f} s"
+                + (f"  {counts[label, name] / 1e6:,.0f} M instr." if counts else "")
             )
         for r in imports.get(label, [])[:15]:
             print(f"  {r['package']:24s} {r['self_ms']:7.1f} ms")
@@ -293,8 +336,10 @@ def write(labels: dict) -> None:
         "each label's runs (the machine is shared, so the minimum is shown too). The tiny run "
         "is one small layer on one dgx-h100 node, sequential, forward "
         "(`benchmarks/startup.py` TINY). Generated by `python benchmarks/startup.py "
-        "[--tree LABEL=DIR ...] [--importtime] [--phases]`; the trees of one command are "
-        "measured interleaved, under the same load.",
+        "[--tree LABEL=DIR ...] [--importtime] [--phases] [--instructions]`; the trees of one "
+        "command are measured interleaved, under the same load. The libraries' row is the "
+        "floor of any `moesim simulate` (numpy, pydantic, yaml and simpy imported as a run "
+        "imports them): what a tiny run costs above it is moesim's own.",
         "",
     ]
     for n in names:
@@ -311,6 +356,22 @@ def write(labels: dict) -> None:
             r = next((r for r in labels[n]["rows"] if r["case"] == c), None)
             cells.append(f"{r['median_cpu_s']:.3f} ({r['min_cpu_s']:.3f})" if r else "")
         lines.append(f"| `{c}` | " + " | ".join(cells) + " |")
+    counted = [n for n in names if any("instructions" in r for r in labels[n]["rows"])]
+    if counted:
+        lines += [
+            "",
+            "Instructions executed, millions (valgrind's cachegrind, `I refs`, one run each, "
+            "bytecode cached: the same run after run to ~0.1%, whatever the load):",
+            "",
+            "| case | " + " | ".join(counted) + " |",
+            "|---|" + "---:|" * len(counted),
+        ]
+        for c in case_names:
+            cells = []
+            for n in counted:
+                r = next((r for r in labels[n]["rows"] if r["case"] == c), None)
+                cells.append(f"{r['instructions'] / 1e6:,.0f}" if r and "instructions" in r else "")
+            lines.append(f"| `{c}` | " + " | ".join(cells) + " |")
     for n in names:
         steps = labels[n].get("steps_tiny")
         if not steps:

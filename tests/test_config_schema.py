@@ -155,3 +155,24 @@ def test_run_spec_leaves_out_unused_sections_and_reads_the_same():
         with pytest.raises(ConfigError) as got:
             check(run_spec(raw), raw, "c.yaml")
         assert str(got.value) == str(want.value)
+
+
+def test_run_core_is_run_spec_with_its_sections_unchecked():
+    """RunCore (what `run_spec` checks a config without optional sections by, so that a small
+    run does not import their models) has RunSpec's fields in RunSpec's order, the same
+    except the OPTIONAL_SECTIONS, which it types Any: a field added to RunSpec alone would
+    be refused as unknown in such a config."""
+    from typing import Any
+
+    from sim.config import OPTIONAL_SECTIONS, run_spec
+    from sim.config.run_core import RunCore
+
+    assert list(RunCore.model_fields) == list(RunSpec.model_fields)
+    for name, field in RunSpec.model_fields.items():
+        core = RunCore.model_fields[name]
+        assert core.description == field.description
+        if name in OPTIONAL_SECTIONS:
+            assert core.annotation is Any and core.default is None
+        else:
+            assert repr(core) == repr(field)
+    assert run_spec({k: v for k, v in BASE.items() if k not in OPTIONAL_SECTIONS}) is RunCore

@@ -2,12 +2,13 @@
 subcommands included) import none of the heavy libraries; the commands that need them import
 them when they run, and a plain `moesim simulate` needs none of pandas, networkx, plotly,
 pyarrow, tqdm or torch. A tiny one (benchmarks/startup.py's TINY) also loads only its own
-strategy, builds only the validators of its config and topology, and leaves numpy.random
-and pydantic's plugin scan out. What that costs in CPU time is recorded by
-benchmarks/startup.py (tests do not time anything)."""
+strategy, builds only the validators of its config and topology and only its command's
+parsers, and leaves numpy.random, numpy.ma and pydantic's plugin scan out. What that costs in
+CPU time is recorded by benchmarks/startup.py (tests do not time anything)."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import subprocess
@@ -18,6 +19,20 @@ import pytest
 import sim.cli as sim_cli
 from benchmarks.startup import TINY
 
+# what a tiny run (benchmarks/startup.py's TINY) does not load
+NOT_FOR_A_TINY_RUN = (
+    "numpy.random",
+    "numpy.ma",
+    "sim.hardware.calibration_schema",
+    "sim.core.graph_schema",  # a graph file's TypedDicts (the constants: sim.core.kinds)
+    "sim.config.run_schema",  # the optional sections' models (a config without any: RunCore)
+    "sim.engine.equivalence",
+    "sim.workload.routing.loads",
+    "difflib",
+    "sim.cli.plan",
+    "sim.cli.sweep",
+    "exec.cli",
+)
 HEAVY = ("pandas", "plotly", "networkx", "torch", "simpy", "yaml", "numpy")
 NOT_FOR_A_RUN = ("pandas", "plotly", "networkx", "torch", "pyarrow", "tqdm", "matplotlib")
 
@@ -98,9 +113,14 @@ def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
     """What issue 21 item 10 cut from a tiny run's start-up, kept cut: the other strategies
     (`sim.strategies.STRATEGY_LIST` is built on first use; a run reads STRATEGIES[name]),
     pydantic validators of input models it does not validate (`defer_build`; RunSpec without
-    the sections the config leaves out: `run_spec`), numpy.random (flow tags), and
-    pydantic's scan of installed distributions for plugins (`sim.cli._lean_runtime`). The
-    CLI's GC and environment settings are undone when main() returns."""
+    the sections the config leaves out: `run_spec`, here RunCore, and the sections' models
+    not even made: sim.config.run_schema), numpy.random (flow tags), and
+    pydantic's scan of installed distributions for plugins (`sim.cli._lean_runtime`); and
+    the modules of what it does not do: numpy.ma (`np.unique`'s plain form loads it:
+    sim.core.arrays), the other commands' parsers (`sim.cli.COMMAND_GROUPS`), the
+    equivalence checks of a symmetry it does not try, the load measures of a skew it does
+    not have and difflib (a refused key's "did you mean"). The CLI's GC and environment
+    settings are undone when main() returns."""
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(json.dumps(TINY))
     argv = ["simulate", str(cfg), "--json", "--out", str(tmp_path / "out")]
@@ -121,8 +141,7 @@ def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
         "                         and m.split('.')[2] in sim.strategies._MODULES),\n"
         "    'listed': 'STRATEGY_LIST' in vars(sim.strategies),\n"
         "    'built': sorted(built),\n"
-        "    'loaded': [m for m in ('numpy.random', 'sim.hardware.calibration_schema')\n"
-        "               if m in sys.modules],\n"
+        f"    'loaded': [m for m in {NOT_FOR_A_TINY_RUN!r} if m in sys.modules],\n"
         "    'plugins_scanned': getattr(sys.modules.get('pydantic.plugin._loader'),\n"
         "                               '_plugins', None) is not None,\n"
         "    'restored': gc.get_threshold() == before\n"
@@ -138,8 +157,32 @@ def test_tiny_simulate_builds_only_what_it_uses(tmp_path):
     assert got == {
         "strategies": ["sim.strategies.sequential"],
         "listed": False,
-        "built": ["sim.config.run_schema.RunSpec", "sim.hardware.topology.schema.TopologySpec"],
+        "built": ["sim.config.run_core.RunCore", "sim.hardware.topology.schema.TopologySpec"],
         "loaded": [],
         "plugins_scanned": False,
         "restored": True,
     }
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    (action,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return dict(action.choices)
+
+
+def test_a_command_line_builds_its_own_group_of_parsers_as_the_full_parser_does():
+    """`moesim simulate ...` builds only demo/simulate/compare/graph (sim.cli.COMMAND_GROUPS):
+    every subcommand is in one group, in `moesim --help`'s order, and each group's parsers
+    print the same help and read the same line into the same arguments as the full one."""
+    full = _subcommands(sim_cli.build_parser())
+    groups = list(sim_cli.COMMAND_GROUPS.values())
+    assert list(full) == [c for group in groups for c in group]
+    for group in groups:
+        own = _subcommands(sim_cli.build_parser(group[0]))
+        assert list(own) == list(group)
+        for c in group:
+            assert own[c].format_help() == full[c].format_help()
+    line = ["simulate", "run.yaml", "--json", "--out", "o", "--cost", "symmetry=off"]
+    assert vars(sim_cli.build_parser("simulate").parse_args(line)) == vars(
+        sim_cli.build_parser().parse_args(line)
+    )
+    assert sim_cli.build_parser("--help").format_help() == sim_cli.build_parser().format_help()

@@ -43,42 +43,72 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"moesim: error: {self.prog}: {message} (see {self.prog} --help)\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+# The subcommands of each group (the module whose `add_parsers(sub)` adds them), in `moesim
+# --help`'s order. A command line naming one of them builds that group's parsers only:
+# building all ~150 options of every group (and importing their modules) costs ~5 ms, a
+# fiftieth of a small `moesim simulate`, for parsers that cannot match. (tests/test_startup.py
+# holds each group's parsers to the full parser's.)
+COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
+    "sim.cli.simulate": ("demo", "simulate", "compare", "graph"),
+    "sim.cli.cluster": ("topology", "collectives"),
+    "sim.cli.studies": ("replay", "whatif"),
+    "sim.cli.predict": ("predict",),  # whole training steps of a table of runs
+    "sim.cli.plan": ("plan",),  # the fastest layout of a model on a cluster
+    "sim.cli.report": ("report",),
+    "sim.cli.sweep": ("sweep",),
+    "sim.cli": ("schema",),  # this module's own
+    "exec.cli": ("exec", "calibrate", "validate"),  # torch only when they run
+}
+_COMMANDS = frozenset(c for group in COMMAND_GROUPS.values() for c in group)
+
+
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The `moesim` parser; given a `command` of COMMAND_GROUPS, with only its group's
+    subcommands (which parse that command's line as the full parser does)."""
     from sim import __version__
+
+    def wanted(module: str) -> bool:
+        return command not in _COMMANDS or command in COMMAND_GROUPS[module]
 
     p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"moesim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
+    if wanted("sim.cli.simulate"):
+        from sim.cli.simulate import add_parsers as add_run_parsers
 
-    from sim.cli.simulate import add_parsers as add_run_parsers
+        add_run_parsers(sub)
+    if wanted("sim.cli.cluster"):
+        from sim.cli.cluster import add_parsers as add_cluster_parsers
 
-    add_run_parsers(sub)  # demo, simulate, compare, graph
-    from sim.cli.cluster import add_parsers as add_cluster_parsers
+        add_cluster_parsers(sub)
+    if wanted("sim.cli.studies"):
+        from sim.cli.studies import add_parsers as add_study_parsers
 
-    add_cluster_parsers(sub)  # topology, collectives
-    from sim.cli.studies import add_parsers as add_study_parsers
+        add_study_parsers(sub)
+    if wanted("sim.cli.predict"):
+        from sim.cli.predict import add_parsers as add_predict_parser
 
-    add_study_parsers(sub)  # replay, whatif
-    from sim.cli.predict import add_parsers as add_predict_parser
+        add_predict_parser(sub)
+    if wanted("sim.cli.plan"):
+        from sim.cli.plan import add_parsers as add_plan_parser
 
-    add_predict_parser(sub)  # predict (whole training steps of a table of runs)
-    from sim.cli.plan import add_parsers as add_plan_parser
+        add_plan_parser(sub)
+    if wanted("sim.cli.report"):
+        from sim.cli.report import add_parsers as add_report_parser
 
-    add_plan_parser(sub)  # plan (the fastest layout of a model on a cluster)
-    from sim.cli.report import add_parsers as add_report_parser
+        add_report_parser(sub)
+    if wanted("sim.cli.sweep"):
+        from sim.cli.sweep import add_parsers as add_sweep_parsers
 
-    add_report_parser(sub)
-    from sim.cli.sweep import add_parsers as add_sweep_parsers
+        add_sweep_parsers(sub)
+    if wanted("sim.cli"):
+        sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
+        sc.add_argument("input", choices=["config", "topology", "graph", "calibration", "sweep"])
+        sc.set_defaults(fn=cmd_schema)
+    if wanted("exec.cli"):
+        from exec.cli import add_parsers
 
-    add_sweep_parsers(sub)  # sweep
-
-    sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
-    sc.add_argument("input", choices=["config", "topology", "graph", "calibration", "sweep"])
-    sc.set_defaults(fn=cmd_schema)
-
-    from exec.cli import add_parsers  # exec, calibrate, validate; torch only when they run
-
-    add_parsers(sub)
+        add_parsers(sub)
     return p
 
 
@@ -97,7 +127,8 @@ def _command(argv: list[str] | None) -> int:
 
     # a `kill` ends a run as Ctrl-C does, so atomic writers remove their temporary files
     signal.signal(signal.SIGTERM, _interrupt)
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser(argv[0] if argv else None).parse_args(argv)
     from sim.core import progress  # bars on stderr for a person; none when a program reads --json
 
     progress.set_enabled(False if getattr(args, "json", False) else None)

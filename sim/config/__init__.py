@@ -16,7 +16,7 @@ import yaml
 from pydantic import create_model
 
 from sim.config.routing_file import check_calibration_file, load_matrix_file
-from sim.config.run_schema import RunSpec, check_params
+from sim.config.run_core import RunCore, check_params
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.limits import DEFAULT as DEFAULT_LIMITS
@@ -34,16 +34,22 @@ from sim.workload.parallel import ParallelLayout, from_spec
 OPTIONAL_SECTIONS = ("fabric", "parallel", "costs", "output", "limits")
 
 
-def run_spec(raw: Any) -> type[RunSpec]:
-    """RunSpec, with the OPTIONAL_SECTIONS that `raw` leaves out or empty typed Any."""
+def run_spec(raw: Any) -> type[RunCore]:
+    """RunSpec, with the OPTIONAL_SECTIONS that `raw` leaves out or empty typed Any; where it
+    leaves them all out, RunCore (RunSpec's base, which types them all Any), so that
+    sim.config.run_schema, the sections' models, is not even imported."""
     if not isinstance(raw, dict):
-        return RunSpec
+        return _without(frozenset())
     unused = (k for k in OPTIONAL_SECTIONS if k not in raw or type(raw[k]) is dict and not raw[k])
     return _without(frozenset(unused))
 
 
 @cache
-def _without(sections: frozenset[str]) -> type[RunSpec]:
+def _without(sections: frozenset[str]) -> type[RunCore]:
+    if sections == frozenset(OPTIONAL_SECTIONS):
+        return RunCore
+    from sim.config.run_schema import RunSpec
+
     unchecked: Any = (Any, None)
     fields = dict.fromkeys(sorted(sections), unchecked)
     if not fields:

@@ -15,7 +15,8 @@ INPUTS = ("config", "topology", "graph", "calibration", "sweep")
 
 def input_schema(name: str) -> dict[str, Any]:
     if name == "config":
-        from sim.config.run_schema import RunSpec, strategy_schemas
+        from sim.config.run_core import strategy_schemas
+        from sim.config.run_schema import RunSpec
 
         schema = json_schema(RunSpec, "moesim run config")
         # each strategy's parameters, from its Params model: one of them is the entry

@@ -3,13 +3,15 @@ routing and the transformer blocks around it (`sim.workload.moe`, `sim.workload.
 `sim.config.run_schema.RunSpec` holds it; a preset (`{preset: NAME}`) is expanded before it is
 checked."""
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
-from sim.core.graph_schema import DTYPES
+from sim.core.kinds import DTYPES
 from sim.core.schema import Strict
 
 Dtype = Literal[DTYPES]  # type: ignore[valid-type]
@@ -36,7 +38,7 @@ class ImbalanceTarget(Strict):
     )
 
     @model_validator(mode="after")
-    def _one(self) -> ImbalanceTarget:
+    def _one(self) -> "ImbalanceTarget":
         if sum(v is not None for v in (self.max_mean, self.gini, self.sigma)) != 1:
             raise ValueError("give exactly one of max_mean, gini, sigma")
         return self
@@ -116,7 +118,7 @@ class RoutingSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _fields_of_kind(self) -> RoutingSpec:
+    def _fields_of_kind(self) -> "RoutingSpec":
         allowed = ROUTING_FIELDS[self.kind]
         given = {k for k in self.model_fields_set if k != "kind" and getattr(self, k) is not None}
         extra = sorted(given - allowed)
@@ -253,7 +255,7 @@ class ModelSpec(Strict):
     )
 
     @model_validator(mode="after")
-    def _experts_once(self) -> ModelSpec:
+    def _experts_once(self) -> "ModelSpec":
         if (self.experts is None) == (self.experts_per_gpu is None):
             raise ValueError("give 'experts' (in total) or 'experts_per_gpu', exactly one")
         if self.dropless and "capacity_factor" in self.model_fields_set:

@@ -7,18 +7,20 @@ parameters) is checked where it is resolved. `moesim schema config` prints the J
 The `model:` section's models are in `sim.config.model_schema`.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, field_validator
+from pydantic import Field, field_validator
 
-from sim.config.model_schema import Dtype, ModelSpec, model_preset
-from sim.core.errors import ConfigError
-from sim.core.graph_schema import GEMM_DIMS, GEMM_LAYOUTS
+from sim.config.model_schema import Dtype
+from sim.config.run_core import SECTIONS, RunCore
+from sim.core.kinds import GEMM_DIMS, GEMM_LAYOUTS
 from sim.core.limits import DEFAULT as LIMIT_DEFAULTS
 from sim.core.limits import NAMES as LIMIT_NAMES
-from sim.core.schema import PosInt, Strict, short
+from sim.core.schema import PosInt, Strict
 from sim.hardware.costs_schema import (
     Collectives,
     ComputeFits,
@@ -301,103 +303,12 @@ class OutputSpec(Strict):
     )
 
 
-def _named(v: Any) -> Any:
-    return {"name": v} if isinstance(v, str) else v
-
-
-Name = Annotated[str, Field(min_length=1, max_length=256)]
-
-
-class StrategySpec(Strict):
-    """`name` plus the strategy's own parameters (typed by its `Params` model: `check_params`;
-    documented per strategy by `moesim schema config`: `strategy_schemas`)."""
-
-    model_config = Strict.model_config | {"extra": "allow"}
-    name: Name = Field(
-        description="the graph builder: sequential, pipelined, pipemoe, tutel, ted, "
-        "fastermoe, mpipemoe, lancet, parm, deepep, megatron_ep or dualpipe; its parameters "
-        "(degree, order, algo, ...) sit beside the name"
-    )
-
-
-def check_params(name: str, params: dict[str, Any], source: str) -> None:
-    """Each parameter of strategy `name` has the type its `Params` model gives it (one
-    ConfigError naming each `strategy.<param>` and what it expects). A name the strategy does
-    not take is typed as the first strategy that takes it types it, so that a wrong value is
-    named before `sim.strategies.resolve_params` says the strategy does not take it; an
-    unknown strategy is resolve_params' to name."""
-    import sim.strategies as strategies  # STRATEGY_LIST (every strategy) read only if needed
-
-    own = strategies.STRATEGIES.get(name)
-    found: dict[str, str] = {}
-    for key, value in params.items():
-        strat = own if own is not None and key in own.Params.model_fields else None
-        if strat is None:  # not this strategy's: the type of the name where one declares it
-            every = strategies.STRATEGY_LIST
-            strat = next((s for s in every if key in s.Params.model_fields), None)
-        if strat is not None:
-            found |= strat.problems({key: value})
-    problems = [f"strategy.{k}: expected {h}, got {short(params[k])}" for k, h in found.items()]
-    if problems:
-        raise ConfigError(f"{source}: " + "; ".join(problems))
-
-
-def strategy_schemas() -> dict[str, Any]:
-    """Each strategy's entry in a config as JSON Schema, from its `Params` model (types,
-    defaults, descriptions): what `moesim schema config` documents under `strategy`."""
-    from sim.strategies import STRATEGY_LIST
-
-    return {s.name: s.describe() for s in STRATEGY_LIST}
-
-
-def _listed(v: Any) -> Any:
-    return [v] if isinstance(v, str) else v
-
-
-class RunSpec(Strict):
-    topology: Annotated[str, Field(min_length=1)] = Field(
-        description="a preset in topologies/ (`moesim topology list`) or a path to a "
-        "topology YAML file"
-    )
-    nodes: PosInt | None = Field(
-        None,
-        description="node count: GPUs = nodes x the topology's gpus_per_node; default: the "
-        "topology's nodes",
-    )
-    fabric: FabricSpec | None = Field(
-        None,
-        description="fields replacing the topology's inter-node fabric ones, e.g. {type: "
-        "fat_tree, nodes_per_leaf: 4, oversubscription: 2}",
-    )
-    parallel: ParallelSpec | None = Field(
-        None,
-        description="the parallel layout {ep, dp, tp, esp, pp}; omitted: one expert-parallel "
-        "group of every GPU",
-    )
-    model: Annotated[ModelSpec, BeforeValidator(model_preset)] = Field(
-        description="the MoE layer (and the transformer around it); {preset: NAME} fills "
-        "the fields from a preset (gpt2-s-moe, gpt2-l-moe, deepseek-v3, qwen3-235b-a22b), "
-        "fields given beside it win"
-    )
-    # strategy and passes may be omitted (the defaults) but not null: a null is a mistake
-    # (an emptied key), refused rather than silently read as the default (hence the type
-    # ignores: a None default outside the type, as in FabricSpec)
-    strategy: Annotated[StrategySpec, BeforeValidator(_named)] = Field(  # type: ignore[assignment]
-        None,
-        description="the strategy: {name, its parameters} or a bare name; default sequential",
-    )
-    passes: Annotated[
-        list[Literal["fwd", "bwd"]], Field(min_length=1), BeforeValidator(_listed)
-    ] = Field(
-        None,  # type: ignore[arg-type]
-        description="the passes built: fwd, bwd or both (a bare string is one); default [fwd]",
-    )
-    costs: CostsSpec | None = Field(
-        None, description="the cost model and its parameters, over the topology's"
-    )
-    output: OutputSpec | None = Field(None, description="what `moesim simulate` writes, where")
-    limits: LimitsSpec | None = Field(
-        None,
-        description="size limits for this run (sim.core.limits); --limit NAME=N on the "
-        "command line",
-    )
+# The run config: RunCore's fields, its optional sections typed by the models above
+# (`sim.config.run_spec` checks a config that leaves them all out by RunCore). No docstring:
+# it would be the JSON Schema's description.
+class RunSpec(RunCore):
+    fabric: FabricSpec | None = Field(None, description=SECTIONS["fabric"])
+    parallel: ParallelSpec | None = Field(None, description=SECTIONS["parallel"])
+    costs: CostsSpec | None = Field(None, description=SECTIONS["costs"])
+    output: OutputSpec | None = Field(None, description=SECTIONS["output"])
+    limits: LimitsSpec | None = Field(None, description=SECTIONS["limits"])

@@ -31,8 +31,7 @@ from typing import Any
 from sim.core import limits
 from sim.core.errors import ConfigError, GraphError
 from sim.core.graph_checks import validate_graph
-from sim.core.graph_schema import SCHEMA_VERSION
-from sim.core.kinds import COMM_KINDS, stream_kind
+from sim.core.kinds import COMM_KINDS, SCHEMA_VERSION, stream_kind
 
 
 @dataclass

@@ -12,7 +12,9 @@ TypedDicts rather than models: a graph holds 10^5-10^6 tasks, and validating pla
 about three times faster than building a model per task.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from collections.abc import Sequence
 from typing import Annotated, Any, Literal
@@ -24,15 +26,15 @@ from sim.core.kinds import (
     ALL_KINDS,
     COLLECTIVE_KINDS,
     COMM_KINDS,
+    DTYPES,
+    GEMM_DIMS,
+    GEMM_LAYOUTS,
     P2P_KINDS,
+    SCHEMA_VERSION,
     STREAM_KINDS,
     stream_kind,
 )
 
-SCHEMA_VERSION = 1
-DTYPES = ("fp32", "tf32", "fp16", "bf16", "fp8", "fp4")  # == sim.hardware.costs.compute.DTYPE_BYTES
-# how a GEMM's operands are stored: A then B, "n" as written, "t" a transposed view
-GEMM_LAYOUTS = ("nn", "nt", "tn", "tt")
 MAX_BYTES = 2.0**60  # one task's bytes (1 EiB): far past any buffer, far below overflow
 MAX_FLOPS = 2.0**80  # one task's flops (~1.2e24)
 MAX_DIM = 2**31  # one GEMM dimension
@@ -48,18 +50,6 @@ Kind = Literal[tuple(sorted(ALL_KINDS))]  # type: ignore[valid-type]
 Stream = Annotated[
     str, Field(pattern=r"^(" + "|".join(STREAM_KINDS) + r")(\..+)?$", max_length=256)
 ]
-
-
-# what a GEMM shape's fields mean, shared by the calibration's and the config's shape rows
-GEMM_DIMS = {
-    "m": "m: rows of A and of the output (out[m, n] = A[m, k] @ B[k, n])",
-    "n": "n: columns of B and of the output",
-    "k": "k: the dimension reduced over",
-    "batch": "independent GEMMs of this shape in one kernel (grouped experts); work = batch x "
-    "m x n x k; default 1",
-    "layout": "how A then B are stored: n as written (A [m, k], B [k, n]), t a transposed "
-    "view (A [k, m], B [n, k]); default nn",
-}
 
 
 def _about(text: str) -> Any:

@@ -9,7 +9,6 @@ data and turns every problem of the file into one line:
 
 from __future__ import annotations
 
-import difflib
 import reprlib
 from collections.abc import Callable, Sequence
 from typing import Annotated, Any, TypeVar
@@ -106,6 +105,8 @@ def _describe(
     path = ".".join(head + rest) or "(top level)"
     kind, value = err["type"], err.get("input")
     if kind == "extra_forbidden":
+        import difflib  # here, not at the top: only a refused key needs it (start-up)
+
         known = known_keys(loc[:-1]) if known_keys else []
         close = difflib.get_close_matches(loc[-1], known, n=1) if loc else []
         close = close or [k for k in known if loc and k.startswith(loc[-1])][:1]

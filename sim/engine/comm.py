@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sim.core.arrays import distinct
 from sim.core.graph import Task
 from sim.core.kinds import COLLECTIVE_KINDS, P2P_KINDS
 from sim.engine.watch import clock
@@ -249,7 +250,7 @@ class Comm:
             batch = self.sym.fold(batch, run.copies)
         owner = len(self.owners)
         self.owners.append(run)
-        for lat in np.unique(batch.latency):
+        for lat in distinct(batch.latency):
             sub = batch.select(batch.latency == lat)
             self._after(float(lat), self._net_add, sub, owner)
 
@@ -355,7 +356,7 @@ class Comm:
             np.subtract.at(run.pending, ranks, 1)
             last = run.k == len(run.phases) - 1 or not run.phases
             if last:
-                for r in np.unique(ranks):
+                for r in distinct(ranks):
                     if run.pending[r] == 0 and int(r) in run.rank_task:
                         self._done(run, run.rank_task[int(r)])
             if run.bundles_left == 0:

@@ -17,18 +17,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from sim.core.graph import Task, TaskGraph
 from sim.engine.engine import Engine, simulate
-from sim.engine.equivalence import Placement, node_classes, place
 from sim.engine.result import SimResult
 from sim.engine.symmetry import Symmetry
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
 from sim.workload import dp_span
+
+if TYPE_CHECKING:
+    from sim.engine.equivalence import Placement
 
 SYMMETRY_MIN_RANKS = 64  # `auto`: below this a full run is cheap and symmetry buys nothing
 _NOT_TRIED = ("off (costs.symmetry)", "auto: fewer than")
@@ -61,6 +63,9 @@ def plan(
         return "jitter draws noise per task, so equivalent ranks would differ"
     if costs.symmetry == "auto" and D * mp < SYMMETRY_MIN_RANKS:
         return f"{_NOT_TRIED[1]} {SYMMETRY_MIN_RANKS} ranks"
+    # imported here: a run that never tries symmetry (small, or off) skips the module
+    from sim.engine.equivalence import node_classes, place
+
     where = place(topo, ranks)
     if isinstance(where, str):
         return where

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Final, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from sim.core.graph_schema import GEMM_DIMS
+from sim.core.kinds import GEMM_DIMS
 from sim.core.schema import Fraction, NonNegFloat, NonNegInt, PosInt, Strict
 from sim.hardware.costs_schema import (
     AlphaBeta,

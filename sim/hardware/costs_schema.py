@@ -7,14 +7,22 @@ Ranges are what the cost models can use without producing nonsense: times finite
 speeds in (0, 1], fits with the group sizes they were measured at.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import Field, ValidationInfo, field_validator
 
-from sim.core.graph_schema import DTYPES, GEMM_LAYOUTS
-from sim.core.kinds import ALL_KINDS, COLLECTIVE_KINDS, COMPUTE_KINDS, COPY_KINDS
+from sim.core.kinds import (
+    ALL_KINDS,
+    COLLECTIVE_KINDS,
+    COMPUTE_KINDS,
+    COPY_KINDS,
+    DTYPES,
+    GEMM_LAYOUTS,
+)
 from sim.core.schema import Fraction, PosInt, Strict
 
 STREAM_KINDS = ("compute", "comm", "copy")

@@ -35,6 +35,7 @@ import numpy as np
 from sim.analysis.chrome.tracks import Tracks, counter_events, flow_events
 from sim.analysis.trace.columns import col_array, col_list, col_strings, take_rows
 from sim.analysis.trace.ns import to_ns, us
+from sim.core.arrays import distinct, distinct_rows
 from sim.core.graph import TaskGraph
 from sim.core.io import atomic_write_text
 from sim.core.kinds import STREAM_KINDS
@@ -79,7 +80,7 @@ def _lanes(rank: np.ndarray, stream: np.ndarray, start: np.ndarray, end: np.ndar
     k, s, e = key[order], start[order], end[order]
     reach = _cummax_per_key(k, e)  # latest end so far on the stream
     overlap = (k[1:] == k[:-1]) & (s[1:] < reach[:-1])
-    for g in np.unique(k[1:][overlap]):
+    for g in distinct(k[1:][overlap]):
         ends: list[int] = []  # last end on each lane
         for i in order[k == g]:
             j = next((j for j, last in enumerate(ends) if last <= start[i]), len(ends))
@@ -127,8 +128,8 @@ def _metadata(lay: Layout, gpus_per_node: int | None) -> list[dict[str, Any]]:
     if not len(lay.pid):
         return events
     width = len(str(int(lay.pid.max())))
-    pairs = np.unique(np.stack([lay.pid, lay.slot], axis=1), axis=0)
-    for r in np.unique(lay.pid).tolist():
+    pairs = distinct_rows(np.stack([lay.pid, lay.slot], axis=1))
+    for r in distinct(lay.pid).tolist():
         name = f"rank {r:0{width}d}"
         if gpus_per_node:
             name += f" (node {r // gpus_per_node})"

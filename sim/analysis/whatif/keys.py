@@ -16,7 +16,8 @@ from typing import Any
 import yaml
 
 from sim.config import RunConfig
-from sim.config.run_schema import FabricSpec, ModelSpec, ParallelSpec
+from sim.config.model_schema import ModelSpec
+from sim.config.run_schema import FabricSpec, ParallelSpec
 from sim.core.errors import ConfigError
 from sim.strategies import resolve_params
 

@@ -7,13 +7,15 @@ device the node does not have, a fabric class that is no link class, a NIC per G
 where the topology is built. `moesim schema topology` prints the JSON Schema.
 """
 
-from __future__ import annotations
+# Annotations evaluated as the classes are made (no `from __future__ import annotations`):
+# as strings, pydantic would compile and evaluate each field's at start-up (~1% of a small
+# `moesim simulate`). A method returning its own class names it in quotes.
 
 from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.core.graph_schema import DTYPES
+from sim.core.kinds import DTYPES
 from sim.core.schema import Fraction, PosInt, Strict
 from sim.hardware.costs_schema import (
     Collectives,
@@ -182,7 +184,7 @@ class LinkEntry(Strict):
     class_: Name = Field(alias="class", description="link class of these links (of link_classes)")
 
     @model_validator(mode="after")
-    def _same_length(self) -> LinkEntry:
+    def _same_length(self) -> "LinkEntry":
         if isinstance(self.a, list) and isinstance(self.b, list) and len(self.a) != len(self.b):
             raise ValueError(f"lists a ({len(self.a)}) and b ({len(self.b)}) differ in length")
         return self
@@ -243,7 +245,7 @@ class FabricSpec(Strict):
     planes: Literal["single", "multi"] | None = Field(None, description=FABRIC_FIELDS["planes"])
 
     @model_validator(mode="after")
-    def _fields_of_type(self) -> FabricSpec:
+    def _fields_of_type(self) -> "FabricSpec":
         applies = {
             "nodes_per_leaf": ("fat_tree",),
             "nodes_per_unit": ("rail",),
