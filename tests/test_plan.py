@@ -210,8 +210,8 @@ def test_a_killed_plan_resumes_from_its_journal(tmp_path: Path):
     """Killed after two simulated candidates (raised from the progress callback, as a kill
     would stop it), run again into the same folder: the two are taken from the journal, the
     rest simulated, and the plan is the uninterrupted one; the files are written once, as a
-    set, at the end."""
-    whole = plan(REQ, grid=SMALL)
+    set, at the end. Not pruned: the floors leave a single simulation to the pruned plan."""
+    whole = plan(REQ, grid=SMALL, prune=False)
     states = []
 
     def kill_after_two(s):
@@ -221,14 +221,14 @@ def test_a_killed_plan_resumes_from_its_journal(tmp_path: Path):
 
     out = tmp_path / "plan"
     with pytest.raises(_Killed):
-        plan(REQ, grid=SMALL, out=out, progress=kill_after_two)
+        plan(REQ, grid=SMALL, prune=False, out=out, progress=kill_after_two)
     assert not (out / "plan.json").exists()  # no results before the set is complete
     lines = (out / "candidates.jsonl").read_text().splitlines()
     assert len(lines) == 2
     with open(out / "candidates.jsonl", "a") as f:  # a line torn by the kill
         f.write('{"fingerprint": "')
     seen = []
-    again = plan(REQ, grid=SMALL, out=out, progress=lambda s: seen.append(s.settled))
+    again = plan(REQ, grid=SMALL, prune=False, out=out, progress=lambda s: seen.append(s.settled))
     assert again.resumed == 2 and again.simulated == whole.simulated
     _same_plan(again, whole)
     assert seen[-1] == again.considered  # the bar ends full
@@ -238,9 +238,9 @@ def test_a_killed_plan_resumes_from_its_journal(tmp_path: Path):
     }
     assert len((out / "candidates.jsonl").read_text().splitlines()) == whole.simulated
     # a third run simulates nothing; another request in the same folder resumes nothing
-    assert plan(REQ, grid=SMALL, out=out).resumed == whole.simulated
+    assert plan(REQ, grid=SMALL, prune=False, out=out).resumed == whole.simulated
     other = Request("LLAMA3_8B", "DGX-H100", 8, 32, 4096, "BF16")
-    assert plan(other, grid=SMALL, out=out).resumed == 0
+    assert plan(other, grid=SMALL, prune=False, out=out).resumed == 0
 
 
 def test_plan_on_processes_and_dask_is_the_same_plan():
@@ -281,8 +281,8 @@ def test_the_screeners_shared_work_is_the_step_models():
     from dataclasses import replace
 
     from sim.training.memory import step_memory
+    from sim.training.plan_bound import FreeComm, Screener, lower_bound
     from sim.training.plan_space import recipe_of
-    from sim.training.plan_work import FreeComm, Screener, lower_bound
     from sim.training.predict import parse_row, prepare
     from sim.training.recipe import recipe_for
     from sim.training.step import StepModel
@@ -290,7 +290,7 @@ def test_the_screeners_shared_work_is_the_step_models():
     req = Request("DeepSeekV3", "DGX-H100", 256, 1024, 4096, "FP8")
     base = replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
     s = Screener(req, base)
-    from sim.training.plan_work import candidate_row
+    from sim.training.plan_space import candidate_row
 
     for c in (
         Candidate(1, 1, 8, 4, 32, 1, recompute="selective"),
