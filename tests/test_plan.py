@@ -396,3 +396,20 @@ def test_predict_choice_columns_fail_in_one_line(col, value, needle):
     }
     with pytest.raises(ConfigError, match=needle):
         parse_row(row, 3)
+
+
+def test_the_page_draws_the_top_candidates_timelines(tmp_path: Path):
+    """plan.html: the top candidates' steps simulated again (the plan's own steps), one above
+    the other on one time axis, with why the best beats the runner-up; offline (plotly.js
+    inside the page, no script fetched)."""
+    from sim.training.plan_timeline import TOP
+
+    grid = {**MOE_GRID, "pp": (1, 2), "comm_sms": (0,)}
+    p = plan(MOE, grid=grid, out=tmp_path / "p", prune=False)  # pruned: one is simulated
+    assert len(p.timelines) == min(TOP, len(p.candidates)) >= 2
+    for t, c in zip(p.timelines, p.candidates):
+        assert t.step_s == pytest.approx(c["predicted_step_s"], rel=1e-9)
+        assert {b[2] for b in t.bars} >= {"forward", "backward", "EP all-to-all"}
+    page = (tmp_path / "p" / "plan.html").read_text()
+    assert "<script src" not in page and "time into the step, s" in page
+    assert "#1: " in page and "#2: " in page and "Best vs runner-up" in page

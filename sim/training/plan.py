@@ -90,6 +90,10 @@ class Plan:
     # docstring)
     outranked: int = 0
     files: dict[str, Any] = field(default_factory=dict)  # written with `out`
+    # with `out`: the top candidates' steps simulated again for the page (plan_timeline),
+    # or why they could not be
+    timelines: list[Any] = field(default_factory=list)
+    timeline_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -357,6 +361,15 @@ def plan(
                 for r in ok
             )
         out_plan.given = mine if mine is not None else {"reason": given_reason or "not simulated"}
+    if out is not None and ok:
+        from sim.core.errors import MoesimError
+        from sim.training.plan_timeline import TOP, timelines
+
+        top = [(r["_candidate"], r["predicted_step_s"]) for r in ok[:TOP]]
+        try:
+            out_plan.timelines = timelines(req, top, known)
+        except MoesimError as e:  # the page says why; the plan itself stands
+            out_plan.timeline_note = f"timelines not drawn: {' '.join(str(e).split())}"
     for r in done:
         c = r.pop("_candidate", None)
         if c is not None:
