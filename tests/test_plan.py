@@ -4,6 +4,7 @@ bad requests fail in one line."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -413,3 +414,38 @@ def test_the_page_draws_the_top_candidates_timelines(tmp_path: Path):
     page = (tmp_path / "p" / "plan.html").read_text()
     assert "<script src" not in page and "time into the step, s" in page
     assert "#1: " in page and "#2: " in page and "Best vs runner-up" in page
+
+
+def test_the_order_leases_new_layouts_and_holds_each_candidate_to_those_ahead():
+    """Two layouts A and B, two candidates each, bounds 1 < 2 < 3 < 4 (A, A, B, B): with
+    A's first candidate running, the next free worker takes B's first, not A's second (A's
+    collectives are being simulated); B's result prunes only what comes after it in the
+    order (B's second), not A's second, which waits for A's first and is pruned by it."""
+    from sim.training.plan_order import WAIT, Entry, SimOrder
+    from sim.training.plan_space import base_recipe
+
+    r = base_recipe(REQ)
+    cands = [Candidate(1, 1, 1, 1, 1, m) for m in (1, 2, 3, 4)]
+    entries = [Entry(k, k, k, c, r, lay) for k, c, lay in zip((1, 2, 3, 4), cands, "AABB")]
+    o = SimOrder(entries[::-1], None, True)
+    dropped: list[tuple[Candidate, str]] = []
+
+    def step():
+        return o.next(lambda e, why: dropped.append((e.c, why)), lambda e: False)
+
+    assert step().c == cands[0] and step().c == cands[2] and step() is WAIT
+    o.back(cands[2], 2.5)  # B's first took 2.5 s: below B's second's bound, not ahead of A's
+    assert o.limit(cands[1]) == math.inf and o.limit(cands[3]) == 2.5
+    assert step() is WAIT and dropped == [(cands[3], "bound")]
+    o.back(cands[0], 1.5)
+    assert step() is None and dropped[-1] == (cands[1], "bound")
+
+
+def test_two_workers_rank_as_one_over_several_layouts():
+    """A pruned plan of four layouts (PP x EP) on two processes: the same ranking as on one
+    (each candidate held to the steps of those ahead of it; extra ones outranked)."""
+    grid = {**MOE_GRID, "pp": (1, 2), "ep": (4, 8), "comm_sms": (0,)}
+    one, two = plan(MOE, grid=grid), plan(MOE, grid=grid, workers=2)
+    strip = [{k: v for k, v in c.items() if k != "cpu_s"} for c in one.candidates]
+    assert [{k: v for k, v in c.items() if k != "cpu_s"} for c in two.candidates] == strip
+    assert two.simulated == len(two.candidates) + two.outranked + two.pruned.get("failed", 0)
