@@ -43,8 +43,11 @@ def test_the_pruned_plan_finds_the_exhaustive_optimum(exhaustive):
 
 
 def test_every_bound_is_below_its_simulated_step(exhaustive):
+    """The compute bound and the bound with the collectives' floors are below the bound with
+    the collectives simulated, which is below the simulated step."""
     for c in exhaustive.candidates:
         assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_floor_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
 
 
@@ -180,6 +183,7 @@ def test_moe_choices_are_searched_and_pruning_keeps_the_optimum():
     }
     for c in exhaustive.candidates:  # the bounds, with communication and without
         assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_floor_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
     pruned = plan(MOE, grid=MOE_GRID)
     assert {k: pruned.candidates[0][k] for k in KEY} == {
@@ -417,8 +421,9 @@ def test_the_page_draws_the_top_candidates_timelines(tmp_path: Path):
 
 
 def test_the_order_leases_new_layouts_and_holds_each_candidate_to_those_ahead():
-    """Two layouts A and B, two candidates each, bounds 1 < 2 < 3 < 4 (A, A, B, B): with
-    A's first candidate running, the next free worker takes B's first, not A's second (A's
+    """Two layouts A and B, two candidates each, compute bounds 1 < 2 < 3 < 4 (A, A, B, B).
+    The floors come first, in one task, and leave the order as it is; with A's first
+    candidate running, the next free worker takes B's first, not A's second (A's
     collectives are being simulated); B's result prunes only what comes after it in the
     order (B's second), not A's second, which waits for A's first and is pruned by it."""
     from sim.training.plan_order import WAIT, Entry, SimOrder
@@ -426,19 +431,49 @@ def test_the_order_leases_new_layouts_and_holds_each_candidate_to_those_ahead():
 
     r = base_recipe(REQ)
     cands = [Candidate(1, 1, 1, 1, 1, m) for m in (1, 2, 3, 4)]
-    entries = [Entry(k, k, k, c, r, lay) for k, c, lay in zip((1, 2, 3, 4), cands, "AABB")]
+    entries = [Entry(k, c, r, lay, k) for k, c, lay in zip((1, 2, 3, 4), cands, "AABB")]
     o = SimOrder(entries[::-1], None, True)
     dropped: list[tuple[Candidate, str]] = []
 
     def step():
         return o.next(lambda e, why: dropped.append((e.c, why)), lambda e: False)
 
+    asked = step()
+    assert [e.c for e in asked] == cands and step() is WAIT  # their floors are out
+    o.floors(cands, [0.5, 2.0, 3.0, 3.5])  # floor under the compute bound: it stays
+    assert [e.key for e in o.pending] == [1, 2, 3, 4]
     assert step().c == cands[0] and step().c == cands[2] and step() is WAIT
     o.back(cands[2], 2.5)  # B's first took 2.5 s: below B's second's bound, not ahead of A's
     assert o.limit(cands[1]) == math.inf and o.limit(cands[3]) == 2.5
     assert step() is WAIT and dropped == [(cands[3], "bound")]
     o.back(cands[0], 1.5)
     assert step() is None and dropped[-1] == (cands[1], "bound")
+
+
+def test_a_floor_moves_a_candidate_behind_the_next_one():
+    """The second candidate's floor (5) puts it behind the third (compute bound 3); the
+    third is simulated first, and its step (4) drops the second before any simulation; a
+    compute bound the best step beats is dropped without its floor."""
+    from sim.training.plan_order import Entry, SimOrder
+    from sim.training.plan_space import base_recipe
+
+    r = base_recipe(REQ)
+    cands = [Candidate(1, 1, 1, 1, 1, m) for m in (1, 2, 3, 4)]
+    entries = [Entry(k, c, r, (k,), k) for k, c in zip((1, 2, 3, 6), cands)]
+    o = SimOrder(entries, None, True)
+    dropped: list[tuple[Candidate, str]] = []
+
+    def step():
+        return o.next(lambda e, why: dropped.append((e.c, why)), lambda e: False)
+
+    o.floors(cands[:3], [1.0, 5.0, 3.0])  # as if asked for the first three only
+    o.asked.clear()
+    assert step().c == cands[0]
+    o.back(cands[0], 4.5)
+    assert step().c == cands[2]
+    o.back(cands[2], 4.0)
+    assert step() is None
+    assert dropped == [(cands[1], "comm_floor"), (cands[3], "bound")]
 
 
 def test_two_workers_rank_as_one_over_several_layouts():

@@ -16,6 +16,7 @@ the process ran before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -237,6 +238,7 @@ def _chosen(groups: list[list[int]], which: list[int] | None) -> list[tuple[int,
     return [(i % len(groups), groups[i]) for i in dict.fromkeys(i % len(groups) for i in which)]
 
 
+@functools.lru_cache(maxsize=1 << 12)  # asked once per member and node of every EP group
 def _touch(experts: int, top_k: int, on_node: int) -> float:
     """Chance that a token's top-k experts (drawn evenly) include one of `on_node` experts."""
     from math import comb

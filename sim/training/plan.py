@@ -19,9 +19,11 @@ memory, found by simulating the candidates that could win.
    `FloorTimer`, `sim.training.comm_floor`: the bytes over the busiest link of the
    collective's flows, per-message costs and latency included, with no simulation). The
    candidates are simulated in the order of the larger of the two (`sim.training.
-   plan_order`: the lowest first, so that the best step found tightens early); one whose
-   bound is no better than the best step of the candidates ahead of it cannot win and is
-   not simulated (`bound` where the compute bound alone says so, else `comm_floor`). Just
+   plan_order`: the lowest first, so that the best step found tightens early; the floors
+   computed, in chunks on the pool, as the order reaches a candidate whose compute bound
+   can still win); one whose bound is no better than the best step of the candidates
+   ahead of it cannot win and is not simulated (`bound` where the compute bound alone says
+   so, else `comm_floor`). Just
    before simulating, a worker simulates the candidate's collectives (the simulation needs
    them anyway) and bounds its step again with them (`comm_bound`); no better than the
    best step when it was sent, it is not simulated either (`comm_bound`).
@@ -33,8 +35,8 @@ share one memory model and one compute bound, and candidates share the work of t
 pipeline) and, with their collectives at their floor, the phases of a layout's layers.
 Screening (steps 2 and 3) and the simulations run on the same pool, local processes or a
 Dask cluster (`sim.core.pool`, shared with `moesim sweep`): the distinct memory-and-bound
-questions in chunks first (each with the floor bounds of the candidates that share it),
-then the candidates in the order of their bounds, as many at a time as there are workers,
+questions in chunks first, then the candidates' floors and simulations in the order of
+their bounds, as many at a time as there are workers,
 the next one picked when one finishes. A worker's process keeps the collectives it
 simulated (`sim.training.comm`), which candidates of one layout share; the main process
 sends them with the layout's later candidates to whichever worker runs them, and holds the
@@ -177,18 +179,16 @@ def plan(
             f"{req.seq_len}: tried TP {g['tp']} x CP {g['cp']} x PP {g['pp']} x MBS {g['mbs']}"
         )
     out_plan.considered = state.total = len(space)
-    # the distinct memory-and-bound questions (each with the candidates that share it, whose
-    # floors it answers too), in chunks for the pool (in the order of the space, so that a
-    # chunk's candidates share layers and layouts)
+    # the distinct memory-and-bound questions, in chunks for the pool (in the order of the
+    # space, so that a chunk's candidates share layers)
     share: dict[tuple, list[Candidate]] = {}
     for c in space:
         share.setdefault(c.screen_key(), []).append(c)
-    groups = list(share.values())
+    firsts = [cs[0] for cs in share.values()]
     n = workers or os.cpu_count() or 1
-    size = max(1, min(SCREEN_CHUNK, -(-len(groups) // (4 * n))))
-    chunks = [groups[i : i + size] for i in range(0, len(groups), size)]
-    # screen_key -> (fits, compute bound, each candidate's floor bound) | why not built
-    screened: dict[tuple, tuple[bool, float, list[float]] | str] = {}
+    size = max(1, min(SCREEN_CHUNK, -(-len(firsts) // (4 * n))))
+    chunks = [firsts[i : i + size] for i in range(0, len(firsts), size)]
+    screened: dict[tuple, tuple[bool, float] | str] = {}  # screen_key -> (fits, bound) | why
     entries: list[Entry] = []
     order = SimOrder([], given, prune)
     done: list[dict[str, Any]] = []
@@ -204,15 +204,15 @@ def plan(
 
         journal = Journal(out, fingerprint(asdict(req), preset))
 
-    def took(chunk: list[list[Candidate]], answers: list[Any]) -> None:
-        for group, got in zip(chunk, answers):
-            screened[group[0].screen_key()] = got
-            state.screened += len(group)
+    def took(chunk: list[Candidate], answers: list[tuple[bool, float] | str]) -> None:
+        for c, got in zip(chunk, answers):
+            screened[c.screen_key()] = got
+            state.screened += len(share[c.screen_key()])
 
     def rank_screened() -> None:
         """The screened candidates dropped (invalid, memory) or queued in bound order."""
         nonlocal given_reason
-        for c in space:
+        for at, c in enumerate(space):
             got = screened[c.screen_key()]
             if isinstance(got, str):
                 pruned["invalid"] = pruned.get("invalid", 0) + 1
@@ -221,12 +221,8 @@ def plan(
             elif not got[0] and c != given:
                 pruned["memory"] = pruned.get("memory", 0) + 1
             else:
-                floors = got[2]
-                floor = floors[share[c.screen_key()].index(c)] if floors else got[1]
                 recipe = recipe_of(base, c, arch.mla is not None)
-                entries.append(
-                    Entry(max(got[1], floor), got[1], floor, c, recipe, layout_key(req, c))
-                )
+                entries.append(Entry(got[1], c, recipe, layout_key(req, c), at))
         if not entries:
             tried = ", ".join(f"{k} {v}" for k, v in sorted(pruned.items())) or "none"
             raise ConfigError(
@@ -246,7 +242,7 @@ def plan(
         state.simulated += 1
         state.resumed += resumed
         out_plan.resumed += resumed
-        e = order.entries[order.index[c]]
+        e = order.entries[c]
         rec["lower_bound_s"], rec["comm_floor_s"] = e.lower, e.floor
         rec["_candidate"] = c
         done.append(rec)
@@ -266,19 +262,24 @@ def plan(
         of their bounds (`SimOrder`): those that can still win when their turn comes (the
         journal's taken from it, not simulated)."""
         for i, chunk in enumerate(chunks):
-            yield ("screen", i, req, base, chunk, given)
-        while len(screened) < len(groups):
+            yield ("screen", i, req, base, chunk)
+        while len(screened) < len(firsts):
             yield pool.WAIT
         rank_screened()
         state.phase = "simulating"
         tell(state)
+        asked = 0
         while True:
             e = order.next(drop, resumed)
             tell(state)
             if e is None:
                 return
-            if e is WAIT:  # each one left is of a layout whose first candidate is running
+            if e is WAIT:  # each one left waits on a floor or on its layout's first candidate
                 yield pool.WAIT
+                continue
+            if isinstance(e, list):  # the next candidates' floors, computed on the pool
+                asked += 1
+                yield ("floor", asked, req, base, [x.c for x in e])
                 continue
             state.running += 1
             limit = order.limit(e.c)
@@ -308,6 +309,9 @@ def plan(
                 if item[0] == "screen":
                     took(item[4], answer)
                     continue
+                if item[0] == "floor":
+                    order.floors(item[4], answer)
+                    continue
                 for k, v in (answer.pop("_collectives", None) or {}).items():
                     known.setdefault(k[1], {})[k] = v
                 if answer.get("_pruned"):  # its bound with communication lost
@@ -321,13 +325,16 @@ def plan(
     finally:
         if journal is not None:
             journal.close()
-    place = order.index
-    done.sort(key=lambda r: place[r["_candidate"]])
+
+    def place(r: dict[str, Any]) -> tuple[float, int]:
+        return order.entries[r["_candidate"]].place
+
+    done.sort(key=place)
     if prune:  # what a single worker would have simulated: the same ranking for any number
         best, kept = math.inf, []
         for r in done:
             c = r["_candidate"]
-            key = order.entries[place[c]].key
+            key = order.entries[c].key
             if c != given and max(key, r.get("comm_bound_s", 0.0)) >= best:
                 out_plan.outranked += 1
                 continue
@@ -346,7 +353,7 @@ def plan(
         r["mfu"] = _mfu(r, probe)
     ok = sorted(
         (r for r in ran if r["fits"]),
-        key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], place[r["_candidate"]]),
+        key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], place(r)),
     )
     for rank, r in enumerate(ok, start=1):
         r["rank"] = rank

@@ -5,6 +5,7 @@ with its collectives at their floor (`FloorTimer`: no simulation) or simulated
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import asdict, replace
@@ -163,8 +164,6 @@ def comm_bound(
     collectives its communication stream runs one after the other. TP, CP and FSDP
     communication is in the compute phases already (`StepModel.phases`, `_fsdp`). `model`: a
     step model with its collectives timed but the distributed optimizer's (`BoundModel`)."""
-    from sim.training.pipeline import schedule
-
     progs, _ = model.stage_programs(works)
     lay = model.lay
 
@@ -184,25 +183,42 @@ def comm_bound(
     for s, prog in enumerate(progs):
         parts = {("F", c): split(prog.fwd[c]) for c in range(lay.vp)}
         parts.update({("B", c): split(prog.bwd[c]) for c in range(lay.vp)})
-        order = schedule(lay.pp, lay.vp, lay.ga, s)
         total = on_comm = 0.0
-        i = 0
-        while i < len(order):
-            merged = (
-                overlap and order[i][0] == "F" and i + 1 < len(order) and order[i + 1][0] == "B"
-            )
-            group = [parts[(kind, c)] for kind, _, c in order[i : i + 1 + merged]]
-            if merged:  # each chain's span, or both computes, whichever is longer
+        # a pass of one chunk costs the same every micro-batch: the schedule's passes and
+        # merged pairs counted once per schedule, not walked per candidate
+        for passes, n in schedule_groups(lay.pp, lay.vp, lay.ga, s, overlap):
+            group = [parts[p] for p in passes]
+            if len(group) > 1:  # each chain's span, or both computes, whichever is longer
                 spans = [compute * slowdown + inner for compute, inner, _ in group]
-                total += max(*spans, sum(compute for compute, _, _ in group) * slowdown)
+                total += n * max(*spans, sum(compute for compute, _, _ in group) * slowdown)
             else:
-                total += group[0][0] + group[0][1]
-            on_comm += sum(comm for _, _, comm in group)
-            i += 1 + merged
+                total += n * (group[0][0] + group[0][1])
+            on_comm += n * sum(comm for _, _, comm in group)
         busiest = max(busiest, total, on_comm)
         lightest = min(lightest, sum(parts[(k, c)][0] for k in "FB" for c in range(lay.vp)))
     opt = max(prog.optimizer_s for prog in progs)
     return busiest + (lay.pp - 1) * lightest / lay.vp + opt
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def schedule_groups(
+    pp: int, vp: int, ga: int, stage: int, overlap: bool
+) -> tuple[tuple[tuple[tuple[str, int], ...], int], ...]:
+    """The stage's schedule (`sim.training.pipeline.schedule`) as ((pass, ...), count)
+    pairs: each pass ("F" or "B", chunk) on its own, or with EP overlap a forward and the
+    backward after it merged (as `step_graph` merges them), and how often that comes."""
+    from collections import Counter
+
+    from sim.training.pipeline import schedule
+
+    order = schedule(pp, vp, ga, stage)
+    counts: Counter[tuple[tuple[str, int], ...]] = Counter()
+    i = 0
+    while i < len(order):
+        merged = overlap and order[i][0] == "F" and i + 1 < len(order) and order[i + 1][0] == "B"
+        counts[tuple((kind, c) for kind, _, c in order[i : i + 1 + merged])] += 1
+        i += 1 + merged
+    return tuple(counts.items())
 
 
 class Screener:
@@ -254,17 +270,6 @@ class Screener:
         p = self.prepared(c)
         model = _FloorModel(self, p)
         return comm_bound(model, model.chunk_work(), *overlap_slowdown(p))
-
-    def answer(self, group: list[Candidate], keep: Candidate | None = None) -> Any:
-        """What the plan asks of candidates that share their memory and bound (`screen_key`:
-        they differ in their communication choices): (fits, lower bound, each one's floor
-        bound) where they fit, (False, lower bound, []) where not, or why they cannot be
-        built. `keep`: a candidate simulated whether it fits or not (`--layout`), whose floor
-        is not needed."""
-        got = self.screen(group[0])
-        if isinstance(got, str) or not got[0]:
-            return got if isinstance(got, str) else (*got, [])
-        return (*got, [self.floor(c) if c != keep else got[1] for c in group])
 
 
 def overlap_slowdown(p: Any) -> tuple[bool, float]:

@@ -14,31 +14,33 @@ from sim.training.plan_space import Candidate, Request, base_recipe, candidate_r
 from sim.training.predict import predict_run, prepare
 from sim.training.recipe import Recipe
 
-# the pool's tasks: ("screen", chunk number, request, recipe, [[candidate, ...], ...], the
-# --layout candidate or None), each list the candidates of one memory-and-bound question,
-# and ("sim", request, candidate, recipe, the step to beat, collectives known of its layout)
+# the pool's tasks: ("screen", chunk number, request, recipe, [candidate, ...]), each the
+# first of the candidates that share a memory-and-bound question; ("floor", number, request,
+# recipe, [candidate, ...]); and ("sim", request, candidate, recipe, the step to beat, the
+# collectives known of its layout)
 Item = tuple[Any, ...]
 
 
 def work(item: Item) -> Any:
-    """A task of the pool (in a worker): a chunk of candidates screened (an answer per
-    question: `Screener.answer`), or one candidate simulated (its record)."""
-    if item[0] == "screen":
-        _, _, req, base, groups, given = item
+    """A task of the pool (in a worker): a chunk of candidates screened (their answers),
+    the floors of a chunk of candidates (`Screener.floor`), or one candidate simulated (its
+    record)."""
+    if item[0] in ("screen", "floor"):
+        _, _, req, base, cands = item
         s = screener(req, base)
-        return [s.answer(g, given) for g in groups]
+        return [s.screen(c) if item[0] == "screen" else s.floor(c) for c in cands]
     return evaluate(item[1:])
 
 
 def item_name(item: Item) -> str:
-    if item[0] == "screen":
-        return f"screen{item[1]}"
+    if item[0] in ("screen", "floor"):
+        return f"{item[0]}{item[1]}"
     return item[2].canonical().replace(",", "-").replace("=", "")
 
 
 def killed_item(item: Item, e: Exception) -> Any:
-    if item[0] == "screen":
-        raise MoesimError(f"plan: screening stopped: a worker killed ({e})")
+    if item[0] in ("screen", "floor"):
+        raise MoesimError(f"plan: bounding stopped: a worker killed ({e})")
     return killed(item[1:4], e)
 
 
