@@ -23,30 +23,29 @@ memory, found by simulating the candidates that could win.
    computed, in chunks on the pool, as the order reaches a candidate whose compute bound
    can still win); one whose bound is no better than the best step of the candidates
    ahead of it cannot win and is not simulated (`bound` where the compute bound alone says
-   so, else `comm_floor`). Just
-   before simulating, a worker simulates the candidate's collectives (the simulation needs
-   them anyway) and bounds its step again with them (`comm_bound`); no better than the
-   best step when it was sent, it is not simulated either (`comm_bound`).
+   so, else `comm_floor`). Just before simulating, a worker simulates the candidate's
+   collectives (the simulation needs them anyway) and bounds its step again with them
+   (`comm_bound`); no better than the best step when it was sent, it is not simulated
+   either (`comm_bound`).
 4. Rank the simulated ones by tokens/s/GPU.
 
 Candidates that differ only in their communication choices (EP overlap, dispatcher, SMs)
 share one memory model and one compute bound, and candidates share the work of their layers
-(`Screener`: a layer's kernels depend on TP, CP, EP, the micro-batch and its kind, not on the
-pipeline) and, with their collectives at their floor, the phases of a layout's layers.
+(`Screener`: a layer's kernels depend on TP, CP, EP, the micro-batch and its kind, not on
+the pipeline) and, with their collectives at their floor, the phases of a layout's layers.
 Screening (steps 2 and 3) and the simulations run on the same pool, local processes or a
 Dask cluster (`sim.core.pool`, shared with `moesim sweep`): the distinct memory-and-bound
-questions in chunks first, then the candidates' floors and simulations in the order of
-their bounds, as many at a time as there are workers,
-the next one picked when one finishes. A worker's process keeps the collectives it
-simulated (`sim.training.comm`), which candidates of one layout share; the main process
-sends them with the layout's later candidates to whichever worker runs them, and holds the
-layout's other candidates back while its first one is running (layout-affine: a layout's
-collectives are simulated once, not by two workers side by side). The ranking does not
-depend on the number of workers: with several, a candidate may be simulated that a single
-worker would have pruned (a bound beaten by a result still running); it is left out of the
-ranking (counted in `outranked`). With `out`, every simulated candidate is journaled as it
-finishes (`sim.training.plan_store`) and a plan run again with the same request takes it
-from there instead of simulating it again.
+questions in chunks first, then the candidates' floors and simulations in the order of their
+bounds, as many at a time as there are workers, the next one picked when one finishes. A
+worker's process keeps the collectives it simulated (`sim.training.comm`), which candidates
+of one layout share; the main process sends them with the layout's later candidates to
+whichever worker runs them, and holds the layout's other candidates back while its first one
+is running (layout-affine: a layout's collectives are simulated once, not by two workers
+side by side). The ranking does not depend on the number of workers: with several, a
+candidate may be simulated that a single worker would have pruned (a bound beaten by a
+result still running); it is left out of the ranking (counted in `outranked`). With `out`,
+every simulated candidate is journaled as it finishes (`sim.training.plan_store`) and a plan
+run again with the same request takes it from there instead of simulating it again.
 
 Each candidate is a row of `moesim predict` (`sim.training.predict`) with a recipe of its
 choices, so the best one is written as a table row `predict` takes.
@@ -211,7 +210,7 @@ def plan(
 
     def rank_screened() -> None:
         """The screened candidates dropped (invalid, memory) or queued in bound order."""
-        nonlocal given_reason
+        nonlocal given_reason, order
         for at, c in enumerate(space):
             got = screened[c.screen_key()]
             if isinstance(got, str):
@@ -229,7 +228,6 @@ def plan(
                 f"{req.where}: no layout of {req.model} on {req.gpus} GPUs of {req.system} "
                 f"fits: {out_plan.considered} candidates, dropped for {tried}"
             )
-        nonlocal order
         order = SimOrder(entries, given, prune)
 
     def accept(c: Candidate, rec: dict[str, Any], resumed: bool) -> None:

@@ -1,7 +1,7 @@
 """The work of `moesim plan`'s pool (`sim.training.plan`), done in a worker: screening a
-chunk of candidates (peak memory and the bounds of `sim.training.plan_bound`) and
-simulating one candidate after its bound with communication (`comm_bound`), as a row of
-predictions."""
+chunk of candidates (peak memory and the compute bound, `sim.training.plan_bound`), the
+bounds of a chunk with their collectives at their floor, and simulating one candidate after
+its bound with its collectives simulated (`comm_bound`), as a row of predictions."""
 
 from __future__ import annotations
 
