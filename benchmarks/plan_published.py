@@ -80,10 +80,11 @@ def main() -> None:
         + " ".join(map(str, a.rows))
         + f" --workers {a.workers}`.",
         "",
-        "Pruned: dropped before simulation for memory / compute bound / bound with "
-        "communication (the last computed in the workers).",
+        "Pruned: dropped before simulation for memory / compute bound / bound with the "
+        "collectives at their floor (no simulation) / bound with the collectives simulated "
+        "(in the workers).",
         "",
-        "| row | run | candidates | simulated | pruned mem / bound / comm | wall s | "
+        "| row | run | candidates | simulated | pruned mem / bound / floor / comm | wall s | "
         "published layout | its tok/s/GPU | rank | fits | best | best tok/s/GPU | "
         "best ahead by | within 10% |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
@@ -128,7 +129,7 @@ def main() -> None:
             f"| {n} | {r['release']} {r['system']} {r['model']} {r['variant']} "
             f"{r['precision']} {r['gpus']} GPUs "
             f"| {p.considered} | {p.simulated} | {pr.get('memory', 0)} / {pr.get('bound', 0)} / "
-            f"{pr.get('comm_bound', 0)} | {wall:.0f} | {label} | "
+            f"{pr.get('comm_floor', 0)} / {pr.get('comm_bound', 0)} | {wall:.0f} | {label} | "
             f"{'' if gt is None else f'{gt:,.0f}'} | {g.get('rank', '-')} | {g.get('fits', '-')} "
             f"| {best_label} | {'' if bt is None else f'{bt:,.0f}'} | "
             f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} | {within} |"

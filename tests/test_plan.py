@@ -4,6 +4,7 @@ bad requests fail in one line."""
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -42,8 +43,11 @@ def test_the_pruned_plan_finds_the_exhaustive_optimum(exhaustive):
 
 
 def test_every_bound_is_below_its_simulated_step(exhaustive):
+    """The compute bound and the bound with the collectives' floors are below the bound with
+    the collectives simulated, which is below the simulated step."""
     for c in exhaustive.candidates:
         assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_floor_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
 
 
@@ -179,6 +183,7 @@ def test_moe_choices_are_searched_and_pruning_keeps_the_optimum():
     }
     for c in exhaustive.candidates:  # the bounds, with communication and without
         assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
+        assert c["comm_floor_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9)
     pruned = plan(MOE, grid=MOE_GRID)
     assert {k: pruned.candidates[0][k] for k in KEY} == {
@@ -281,8 +286,8 @@ def test_the_screeners_shared_work_is_the_step_models():
     from dataclasses import replace
 
     from sim.training.memory import step_memory
+    from sim.training.plan_bound import FreeComm, Screener, lower_bound
     from sim.training.plan_space import recipe_of
-    from sim.training.plan_work import FreeComm, Screener, lower_bound
     from sim.training.predict import parse_row, prepare
     from sim.training.recipe import recipe_for
     from sim.training.step import StepModel
@@ -290,7 +295,7 @@ def test_the_screeners_shared_work_is_the_step_models():
     req = Request("DeepSeekV3", "DGX-H100", 256, 1024, 4096, "FP8")
     base = replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
     s = Screener(req, base)
-    from sim.training.plan_work import candidate_row
+    from sim.training.plan_space import candidate_row
 
     for c in (
         Candidate(1, 1, 8, 4, 32, 1, recompute="selective"),
@@ -396,3 +401,86 @@ def test_predict_choice_columns_fail_in_one_line(col, value, needle):
     }
     with pytest.raises(ConfigError, match=needle):
         parse_row(row, 3)
+
+
+def test_the_page_draws_the_top_candidates_timelines(tmp_path: Path):
+    """plan.html: the top candidates' steps simulated again (the plan's own steps), one above
+    the other on one time axis, with why the best beats the runner-up; offline (plotly.js
+    inside the page, no script fetched)."""
+    from sim.training.plan_timeline import TOP
+
+    grid = {**MOE_GRID, "pp": (1, 2), "comm_sms": (0,)}
+    p = plan(MOE, grid=grid, out=tmp_path / "p", prune=False)  # pruned: one is simulated
+    assert len(p.timelines) == min(TOP, len(p.candidates)) >= 2
+    for t, c in zip(p.timelines, p.candidates):
+        assert t.step_s == pytest.approx(c["predicted_step_s"], rel=1e-9)
+        assert {b[2] for b in t.bars} >= {"forward", "backward", "EP all-to-all"}
+    page = (tmp_path / "p" / "plan.html").read_text()
+    assert "<script src" not in page and "time into the step, s" in page
+    assert "#1: " in page and "#2: " in page and "Best vs runner-up" in page
+
+
+def test_the_order_leases_new_layouts_and_holds_each_candidate_to_those_ahead():
+    """Two layouts A and B, two candidates each, compute bounds 1 < 2 < 3 < 4 (A, A, B, B).
+    The floors come first, in one task, and leave the order as it is; with A's first
+    candidate running, the next free worker takes B's first, not A's second (A's
+    collectives are being simulated); B's result prunes only what comes after it in the
+    order (B's second), not A's second, which waits for A's first and is pruned by it."""
+    from sim.training.plan_order import WAIT, Entry, SimOrder
+    from sim.training.plan_space import base_recipe
+
+    r = base_recipe(REQ)
+    cands = [Candidate(1, 1, 1, 1, 1, m) for m in (1, 2, 3, 4)]
+    entries = [Entry(k, c, r, lay, k) for k, c, lay in zip((1, 2, 3, 4), cands, "AABB")]
+    o = SimOrder(entries[::-1], None, True)
+    dropped: list[tuple[Candidate, str]] = []
+
+    def step():
+        return o.next(lambda e, why: dropped.append((e.c, why)), lambda e: False)
+
+    asked = step()
+    assert [e.c for e in asked] == cands and step() is WAIT  # their floors are out
+    o.floors(cands, [0.5, 2.0, 3.0, 3.5])  # floor under the compute bound: it stays
+    assert [e.key for e in o.pending] == [1, 2, 3, 4]
+    assert step().c == cands[0] and step().c == cands[2] and step() is WAIT
+    o.back(cands[2], 2.5)  # B's first took 2.5 s: below B's second's bound, not ahead of A's
+    assert o.limit(cands[1]) == math.inf and o.limit(cands[3]) == 2.5
+    assert step() is WAIT and dropped == [(cands[3], "bound")]
+    o.back(cands[0], 1.5)
+    assert step() is None and dropped[-1] == (cands[1], "bound")
+
+
+def test_a_floor_moves_a_candidate_behind_the_next_one():
+    """The second candidate's floor (5) puts it behind the third (compute bound 3); the
+    third is simulated first, and its step (4) drops the second before any simulation; a
+    compute bound the best step beats is dropped without its floor."""
+    from sim.training.plan_order import Entry, SimOrder
+    from sim.training.plan_space import base_recipe
+
+    r = base_recipe(REQ)
+    cands = [Candidate(1, 1, 1, 1, 1, m) for m in (1, 2, 3, 4)]
+    entries = [Entry(k, c, r, (k,), k) for k, c in zip((1, 2, 3, 6), cands)]
+    o = SimOrder(entries, None, True)
+    dropped: list[tuple[Candidate, str]] = []
+
+    def step():
+        return o.next(lambda e, why: dropped.append((e.c, why)), lambda e: False)
+
+    o.floors(cands[:3], [1.0, 5.0, 3.0])  # as if asked for the first three only
+    o.asked.clear()
+    assert step().c == cands[0]
+    o.back(cands[0], 4.5)
+    assert step().c == cands[2]
+    o.back(cands[2], 4.0)
+    assert step() is None
+    assert dropped == [(cands[1], "comm_floor"), (cands[3], "bound")]
+
+
+def test_two_workers_rank_as_one_over_several_layouts():
+    """A pruned plan of four layouts (PP x EP) on two processes: the same ranking as on one
+    (each candidate held to the steps of those ahead of it; extra ones outranked)."""
+    grid = {**MOE_GRID, "pp": (1, 2), "ep": (4, 8), "comm_sms": (0,)}
+    one, two = plan(MOE, grid=grid), plan(MOE, grid=grid, workers=2)
+    strip = [{k: v for k, v in c.items() if k != "cpu_s"} for c in one.candidates]
+    assert [{k: v for k, v in c.items() if k != "cpu_s"} for c in two.candidates] == strip
+    assert two.simulated == len(two.candidates) + two.outranked + two.pruned.get("failed", 0)

@@ -16,6 +16,7 @@ the process ran before.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Protocol
 
@@ -119,10 +120,27 @@ class CommTimer:
         return self._cached(what, nbytes, lambda b: self._deepep(b, top_k, experts, combine, sms))
 
     def _deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
-        lay = self.layout
         g = TaskGraph(self.topo.world_size, meta={"collective": "deepep", "dim": "ep"})
+        for t in self.deepep_tasks(nbytes, top_k, experts, combine, sms):
+            g.add(t)
+        g.validate()
+        return simulate(g, self.topo, self.costs).makespan
+
+    def deepep_tasks(
+        self,
+        nbytes: float,
+        top_k: int,
+        experts: int,
+        combine: bool,
+        sms: int,
+        groups: list[int] | None = None,
+    ) -> list[Task]:
+        """The tasks of `deepep`'s collective on the EP groups numbered `groups` (all: None):
+        what `_deepep` simulates, and what `sim.training.comm_floor` bounds group by group."""
+        lay = self.layout
         G = self.topo.gpus_per_node
-        for gi, logical in enumerate(lay.groups("ep")):
+        out: list[Task] = []
+        for gi, logical in _chosen(lay.groups("ep"), groups):
             members = [self.place(r) for r in logical]
             nodes = sorted({m // G for m in members})
             per_node = [sum(1 for m in members if m // G == nd) for nd in nodes]
@@ -135,7 +153,7 @@ class CommTimer:
                     else token_bytes * _touch(experts, top_k, experts * c // len(members))
                     for nd, c in zip(nodes, per_node)
                 ]
-                g.add(
+                out.append(
                     Task(
                         f"d{r}",
                         r,
@@ -154,16 +172,26 @@ class CommTimer:
                         },
                     )
                 )
-        g.validate()
-        return simulate(g, self.topo, self.costs).makespan
+        return out
 
     def place(self, rank: int) -> int:
         return (rank // self.per_domain) * self.topo.gpus_per_node + rank % self.per_domain
 
     def _simulate(self, kind: str, dim: str, nbytes: float, algo: str | None) -> float:
-        lay = self.layout
         g = TaskGraph(self.topo.world_size, meta={"collective": kind, "dim": dim})
-        for gi, logical in enumerate(lay.groups(dim)):
+        for t in self.tasks(kind, dim, nbytes, algo):
+            g.add(t)
+        g.validate()
+        return simulate(g, self.topo, self.costs).makespan
+
+    def tasks(
+        self, kind: str, dim: str, nbytes: float, algo: str | None, groups: list[int] | None = None
+    ) -> list[Task]:
+        """The tasks of `seconds`' collective on the `dim` groups numbered `groups` (all:
+        None): what `_simulate` simulates, and what `sim.training.comm_floor` bounds group by
+        group."""
+        out: list[Task] = []
+        for gi, logical in _chosen(self.layout.groups(dim), groups):
             members = [self.place(r) for r in logical]
             if kind == "send":
                 ring = members if dim != "pp" else members[:2]
@@ -171,10 +199,10 @@ class CommTimer:
                     if dim == "pp" and j == 1:
                         break
                     nxt, prev = ring[(j + 1) % len(ring)], ring[j - 1]
-                    g.add(
+                    out.append(
                         Task(f"s{r}", r, "comm", "send", peer=nxt, bytes=nbytes, coll=f"p{gi}.{r}")
                     )
-                    g.add(
+                    out.append(
                         Task(
                             f"r{r}",
                             nxt if dim == "pp" else r,
@@ -187,7 +215,7 @@ class CommTimer:
                     )
                 continue
             for r in members:
-                g.add(
+                out.append(
                     Task(
                         f"c{r}",
                         r,
@@ -200,10 +228,17 @@ class CommTimer:
                         tags={"dtype": "bf16"},
                     )
                 )
-        g.validate()
-        return simulate(g, self.topo, self.costs).makespan
+        return out
 
 
+def _chosen(groups: list[list[int]], which: list[int] | None) -> list[tuple[int, list[int]]]:
+    """(number, ranks) of the groups numbered `which` (negative: from the end), or of all."""
+    if which is None:
+        return list(enumerate(groups))
+    return [(i % len(groups), groups[i]) for i in dict.fromkeys(i % len(groups) for i in which)]
+
+
+@functools.lru_cache(maxsize=1 << 12)  # asked once per member and node of every EP group
 def _touch(experts: int, top_k: int, on_node: int) -> float:
     """Chance that a token's top-k experts (drawn evenly) include one of `on_node` experts."""
     from math import comb

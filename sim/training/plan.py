@@ -14,23 +14,34 @@ memory, found by simulating the candidates that could win.
    needed) exceeds the GPU's.
 3. Bound: a candidate's step is at least its busiest stage's kernel time over the step plus
    the pipeline's fill and drain (`lower_bound`; the simulated step adds communication and
-   host time to that). Candidates are simulated in the order of their bounds; one whose bound
-   is no better than the best step simulated so far cannot win and is not simulated
-   (`bound`). Just before simulating, a worker times the candidate's collectives (the
-   simulation needs them anyway) and bounds its step again with them (`comm_bound`: the
-   EP all-to-alls its compute waits for, TP, CP and FSDP traffic); no better than the best
-   step when it was sent, it is not simulated either (`comm_bound`).
+   host time to that), and at least that with the EP all-to-alls its compute waits for and
+   its TP, CP and FSDP traffic, each collective at its floor (`comm_bound` over
+   `FloorTimer`, `sim.training.comm_floor`: the bytes over the busiest link of the
+   collective's flows, per-message costs and latency included, with no simulation). The
+   candidates are simulated in the order of the larger of the two (`sim.training.
+   plan_order`: the lowest first, so that the best step found tightens early; the floors
+   computed, in chunks on the pool, as the order reaches a candidate whose compute bound
+   can still win); one whose bound is no better than the best step of the candidates
+   ahead of it cannot win and is not simulated (`bound` where the compute bound alone says
+   so, else `comm_floor`). Just before simulating, a worker simulates the candidate's
+   collectives (the simulation needs them anyway) and bounds its step again with them
+   (`comm_bound`); no better than the best step when it was sent, it is not simulated
+   either (`comm_bound`).
 4. Rank the simulated ones by tokens/s/GPU.
 
 Candidates that differ only in their communication choices (EP overlap, dispatcher, SMs)
-share one memory model and one bound (both leave communication out), and candidates share
-the work of their layers (`Screener`: a layer's kernels depend on TP, CP, EP, the micro-batch
-and its kind, not on the pipeline). Screening (steps 2 and 3) and the simulations run on the
-same pool, local processes or a Dask cluster (`sim.core.pool`, shared with `moesim sweep`):
-the distinct memory-and-bound questions in chunks first, then the candidates in the order of
-their bounds, as many at a time as there are workers, the next one picked when one finishes.
-A worker's process keeps the collectives it simulated (`sim.training.comm`), which candidates
-of one layout share. The ranking does not depend on the number of workers: with several, a
+share one memory model and one compute bound, and candidates share the work of their layers
+(`Screener`: a layer's kernels depend on TP, CP, EP, the micro-batch and its kind, not on
+the pipeline) and, with their collectives at their floor, the phases of a layout's layers.
+Screening (steps 2 and 3) and the simulations run on the same pool, local processes or a
+Dask cluster (`sim.core.pool`, shared with `moesim sweep`): the distinct memory-and-bound
+questions in chunks first, then the candidates' floors and simulations in the order of their
+bounds, as many at a time as there are workers, the next one picked when one finishes. A
+worker's process keeps the collectives it simulated (`sim.training.comm`), which candidates
+of one layout share; the main process sends them with the layout's later candidates to
+whichever worker runs them, and holds the layout's other candidates back while its first one
+is running (layout-affine: a layout's collectives are simulated once, not by two workers
+side by side). The ranking does not depend on the number of workers: with several, a
 candidate may be simulated that a single worker would have pruned (a bound beaten by a
 result still running); it is left out of the ranking (counted in `outranked`). With `out`,
 every simulated candidate is journaled as it finishes (`sim.training.plan_store`) and a plan
@@ -51,26 +62,20 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.training.plan_order import WAIT, Entry, SimOrder
 from sim.training.plan_space import (
     GRID,
     SCREEN_CHUNK,
     Candidate,
     Request,
+    base_recipe,
     candidates,
     check_grid,
     check_request,
     recipe_of,
 )
-from sim.training.plan_work import (
-    Item,
-    base_recipe,
-    item_name,
-    killed_item,
-    layout_key,
-    work,
-)
+from sim.training.plan_work import Item, item_name, killed_item, layout_key, work
 from sim.training.predict import MODELS, SYSTEMS, _lookup
-from sim.training.recipe import Recipe
 
 
 @dataclass
@@ -86,6 +91,10 @@ class Plan:
     # docstring)
     outranked: int = 0
     files: dict[str, Any] = field(default_factory=dict)  # written with `out`
+    # with `out`: the top candidates' steps simulated again for the page (plan_timeline),
+    # or why they could not be
+    timelines: list[Any] = field(default_factory=list)
+    timeline_note: str = ""
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -179,9 +188,8 @@ def plan(
     size = max(1, min(SCREEN_CHUNK, -(-len(firsts) // (4 * n))))
     chunks = [firsts[i : i + size] for i in range(0, len(firsts), size)]
     screened: dict[tuple, tuple[bool, float] | str] = {}  # screen_key -> (fits, bound) | why
-    feasible: list[tuple[float, Candidate, Recipe]] = []
-    bounds: dict[Candidate, float] = {}
-    best_step = [math.inf]
+    entries: list[Entry] = []
+    order = SimOrder([], given, prune)
     done: list[dict[str, Any]] = []
     # the collectives the workers simulated, by layout, sent with that layout's candidates
     # (a worker's own are kept in its process; these are the others')
@@ -202,8 +210,8 @@ def plan(
 
     def rank_screened() -> None:
         """The screened candidates dropped (invalid, memory) or queued in bound order."""
-        nonlocal given_reason
-        for c in space:
+        nonlocal given_reason, order
+        for at, c in enumerate(space):
             got = screened[c.screen_key()]
             if isinstance(got, str):
                 pruned["invalid"] = pruned.get("invalid", 0) + 1
@@ -212,15 +220,15 @@ def plan(
             elif not got[0] and c != given:
                 pruned["memory"] = pruned.get("memory", 0) + 1
             else:
-                feasible.append((got[1], c, recipe_of(base, c, arch.mla is not None)))
-        if not feasible:
+                recipe = recipe_of(base, c, arch.mla is not None)
+                entries.append(Entry(got[1], c, recipe, layout_key(req, c), at))
+        if not entries:
             tried = ", ".join(f"{k} {v}" for k, v in sorted(pruned.items())) or "none"
             raise ConfigError(
                 f"{req.where}: no layout of {req.model} on {req.gpus} GPUs of {req.system} "
                 f"fits: {out_plan.considered} candidates, dropped for {tried}"
             )
-        feasible.sort(key=lambda t: t[0])  # stable: ties in the order of the space
-        bounds.update({c: bound for bound, c, _ in feasible})
+        order = SimOrder(entries, given, prune)
 
     def accept(c: Candidate, rec: dict[str, Any], resumed: bool) -> None:
         lost = rec.pop("_lost", False)
@@ -232,16 +240,25 @@ def plan(
         state.simulated += 1
         state.resumed += resumed
         out_plan.resumed += resumed
-        rec["lower_bound_s"] = bounds[c]
+        e = order.entries[c]
+        rec["lower_bound_s"], rec["comm_floor_s"] = e.lower, e.floor
         rec["_candidate"] = c
         done.append(rec)
-        if rec.get("predicted_step_s"):
-            best_step[0] = min(best_step[0], rec["predicted_step_s"])
+        order.back(c, rec.get("predicted_step_s"))
+
+    def drop(e: Entry, why: str) -> None:
+        pruned[why] = pruned.get(why, 0) + 1
+
+    def resumed(e: Entry) -> bool:
+        rec = journal.get(e.c.canonical()) if journal is not None else None
+        if rec is not None:
+            accept(e.c, rec, True)
+        return rec is not None
 
     def feed() -> Iterator[Item]:
         """The chunks to screen; once all are back, the candidates to simulate in the order
-        of their bounds: those that can still win when their turn comes (the journal's
-        taken from it, not simulated)."""
+        of their bounds (`SimOrder`): those that can still win when their turn comes (the
+        journal's taken from it, not simulated)."""
         for i, chunk in enumerate(chunks):
             yield ("screen", i, req, base, chunk)
         while len(screened) < len(firsts):
@@ -249,19 +266,22 @@ def plan(
         rank_screened()
         state.phase = "simulating"
         tell(state)
-        for bound, c, recipe in feasible:
-            if prune and bound >= best_step[0] and c != given:
-                pruned["bound"] = pruned.get("bound", 0) + 1
-                tell(state)
+        asked = 0
+        while True:
+            e = order.next(drop, resumed)
+            tell(state)
+            if e is None:
+                return
+            if e is WAIT:  # each one left waits on a floor or on its layout's first candidate
+                yield pool.WAIT
                 continue
-            rec = journal.get(c.canonical()) if journal is not None else None
-            if rec is not None:
-                accept(c, rec, True)
-                tell(state)
+            if isinstance(e, list):  # the next candidates' floors, computed on the pool
+                asked += 1
+                yield ("floor", asked, req, base, [x.c for x in e])
                 continue
             state.running += 1
-            best = best_step[0] if prune and c != given else math.inf
-            yield ("sim", req, c, recipe, best, known.get(layout_key(req, c), {}))
+            limit = order.limit(e.c)
+            yield ("sim", req, e.c, e.recipe, limit, known.get(e.layout, {}))
 
     try:
         results = pool.stream(
@@ -287,11 +307,15 @@ def plan(
                 if item[0] == "screen":
                     took(item[4], answer)
                     continue
+                if item[0] == "floor":
+                    order.floors(item[4], answer)
+                    continue
                 for k, v in (answer.pop("_collectives", None) or {}).items():
                     known.setdefault(k[1], {})[k] = v
                 if answer.get("_pruned"):  # its bound with communication lost
                     state.running -= 1
                     pruned["comm_bound"] = pruned.get("comm_bound", 0) + 1
+                    order.back(item[2], None)
                 else:
                     state.running -= 1
                     accept(item[2], answer, False)
@@ -299,13 +323,17 @@ def plan(
     finally:
         if journal is not None:
             journal.close()
-    order = {c: i for i, (_, c, _) in enumerate(feasible)}
-    done.sort(key=lambda r: order[r["_candidate"]])
+
+    def place(r: dict[str, Any]) -> tuple[float, int]:
+        return order.entries[r["_candidate"]].place
+
+    done.sort(key=place)
     if prune:  # what a single worker would have simulated: the same ranking for any number
         best, kept = math.inf, []
         for r in done:
             c = r["_candidate"]
-            if c != given and max(bounds[c], r.get("comm_bound_s", 0.0)) >= best:
+            key = order.entries[c].key
+            if c != given and max(key, r.get("comm_bound_s", 0.0)) >= best:
                 out_plan.outranked += 1
                 continue
             kept.append(r)
@@ -323,7 +351,7 @@ def plan(
         r["mfu"] = _mfu(r, probe)
     ok = sorted(
         (r for r in ran if r["fits"]),
-        key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], order[r["_candidate"]]),
+        key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], place(r)),
     )
     for rank, r in enumerate(ok, start=1):
         r["rank"] = rank
@@ -338,6 +366,15 @@ def plan(
                 for r in ok
             )
         out_plan.given = mine if mine is not None else {"reason": given_reason or "not simulated"}
+    if out is not None and ok:
+        from sim.core.errors import MoesimError
+        from sim.training.plan_timeline import TOP, timelines
+
+        top = [(r["_candidate"], r["predicted_step_s"]) for r in ok[:TOP]]
+        try:
+            out_plan.timelines = timelines(req, top, known)
+        except MoesimError as e:  # the page says why; the plan itself stands
+            out_plan.timeline_note = f"timelines not drawn: {' '.join(str(e).split())}"
     for r in done:
         c = r.pop("_candidate", None)
         if c is not None:

@@ -176,6 +176,46 @@ def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
 
 
 def html_page(p: Plan) -> str:
+    """The page: throughput vs peak memory of the simulated candidates with the Pareto front,
+    why the best beats the runner-up, and the top candidates' timelines on one time axis
+    (`sim.training.plan_timeline`); self-contained (plotly.js inside, no CDN)."""
+    from sim.analysis.html import render
+
+    r = p.request
+    blocks: list[Any] = [pareto_figure(p)]
+    text = [
+        f"{p.simulated} of {p.considered} candidates simulated; dropped: "
+        + (", ".join(f"{k} {v}" for k, v in sorted(p.pruned.items())) or "none")
+        + "."
+    ]
+    if len(p.candidates) > 1:
+        text.append(
+            f"Best vs runner-up ({_label(p.candidates[0])} vs {_label(p.candidates[1])}): "
+            + why(p.candidates[0], p.candidates[1])
+        )
+    blocks.append("\n\n".join(text))
+    if p.timelines:
+        from sim.training.plan_timeline import figure
+
+        off = [
+            f"- {t.label}: simulated again {t.step_s:.6f} s, the plan's {t.predicted_s:.6f} s"
+            for t in p.timelines
+            if abs(t.step_s - t.predicted_s) > 1e-6 * t.predicted_s
+        ]
+        if off:  # the copy of run_step's graph drifted from it: say so, draw what it gives
+            head = "Timelines that are not the plan's step (a modelling change?):"
+            blocks.append("\n".join([head, *off]))
+        blocks.append(figure(p.timelines))
+    elif p.timeline_note:
+        blocks.append(p.timeline_note)
+    title = (
+        f"moesim plan: {r.model} on {r.gpus} GPUs of {r.system}, GBS {r.gbs}, "
+        f"sequence {r.seq_len}, {r.precision}"
+    )
+    return render(title, blocks)
+
+
+def pareto_figure(p: Plan) -> Any:
     import plotly.graph_objects as go
 
     pts = p.candidates
@@ -223,7 +263,7 @@ def html_page(p: Plan) -> str:
         yaxis_title="tokens/s/GPU",
         height=700,
     )
-    return fig.to_html(include_plotlyjs=True, full_html=True)
+    return fig
 
 
 def write(p: Plan, out_dir: str | Path) -> dict[str, Path]:

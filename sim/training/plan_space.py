@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import ConfigError
-from sim.training.recipe import Recipe
+from sim.training.recipe import Recipe, recipe_for
 from sim.training.row_cells import with_choices
 
 TP = (1, 2, 4, 8)
@@ -233,3 +233,29 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
                 raise ConfigError(f"{where}: {k}: {bad[0]!r} is not one of {', '.join(allowed)}")
             grid[k] = tuple(vals)
     return grid
+
+
+def candidate_row(req: Request, c: Candidate) -> dict[str, Any]:
+    """The candidate as a row of `moesim predict`."""
+    return {
+        "system": req.system,
+        "model": req.model,
+        "gpus": req.gpus,
+        "precision": req.precision,
+        "gbs": req.gbs,
+        "mbs": c.mbs,
+        "seq_len": req.seq_len,
+        "fsdp": req.gpus // (c.tp * c.pp) if c.fsdp else 0,
+        "tp": c.tp,
+        "pp": c.pp,
+        "cp": c.cp,
+        "vp": c.vp if c.vp > 1 else "",
+        "ep": c.ep,
+        "ga": "",
+    }
+
+
+def base_recipe(req: Request) -> Recipe:
+    """The recipe a request's candidates start from: the recorded one, expert-TP 1 and the
+    architecture's MTP modules."""
+    return replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)

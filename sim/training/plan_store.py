@@ -34,7 +34,13 @@ LOCK = ".plan.lock"
 
 # what cannot change a candidate's record: the command line, the other commands, the plan's
 # report and this journal
-NOT_READ = ("cli", "analysis", "training/plan_report.py", "training/plan_store.py")
+NOT_READ = (
+    "cli",
+    "analysis",
+    "training/plan_report.py",
+    "training/plan_store.py",
+    "training/plan_timeline.py",
+)
 
 
 @functools.cache
