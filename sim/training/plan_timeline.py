@@ -3,10 +3,9 @@
 simulates it (`sim.training.step.run_step`: the stages' passes in the pipeline's schedule,
 its collectives timed on the topology), its tasks read back per stage and stream.
 
-`run_step` returns the step's numbers, not its tasks, so the step's graph is built here as
-it builds it (the same `StepModel`, `step_graph` and engine); each timeline carries the step
-it simulated beside the plan's, and the page says so where they differ, so that a change to
-`run_step` that this copy misses shows instead of drawing another step.
+The step's graph is the one `run_step` simulates (`StepModel.graph`); each timeline carries
+the step it simulated beside the plan's, and the page says so where they differ (a
+collective the plan's workers timed otherwise, for one).
 
 A page stays light whatever the step: at most STAGES_SHOWN stages per candidate (the first,
 the last and some between: a stage's passes repeat on the others, shifted), and on each lane
@@ -68,21 +67,13 @@ def timelines(req: Request, ranked: list[tuple[Candidate, float]], known: dict) 
 def _simulate(p: Any) -> tuple[float, list[tuple[int, str, str, float, float]]]:
     """The step of a prepared run as `run_step` simulates it: (makespan, merged bars)."""
     from sim.engine.engine import simulate
-    from sim.hardware.costs.resources import Resources
-    from sim.training.pipeline import step_graph
-    from sim.training.recipe import comm_sms
     from sim.training.step import StepModel
 
-    lay, arch, recipe, comm, topo = p.layout, p.arch, p.recipe, p.comm, p.topo
-    model = StepModel(arch, lay, p.precision, recipe, p.gpu, comm, p.imbalance)
+    lay = p.layout
+    model = StepModel(p.arch, lay, p.precision, p.recipe, p.gpu, p.comm, p.imbalance)
     progs, _ = model.stage_programs()
-    ranks = [comm.place(s * lay.stage_size) for s in range(lay.pp)]
-    p2p_bytes = lay.mbs * lay.seq / lay.cp / lay.tp * arch.hidden * 2
-    p2p_s = comm.seconds("send", "pp", p2p_bytes) if lay.pp > 1 else 0.0
-    overlap = recipe.ep_overlap and arch.moe and lay.ep > 1
-    slowdown = 1.0 / Resources.build(topo.gpu, None).sm_speed(comm_sms(recipe)) if overlap else 1.0
-    g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
-    res = simulate(g, topo, p.costs)
+    g, ranks, _ = model.graph(progs, p.topo)
+    res = simulate(g, p.topo, p.costs)
     shown = _shown(lay.pp)
     stage_of = {r: s for s, r in enumerate(ranks) if s in shown}
     raw: dict[tuple[int, str, str], list[tuple[float, float]]] = {}

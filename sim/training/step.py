@@ -199,6 +199,22 @@ class StepModel:
             out.reverse()
         return [p for p in out if p.seconds > 0 or p.stream == "comm"]
 
+    def graph(self, progs: list[StagePrograms], topo: Any) -> tuple[Any, list[int], float]:
+        """The step's task graph over one GPU per stage (`sim.training.pipeline.step_graph`),
+        those GPUs' ranks and the send time between stages."""
+        lay, a, r, comm = self.lay, self.a, self.r, self.comm
+        ranks = [comm.place(s * lay.stage_size) for s in range(lay.pp)]
+        p2p_bytes = lay.mbs * lay.seq / lay.cp / lay.tp * a.hidden * 2
+        p2p_s = comm.seconds("send", "pp", p2p_bytes) if lay.pp > 1 else 0.0
+        overlap = r.ep_overlap and a.moe and lay.ep > 1
+        slowdown = 1.0
+        if overlap:  # compute beside the other pass's all-to-all loses the SMs it holds
+            from sim.hardware.costs.resources import Resources
+
+            slowdown = 1.0 / Resources.build(topo.gpu, None).sm_speed(comm_sms(r))
+        g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
+        return g, ranks, p2p_s
+
     # -- per stage ---------------------------------------------------------------------------
     def chunk_work(self) -> list[list[list[LayerWork]]]:
         """Per stage, per chunk: the layer works of its virtual stage (embedding first, the
@@ -353,17 +369,7 @@ def run_step(
     limits.active().check(
         "max_tasks", passes * (phases + 2), f"{lay.where}: step graph tasks (passes x phases)"
     )
-    ranks = [comm.place(s * lay.stage_size) for s in range(lay.pp)]
-    p2p_bytes = lay.mbs * lay.seq / lay.cp / lay.tp * arch.hidden * 2
-    p2p_s = comm.seconds("send", "pp", p2p_bytes) if lay.pp > 1 else 0.0
-    overlap = recipe.ep_overlap and arch.moe and lay.ep > 1
-    slowdown = 1.0
-    if overlap:
-        from sim.hardware.costs.resources import Resources
-
-        res_model = Resources.build(topo.gpu, None)
-        slowdown = 1.0 / res_model.sm_speed(comm_sms(recipe))
-    g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
+    g, _, p2p_s = model.graph(progs, topo)
     res = simulate(g, topo, costs)
     step_s = res.makespan
     tokens = lay.gbs * lay.seq
