@@ -17,7 +17,7 @@ from sim.hardware.topology import Topology
 GEMM = {"alpha": 1e-4, "beta": 1e-9}
 COPY = {"alpha": 1e-5, "beta": 2e-10}
 A2A = {"alpha": 4e-5, "beta": 1e-9}  # measured at 2 ranks
-BW = Topology.load("localhost-cpu").spec["shared_cpu"]["thread_mem_bw"]  # one thread's
+BW = Topology.load("localhost-cpu").gpu["mem_bw"]  # one thread's streaming rate, alone
 
 
 def calibration(tmp_path, ranks=2, threads=1, cores=2, **meta) -> str:
@@ -149,7 +149,8 @@ def test_a_calibration_without_its_host_is_not_scaled(tmp_path):
 # -- gloo's all-to-all -------------------------------------------------------------------------
 def gloo_steps(n, nbytes, alpha0, beta0, n0=2, copy=2.0 / BW):
     """gloo::alltoall step by step: the local copy of the own chunk, then each of the n - 1
-    peers' message overhead and chunk, with the per-peer costs a fit at n0 ranks fixes."""
+    peers' start-up (its wait) and chunk through the rank's transport, at the per-peer costs
+    a fit at n0 ranks fixes."""
     a = alpha0 / (n0 - 1)
     w = (beta0 - copy / n0) * n0 / (n0 - 1)
     chunk = nbytes / n
@@ -157,7 +158,7 @@ def gloo_steps(n, nbytes, alpha0, beta0, n0=2, copy=2.0 / BW):
 
 
 @pytest.mark.parametrize("n", [2, 3, 4, 8, 16])
-def test_gloo_all_to_all_is_its_pairwise_steps(tmp_path, n):
+def test_gloo_all_to_all_is_its_steps(tmp_path, n):
     """A 2-rank fit carried to n ranks as gloo runs it equals the sum of its steps, on a host
     with a core per rank (no sharing); at 2 ranks it is the measured fit."""
     c = model(n, calibration(tmp_path), cores=n, threads_per_rank=1)
@@ -167,18 +168,24 @@ def test_gloo_all_to_all_is_its_pairwise_steps(tmp_path, n):
             gloo_steps(n, nbytes, A2A["alpha"], A2A["beta"]), rel=1e-12
         )
     assert c.collective.params("all_to_allv", n) == c.collective.params("all_to_all", n)
+    if n == 2:
+        assert c.collective.params("all_to_all", 2) == pytest.approx((A2A["alpha"], A2A["beta"]))
 
 
-def test_gloo_all_to_all_in_the_engine_on_shared_cores(tmp_path):
-    """4 ranks on 2 cores: gloo's steps at 4 ranks x the ranks' share of the cores against
-    the calibration's (4 transport threads on 2 cores: 2x), as the engine runs it."""
-    c = model(4, calibration(tmp_path), cores=2)
+@pytest.mark.parametrize(("n", "bytes_"), [(3, 1.0), (4, 1.2), (8, 2.4)])
+def test_gloo_all_to_all_in_the_engine_on_shared_cores(tmp_path, n, bytes_):
+    """n ranks on 2 cores against a calibration at 2 ranks on them: the per-peer start-ups as
+    gloo's steps give them; the bytes slow once the ranks' transfers (0.6 of a core each: the
+    preset's comm_cores) want more than the 2 cores: x max(1, 0.3 n). As the engine runs it."""
+    c = model(n, calibration(tmp_path), cores=2)
     nbytes = 2.0**20
-    g = TaskGraph(4)
-    for r in range(4):
-        g.add(Task(f"a{r}", r, "comm", "all_to_all", bytes=nbytes, group=[0, 1, 2, 3], coll="x"))
-    res = simulate(g, Topology.load("localhost-cpu", nodes=4), c)
-    want = 2 * gloo_steps(4, nbytes, A2A["alpha"], A2A["beta"])
+    g = TaskGraph(n)
+    group = list(range(n))
+    for r in group:
+        g.add(Task(f"a{r}", r, "comm", "all_to_all", bytes=nbytes, group=group, coll="x"))
+    res = simulate(g, Topology.load("localhost-cpu", nodes=n), c)
+    alpha = (n - 1) * A2A["alpha"]
+    want = alpha + bytes_ * (gloo_steps(n, nbytes, A2A["alpha"], A2A["beta"]) - alpha)
     assert res.makespan == pytest.approx(want, rel=1e-9)
 
 
@@ -194,7 +201,7 @@ def test_the_warning_when_ranks_times_threads_exceed_the_cores(tmp_path):
     c = model(4, cal, cores=2)
     w = c.sources["host"]["warning"]
     assert w.startswith("4 ranks x 1 threads per rank = 4 threads on 2 cores")
-    assert "kernels modelled 2.00x" in w
+    assert "kernels and dispatch gaps modelled 2.00x" in w
     assert model(2, cal, cores=2, threads_per_rank=2).sources["host"]["warning"] is not None
     from sim.analysis.summary import format_summary, summarize
     from sim.analysis.trace import to_frame
@@ -241,3 +248,25 @@ def test_the_preset_and_the_schema(tmp_path):
     bad = {**Topology.load("localhost-cpu").spec, "shared_cpu": {"cores": 0}}
     with pytest.raises(TopologyError, match="shared_cpu.cores"):
         Topology(bad)
+
+
+def test_validate_simulates_the_host_it_measures_on():
+    """`validate` gives the simulator this machine's cores and the executor's threads per
+    rank on a CPU topology, and nothing on a GPU topology."""
+    from exec.measure.validation import measured_host
+    from exec.runtime.launch import host_cores, rank_threads
+
+    got = measured_host(Topology.load("localhost-cpu", nodes=4), 4)
+    assert got == {"shared_cpu": {"cores": host_cores(), "threads_per_rank": rank_threads(4)}}
+    assert measured_host(Topology.load("dgx-a100", nodes=1), 4) == {}
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 8])
+def test_the_simulator_counts_cores_and_threads_as_the_executor_sets_them(n):
+    """sim.hardware.costs.host keeps its own copy (the executor's ranks must not import the
+    cost models at start-up): the two must agree."""
+    from exec.runtime.launch import host_cores, rank_threads
+    from sim.hardware.costs.host import auto_threads, this_host_cores
+
+    assert this_host_cores() == host_cores()
+    assert auto_threads(this_host_cores(), n) == rank_threads(n)

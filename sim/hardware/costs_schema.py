@@ -315,14 +315,14 @@ class SharedCpu(Strict):
         description="bytes/s the host's memory serves to all running threads together; "
         "default: no shared bound",
     )
-    comm_threads: Annotated[int, Field(ge=1, le=64)] | None = Field(
+    comm_cores: Annotated[float, Field(ge=0, le=64, allow_inf_nan=False)] | None = Field(
         None,
-        description="cores a rank's collective keeps busy while it moves data (gloo over TCP "
-        "loopback: its transport thread); default 1",
+        description="cores a rank's collective keeps busy while it moves bytes (gloo over TCP "
+        "loopback); its beta grows once the ranks want more than the cores; default 0.6",
     )
     all_to_all: Literal["gloo", "fit"] | None = Field(
         None,
         description="a fitted all-to-all at another group size: gloo (as gloo::alltoall runs "
-        "it: a local copy and one chunk to and from each of n - 1 peers) or fit (the "
-        "nearest fit, interpolated in log2(ranks)); default gloo",
+        "it: a local copy, then a chunk to and from each of the n - 1 peers and a wait for "
+        "each) or fit (the nearest fit, interpolated in log2(ranks)); default gloo",
     )

@@ -123,7 +123,7 @@ class CostModel:
         if host is not None:
             compute = HostCompute(compute, host)
             collective.adjust = host.collective_params
-            sources["host"] = host.describe()
+            sources["host"] = host.describe(network)
         inter = Interference.from_table(
             {**(gpu.get("interference") or {}), **(spec.pop("interference", None) or {})}
         )

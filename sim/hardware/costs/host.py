@@ -13,10 +13,13 @@ cores, half a core each, 2x.
 - Memory-bound kernels (elementwise and its stand-ins, copies) also share the host's memory
   bandwidth among the threads running at once, min(R x T, C): each streams at most
   `thread_mem_bw`, and all together at most `mem_bw`.
-- A collective moves its bytes with the CPU too (gloo over TCP loopback: `comm_threads`
-  transport thread(s) per rank copying through the kernel), so its alpha and beta grow with
-  the ranks per core, max(1, R x comm_threads / C), against the calibration's; and its growth
-  with the group size is gloo's algorithm (sim.hardware.costs.gloo).
+- A collective moves its bytes with the CPU too (gloo over TCP loopback), but a transfer
+  keeps only part of a core busy (`comm_cores`, measured), so its beta grows only once the
+  ranks' transfers want more than the cores: x max(1, R x comm_cores / C) against the
+  calibration's. Its alpha (wake-ups of the waiting thread) is left as measured: at 4 ranks
+  on 2 cores gloo's per-peer waits account for it (measured: sim.hardware.costs.gloo). Its
+  growth with the group size is gloo's algorithm (sim.hardware.costs.gloo).
+- Dispatch gaps (a woken thread's wait for a core) scale as the kernels do (assumed).
 
 The reference share is the calibration's (its meta: nprocs, threads_per_rank and cores, which
 `moesim calibrate` records) where one is used; otherwise the topology's own figures, which
@@ -84,9 +87,9 @@ class HostUse:
         each = thread_bw if host_bw is None else min(thread_bw, host_bw / self.running)
         return self.cores_per_rank * each
 
-    def comm_load(self, comm_threads: int) -> float:
-        """How many times over the ranks' transport threads want the cores (at least 1)."""
-        return max(1.0, self.ranks * comm_threads / self.cores)
+    def comm_load(self, comm_cores: float) -> float:
+        """How many times over the ranks' transfers want the cores (at least 1)."""
+        return max(1.0, self.ranks * comm_cores / self.cores)
 
     def describe(self) -> str:
         def n(k: int, what: str) -> str:
@@ -122,7 +125,7 @@ class SharedCpu:
     ref_source: str
     thread_mem_bw: float
     mem_bw: float | None = None
-    comm_threads: int = 1
+    comm_cores: float = 0.6
     all_to_all: str = "gloo"
 
     @classmethod
@@ -158,7 +161,7 @@ class SharedCpu:
             source,
             float(bw),
             None if s.get("mem_bw") is None else float(s["mem_bw"]),
-            int(s.get("comm_threads") or 1),
+            float(s.get("comm_cores", 0.6)),
             str(s.get("all_to_all") or "gloo"),
         )
 
@@ -174,7 +177,7 @@ class SharedCpu:
 
     @property
     def comm_factor(self) -> float:
-        return self.run.comm_load(self.comm_threads) / self.ref.comm_load(self.comm_threads)
+        return self.run.comm_load(self.comm_cores) / self.ref.comm_load(self.comm_cores)
 
     def factor(self, kind: str) -> float:
         if kind == "gemm":
@@ -186,38 +189,43 @@ class SharedCpu:
     ) -> tuple[float, float]:
         """(alpha, beta) of `kind` at `ranks` from fits by group size (CollectiveAlphaBeta's
         `adjust`): an all-to-all carried from the nearest measured group size as gloo runs
-        it, others as the fits interpolate; both x the host's collective factor. Fits for
-        every group size (ranks 1) are taken as they are."""
+        it, others as the fits interpolate; beta x the collectives' factor (bytes through the
+        shared cores). Fits for every group size (ranks 1) are taken as they are."""
         if self.all_to_all == "gloo" and kind in gloo.GLOO_KINDS and rows[0][0] >= 2:
             n0, a0, b0 = min(rows, key=lambda r: (abs(math.log2(r[0] / ranks)), r[0]))
             a, b = gloo.extrapolate(n0, a0, b0, ranks, 2.0 / self.thread_mem_bw)
         else:
             a, b = interpolate(rows, ranks)
-        f = self.comm_factor
-        return a * f, b * f
+        return a, b * self.comm_factor
 
-    def warning(self) -> str | None:
+    def warning(self, network: str = "collective") -> str | None:
         """When the run's threads outnumber the cores: what the model makes of it."""
         if not self.run.oversubscribed:
             return None
         r = self.run
+        coll = (
+            f" and collectives' bytes {self.comm_factor:.2f}x"
+            if network == "collective"
+            else " (flows: the topology's links, not scaled)"
+        )
         return (
             f"{r.ranks} ranks x {r.threads} threads per rank = {r.ranks * r.threads} threads "
-            f"on {r.cores} cores: the ranks share cores; kernels modelled "
-            f"{self.compute_factor:.2f}x, memory-bound {self.memory_factor:.2f}x and "
-            f"collectives {self.comm_factor:.2f}x their measured times"
+            f"on {r.cores} cores: the ranks share cores; kernels and dispatch gaps modelled "
+            f"{self.compute_factor:.2f}x, memory-bound kernels {self.memory_factor:.2f}x"
+            f"{coll} their measured times"
         )
 
-    def describe(self) -> dict[str, Any]:
-        """For the run's cost sources (CostModel.cost_sources)."""
+    def describe(self, network: str = "collective") -> dict[str, Any]:
+        """For the run's cost sources (CostModel.cost_sources); `network` the run's mode: in
+        flow mode the collectives are the topology's links, not scaled here."""
         return {
             "run": self.run.describe(),
             "reference": f"{self.ref.describe()}: {self.ref_source}",
             "compute_factor": self.compute_factor,
             "memory_factor": self.memory_factor,
-            "collective_factor": self.comm_factor,
+            "collective_factor": self.comm_factor if network == "collective" else None,
             "all_to_all": self.all_to_all,
-            "warning": self.warning(),
+            "warning": self.warning(network),
         }
 
 
