@@ -33,6 +33,9 @@ def environment(device: torch.device) -> dict[str, Any]:
         "machine": platform.machine(),
         "cpu": cpu_name(),
         "cpus": os.cpu_count(),
+        # the host the ranks shared (sim.hardware.costs.host scales a run on another by it)
+        "cores": host_cores(),
+        "threads_per_rank": torch.get_num_threads(),
         "python": platform.python_version(),
         "torch": str(torch.__version__),
         "cuda": None if torch.version.cuda is None else str(torch.version.cuda),

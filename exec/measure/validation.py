@@ -145,7 +145,7 @@ def preflight(
         cal = calibration
         if cal is None:
             cal = str(_placeholder(nprocs).save(Path(tmp) / "placeholder.yaml"))
-        costs = CostModel.build(topo, {"calibration": cal})
+        costs = CostModel.build(topo, {"calibration": cal, **measured_host(topo, nprocs)})
         cluster = Cluster(topo, costs)
         out = []
         for c in cases(layer.capacity, strategies):
@@ -159,6 +159,17 @@ def preflight(
                     f"--topology that can simulate it (nothing was measured)"
                 ) from None
     return out
+
+
+def measured_host(topo: Topology, nprocs: int) -> dict[str, Any]:
+    """`costs.shared_cpu` of the host the ranks run on here (its cores, and the threads the
+    executor gives each rank), so that the simulated host is the measured one; nothing for
+    a topology without a shared CPU (a GPU's)."""
+    from exec.runtime.launch import host_cores, rank_threads
+
+    if topo.spec.get("shared_cpu") is None:
+        return {}
+    return {"shared_cpu": {"cores": host_cores(), "threads_per_rank": rank_threads(nprocs)}}
 
 
 def validate(

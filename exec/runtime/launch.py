@@ -82,8 +82,9 @@ def oversubscription(nprocs: int, threads: int | None = None) -> str | None:
         return None
     return (
         f"{nprocs} ranks x {t} thread{'s' if t > 1 else ''} per rank = {nprocs * t} threads "
-        f"on {cores} core{'s' if cores > 1 else ''}: the ranks share cores, which the "
-        f"simulator does not model (measured times will exceed the simulated ones)"
+        f"on {cores} core{'s' if cores > 1 else ''}: the ranks share cores (the simulator "
+        f"models it as each rank's share of the cores on a topology with shared_cpu, e.g. "
+        f"localhost-cpu; measured times are noisier than on cores of their own)"
     )
 
 

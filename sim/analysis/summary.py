@@ -281,6 +281,16 @@ def format_summary(s: dict[str, Any]) -> str:
     coll = _collective_line(s)
     if coll:
         lines.append(f"  collective costs   {coll}")
+    host = s.get("cost_sources", {}).get("host")
+    if host:  # ranks sharing one CPU host (sim.hardware.costs.host)
+        coll = host.get("collective_factor")
+        lines.append(
+            f"  shared host        {host['run']}, against {host['reference']}: kernels "
+            f"x{host['compute_factor']:.3g}, memory-bound x{host['memory_factor']:.3g}, "
+            + ("flows on the topology's links" if coll is None else f"collectives x{coll:.3g}")
+        )
+        if host.get("warning"):
+            lines.append(f"  WARNING: {host['warning']}")
     sel = s.get("cost_sources", {}).get("pipemoe_selector")
     if sel:  # Theorem 1 on fits of the simulator's own models agrees with it by construction
         lines.append(f"  selector fits      PipeMoE's Theorem 1 read GEMM: {sel['gemm']}")

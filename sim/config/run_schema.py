@@ -29,6 +29,7 @@ from sim.hardware.costs_schema import (
     Interference,
     Quantiles,
     ResourceParams,
+    SharedCpu,
     check_quantiles,
 )
 from sim.hardware.topology.schema import FABRIC_FIELDS
@@ -274,6 +275,11 @@ class CostsSpec(Strict):
         None,
         description="GEMMs profiled at their exact shapes: their measured seconds replace the "
         "alpha-beta fit (compute: alpha_beta)",
+    )
+    shared_cpu: SharedCpu | Literal[False] | None = Field(
+        None,
+        description="replaces fields of the topology's shared_cpu (cores, threads per rank, "
+        "...); false: the host model off",
     )
     symmetry: Literal["auto", "on", "off"] | bool | None = Field(  # bare on/off: YAML bools
         None,

@@ -197,6 +197,14 @@ class Meta(Strict):
     machine: Version | None = Field(None, description="machine architecture (e.g. x86_64)")
     cpu: Version | None = Field(None, description="CPU model name")
     cpus: PosInt | None = Field(None, description="logical CPUs of the host")
+    cores: PosInt | None = Field(
+        None, description="cores the ranks shared (the measuring process's CPU affinity)"
+    )
+    threads_per_rank: PosInt | None = Field(
+        None,
+        description="torch threads of each rank; with nprocs and cores, the share of the "
+        "host a run on a CPU topology is scaled against (sim.hardware.costs.host)",
+    )
     python: Version | None = Field(None, description="Python version")
     torch: Version | None = Field(None, description="torch version")
     cuda: Version | None = Field(None, description="the CUDA version torch was built with")

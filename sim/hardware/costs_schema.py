@@ -299,3 +299,38 @@ class ResourceParams(Strict):
         description="share of its links' rate a communication kernel holding SMs of its own "
         "reaches, in (0, 1]; default 1",
     )
+
+
+class SharedCpu(Strict):
+    """A topology's `shared_cpu` or a run's `costs.shared_cpu`: the ranks are processes on
+    one CPU host sharing its cores and memory bandwidth (sim.hardware.costs.host)."""
+
+    cores: PosInt | Literal["auto"] | None = Field(
+        None,
+        description="cores the ranks share; auto: this machine's (its CPU affinity) when "
+        "simulating; default auto",
+    )
+    threads_per_rank: PosInt | Literal["auto"] | None = Field(
+        None,
+        description="torch threads of each rank; auto: as the executor sets them, the cores "
+        "shared out, at least 1 (exec.runtime.launch.rank_threads); default auto",
+    )
+    thread_mem_bw: Annotated[float, Field(ge=1e3, le=1e15, allow_inf_nan=False)] | None = Field(
+        None, description="bytes/s one thread streams when alone; default gpu.mem_bw"
+    )
+    mem_bw: Annotated[float, Field(ge=1e3, le=1e15, allow_inf_nan=False)] | None = Field(
+        None,
+        description="bytes/s the host's memory serves to all running threads together; "
+        "default: no shared bound",
+    )
+    comm_cores: Annotated[float, Field(ge=0, le=64, allow_inf_nan=False)] | None = Field(
+        None,
+        description="cores a rank's collective keeps busy while it moves bytes (gloo over TCP "
+        "loopback); its beta grows once the ranks want more than the cores; default 0.6",
+    )
+    all_to_all: Literal["gloo", "fit"] | None = Field(
+        None,
+        description="a fitted all-to-all at another group size: gloo (as gloo::alltoall runs "
+        "it: a local copy, then a chunk to and from each of the n - 1 peers and a wait for "
+        "each) or fit (the nearest fit, interpolated in log2(ranks)); default gloo",
+    )

@@ -18,6 +18,7 @@ from sim.hardware.collectives import payload
 from sim.hardware.costs.compute import AlphaBetaCompute, ComputeModel, RooflineCompute
 from sim.hardware.costs.derived import collective_fit
 from sim.hardware.costs.dispatch import Dispatch
+from sim.hardware.costs.host import HostCompute, SharedCpu
 from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
 from sim.hardware.costs.measured import MeasuredCompute, measured
@@ -56,12 +57,14 @@ class CostModel:
         it, a calibration file named by `costs.calibration`)."""
         spec = dict(spec or {})
         given, cal_spec, cal_name = set(spec), {}, ""  # for `sources`: who gave each key
+        cal_meta: dict[str, Any] | None = None
         if spec.get("calibration"):  # measured parameters under the config's explicit ones
             from sim.hardware.costs.calibration import Calibration
             from sim.hardware.costs.calibration_file import CalibrationWarning, foreign
 
             cal_name = str(spec["calibration"])
             cal = Calibration.load(spec.pop("calibration"))
+            cal_meta = cal.meta
             other = foreign(cal.meta, str(topo.gpu.get("model", "")), topo.name)
             if other:
                 warnings.warn(CalibrationWarning(other), stacklevel=2)
@@ -113,13 +116,21 @@ class CostModel:
         collective = CollectiveAlphaBeta.from_fits(fits)
         collective.sources = {k: f"{topo_src} (collectives)" for k in topo.collective_fits}
         collective.sources |= {k: origin("collectives") for k in spec_fits}
+        # ranks sharing one CPU host (a CPU topology's shared_cpu): its cores, memory
+        # bandwidth and gloo's all-to-all, against what the figures were measured under
+        host = SharedCpu.build(topo, spec.pop("shared_cpu", None), cal_meta, bool(cal_name))
+        plain = compute  # derived fits are the topology's own flow model, not host-scaled
+        if host is not None:
+            compute = HostCompute(compute, host)
+            collective.adjust = host.collective_params
+            sources["host"] = host.describe(network)
         inter = Interference.from_table(
             {**(gpu.get("interference") or {}), **(spec.pop("interference", None) or {})}
         )
         alpha = float(spec.pop("alpha", topo.alpha))
         # kinds without a measured fit: fitted to this cluster's flow model, as PipeMoE fits
         # its measurements (sim.hardware.costs.derived)
-        collective.derive = partial(collective_fit, topo, alpha, compute)
+        collective.derive = partial(collective_fit, topo, alpha, plain)
         fidelity = spec.pop("fidelity", "auto")
         if fidelity not in FIDELITIES:
             raise ConfigError(f"costs.fidelity: expected one of {FIDELITIES}, got {fidelity!r}")
@@ -132,6 +143,9 @@ class CostModel:
         if spec.get("dispatch") is not None:
             dispatch = dispatch.overlay(spec.pop("dispatch"))
         spec.pop("dispatch", None)
+        if host is not None:  # a hand-off is CPU work too: a woken thread waits for a core
+            f = host.compute_factor
+            dispatch = Dispatch(dispatch.stream * f, dispatch.cross * f)
         jitter = Jitter.from_spec(spec.pop("jitter", None))
         resources = Resources.build(gpu, spec.pop("resources", None))
         rtol = spec.pop("finish_rtol", FINISH_RTOL)
@@ -177,7 +191,7 @@ class CostModel:
             "compute": dict(self.sources.get("compute", {})),
             "network": {"model": self.network, "source": self.sources.get("network", "default")},
             "collectives": coll,
-        }
+        } | ({"host": dict(self.sources["host"])} if "host" in self.sources else {})
 
     # -- measured durations (trace replay, sim.hardware.costs.measured) -------------------
     def measured(self, task: Task) -> float | None:

@@ -26,6 +26,7 @@ from sim.hardware.costs_schema import (
     ResourceParams,
     RooflineParams,
     Seconds,
+    SharedCpu,
 )
 
 DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
@@ -294,4 +295,10 @@ class TopologySpec(Strict):
         None,
         description="fits t = alpha + beta * bytes per collective kind (PipeMoE Eq. 16), one "
         "for every group size or a list by group size; used with costs.network: collective",
+    )
+    shared_cpu: SharedCpu | None = Field(
+        None,
+        description="the ranks are processes sharing one CPU host (its cores, threads per "
+        "rank, memory bandwidth): kernels and collectives slow by their share of it "
+        "(sim.hardware.costs.host); omitted: every rank has a device of its own",
     )
