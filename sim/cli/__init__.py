@@ -14,6 +14,7 @@ nothing is left half-written and a failed run keeps the previous set.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import sys
@@ -73,42 +74,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
     p.add_argument("--version", action="version", version=f"moesim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
-    if wanted("sim.cli.simulate"):
-        from sim.cli.simulate import add_parsers as add_run_parsers
-
-        add_run_parsers(sub)
-    if wanted("sim.cli.cluster"):
-        from sim.cli.cluster import add_parsers as add_cluster_parsers
-
-        add_cluster_parsers(sub)
-    if wanted("sim.cli.studies"):
-        from sim.cli.studies import add_parsers as add_study_parsers
-
-        add_study_parsers(sub)
-    if wanted("sim.cli.predict"):
-        from sim.cli.predict import add_parsers as add_predict_parser
-
-        add_predict_parser(sub)
-    if wanted("sim.cli.plan"):
-        from sim.cli.plan import add_parsers as add_plan_parser
-
-        add_plan_parser(sub)
-    if wanted("sim.cli.report"):
-        from sim.cli.report import add_parsers as add_report_parser
-
-        add_report_parser(sub)
-    if wanted("sim.cli.sweep"):
-        from sim.cli.sweep import add_parsers as add_sweep_parsers
-
-        add_sweep_parsers(sub)
-    if wanted("sim.cli"):
-        sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
-        sc.add_argument("input", choices=["config", "topology", "graph", "calibration", "sweep"])
-        sc.set_defaults(fn=cmd_schema)
-    if wanted("exec.cli"):
-        from exec.cli import add_parsers
-
-        add_parsers(sub)
+    for module in COMMAND_GROUPS:
+        if not wanted(module):
+            continue
+        if module == "sim.cli":
+            sc = sub.add_parser("schema", help="print the JSON Schema of an input, for editors")
+            sc.add_argument(
+                "input", choices=["config", "topology", "graph", "calibration", "sweep"]
+            )
+            sc.set_defaults(fn=cmd_schema)
+        else:
+            importlib.import_module(module).add_parsers(sub)
     return p
 
 
