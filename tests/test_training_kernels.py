@@ -27,3 +27,30 @@ def test_a_stretch_pays_each_kernels_gpu_floor_graphed_or_not() -> None:
         roof = sum(m.gpu.seconds(w) for w in lw.work)
         kernels = sum(m.gpu.launches(w) for w in lw.work)
         assert m._seconds(lw, names, False) == pytest.approx(roof + kernels * floor)
+
+
+@pytest.mark.parametrize("dispatcher,sorted_", [("alltoall", True), ("deepep", False)])
+def test_the_all_to_all_dispatcher_sorts_received_rows_by_local_expert(
+    dispatcher: str, sorted_: bool
+) -> None:
+    """Megatron-Core's all-to-all dispatcher copies the routed rows into local-expert order
+    after the dispatch and back before the combine (two passes of 2 x ACT x rows x hidden
+    bytes); DeepEP's layout needs neither."""
+    from sim.training.ops import ACT
+
+    lay = Layout(gpus=8, tp=1, pp=1, ep=8, gbs=8, seq=4096)
+    m = _model("qwen3-30b-a3b", lay, "BF16", Recipe(dispatcher=dispatcher))
+    lw = m.layer_work(0)
+    by = {w.name: w for w in lw.work}
+    combine = next(c for c in lw.comm if c.name == "combine")
+    if not sorted_:
+        assert "sort_chunks" not in by and combine.after == "expert.fc2"
+        return
+    routed = lay.mbs * lay.seq * m.a.top_k
+    for name in ("sort_chunks", "unsort_chunks"):
+        assert by[name].kind == "memory"
+        assert by[name].bytes == pytest.approx(2 * ACT * routed * m.a.hidden)
+    names = [w.name for w in lw.work]
+    dispatch = next(c for c in lw.comm if c.name == "dispatch")
+    assert names.index("sort_chunks") == names.index(dispatch.after) + 1
+    assert combine.after == "unsort_chunks"

@@ -99,8 +99,16 @@ class LayerWork:
 
 
 class _Builder:
-    def __init__(self, a: Architecture, lay: Layout, prec: Precision, imbalance: float = 1.0):
+    def __init__(
+        self,
+        a: Architecture,
+        lay: Layout,
+        prec: Precision,
+        imbalance: float = 1.0,
+        chunk_sort: bool = False,
+    ):
         self.a, self.lay, self.p = a, lay, prec
+        self.chunk_sort = chunk_sort
         # the hottest GPU's routed rows over the mean (1: balanced routing): every all-to-all
         # of an EP group waits for it, so its rows set the pace of the MoE part
         self.imbalance = imbalance
@@ -284,6 +292,13 @@ class _Builder:
         payload = routed * h * ACT
         self.out.comm.append(Comm("dispatch", "all_to_all", "ep", payload, "permute"))
         local = max(1, E // lay.ep)
+        # Megatron-Core's all-to-all dispatcher receives rows grouped by source rank, then by
+        # expert: with several local experts it sorts the chunks by expert after the
+        # all-to-all and back before the combine (token_dispatcher.py, "Permutation 2",
+        # moe_utils.sort_chunks_by_idxs): a copy of the routed rows each way
+        sort = self.chunk_sort and local > 1
+        if sort:
+            self.mem("sort_chunks", 2 * ACT * routed * h, "moe", saved=0.0)
         F = a.moe_ffn // lay.etp
         self.linear("expert.fc1", routed, h, F * (2 if a.gated else 1), "moe", experts=local)
         width = 2 if a.gated else 1
@@ -297,7 +312,10 @@ class _Builder:
             saved=width * ACT * routed * F + 4.0 * routed,
         )
         self.linear("expert.fc2", routed, F, h, "moe", experts=local)
-        self.out.comm.append(Comm("combine", "all_to_all", "ep", routed * h * ACT, "expert.fc2"))
+        if sort:
+            self.mem("unsort_chunks", 2 * ACT * routed * h, "moe", saved=0.0)
+        before = "unsort_chunks" if sort else "expert.fc2"
+        self.out.comm.append(Comm("combine", "all_to_all", "ep", routed * h * ACT, before))
         self.mem("unpermute", 3 * ACT * routed * h, "moe", launches=4, saved=0.0)
         if a.shared:
             self.tp_gather("shared.ag", "norm2")
@@ -307,11 +325,17 @@ class _Builder:
 
 
 def layer_work(
-    a: Architecture, lay: Layout, prec: Precision, layer: int, imbalance: float = 1.0
+    a: Architecture,
+    lay: Layout,
+    prec: Precision,
+    layer: int,
+    imbalance: float = 1.0,
+    chunk_sort: bool = False,
 ) -> LayerWork:
     """One transformer layer's forward on one GPU for one micro-batch; `imbalance`: the
-    hottest GPU's routed rows over the mean (its MoE part is what the layer waits for)."""
-    b = _Builder(a, lay, prec, imbalance)
+    hottest GPU's routed rows over the mean (its MoE part is what the layer waits for);
+    `chunk_sort`: the dispatcher sorts the received rows by local expert (all-to-all)."""
+    b = _Builder(a, lay, prec, imbalance, chunk_sort)
     b.out.layer = layer
     b.attention(layer)
     b.mlp(layer)
@@ -340,7 +364,11 @@ def head_work(a: Architecture, lay: Layout) -> LayerWork:
 
 
 def mtp_work(
-    a: Architecture, lay: Layout, prec: Precision, imbalance: float = 1.0
+    a: Architecture,
+    lay: Layout,
+    prec: Precision,
+    imbalance: float = 1.0,
+    chunk_sort: bool = False,
 ) -> list[LayerWork]:
     """DeepSeek-V3's multi-token prediction module (arXiv 2412.19437 Sec. 2.2), per depth:
     two norms, a projection of the concatenated 2h to h, one transformer block (as the last
@@ -351,7 +379,7 @@ def mtp_work(
         b.mem("mtp.norms", 2 * 2 * ACT * b.Ts * a.hidden, "layernorm", launches=2)
         b.linear("mtp.proj", b.T, 2 * a.hidden, a.hidden // lay.tp, "mtp", quantize=False)
         pre = b.out
-        blk = layer_work(a, lay, prec, a.layers - 1, imbalance)
+        blk = layer_work(a, lay, prec, a.layers - 1, imbalance, chunk_sort)
         pre.work += blk.work
         pre.comm += blk.comm
         pre.moe = blk.moe

@@ -76,7 +76,17 @@ class _ScreenModel(StepModel):
         assert r.recompute_layers is None and not r.offload_layers, "a plan's recipe"
         self.s = screener
         self.phase_memo = screener.phases
-        self._lay_key = (lay.tp, lay.cp, lay.ep, lay.etp, lay.mbs, lay.seq, self.p, self.imbalance)
+        self._lay_key = (
+            lay.tp,
+            lay.cp,
+            lay.ep,
+            lay.etp,
+            lay.mbs,
+            lay.seq,
+            self.p,
+            self.imbalance,
+            self.chunk_sort,
+        )
         self._rc_key = (r.recompute_full, r.recompute_modules)
         self._phase_key: tuple = self._rc_key  # what a layer's phases depend on besides it
 

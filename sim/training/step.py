@@ -235,7 +235,12 @@ class StepModel:
 
     def layer_work(self, layer: int) -> LayerWork:
         """One transformer layer's work (`sim.training.ops.layer_work`)."""
-        return layer_work(self.a, self.lay, self.p, layer, self.imbalance)
+        return layer_work(self.a, self.lay, self.p, layer, self.imbalance, self.chunk_sort)
+
+    @property
+    def chunk_sort(self) -> bool:
+        """Whether the dispatcher sorts received rows by local expert (NCCL all-to-all)."""
+        return self.r.dispatcher == "alltoall"
 
     def symbol_work(self, sym: str) -> list[LayerWork]:
         """The works of a stage symbol other than a layer: the embedding (E), the MTP
@@ -244,7 +249,7 @@ class StepModel:
         if sym == "E":
             return [embedding_work(a, lay)]
         if sym == "m":
-            return mtp_work(a, lay, self.p, self.imbalance)
+            return mtp_work(a, lay, self.p, self.imbalance, self.chunk_sort)
         if sym == "L":
             return [head_work(a, lay)]
         return []
