@@ -484,3 +484,18 @@ def test_two_workers_rank_as_one_over_several_layouts():
     strip = [{k: v for k, v in c.items() if k != "cpu_s"} for c in one.candidates]
     assert [{k: v for k, v in c.items() if k != "cpu_s"} for c in two.candidates] == strip
     assert two.simulated == len(two.candidates) + two.outranked + two.pruned.get("failed", 0)
+
+
+def test_a_given_layout_over_memory_never_prunes_the_layouts_that_fit():
+    """A `--layout` that does not fit is simulated and ranked (said not to fit), but its step
+    is no bound for the others: the plan's best is still the fastest layout that fits."""
+    req = Request("LLAMA3_8B", "DGX-H100", 8, 64, 4096, "BF16")
+    given = parse_layout("tp=1,pp=1,mbs=8,fsdp=on,recompute=none")
+    p = plan(req, given=given, grid=SMALL)
+    assert p.given is not None and p.given["fits"] is False
+    assert p.candidates and all(c["fits"] for c in p.candidates)
+    assert p.given["predicted_step_s"] < p.candidates[0]["predicted_step_s"]  # it is faster
+    whole = plan(req, grid=SMALL, prune=False)
+    assert p.candidates[0]["predicted_step_s"] == pytest.approx(
+        whole.candidates[0]["predicted_step_s"]
+    )

@@ -244,7 +244,9 @@ def plan(
         rec["lower_bound_s"], rec["comm_floor_s"] = e.lower, e.floor
         rec["_candidate"] = c
         done.append(rec)
-        order.back(c, rec.get("predicted_step_s"))
+        # a given layout that does not fit is ranked, never a step the others must beat
+        fits = rec.get("memory_margin_bytes", 0.0) >= 0
+        order.back(c, rec.get("predicted_step_s") if fits else None)
 
     def drop(e: Entry, why: str) -> None:
         pruned[why] = pruned.get(why, 0) + 1
@@ -337,7 +339,7 @@ def plan(
                 out_plan.outranked += 1
                 continue
             kept.append(r)
-            if r.get("predicted_step_s"):
+            if r.get("predicted_step_s") and r.get("memory_margin_bytes", 0.0) >= 0:
                 best = min(best, r["predicted_step_s"])
         done = kept
     ran = [r for r in done if r.get("predicted_tokens_per_s_per_gpu")]
