@@ -95,6 +95,7 @@ def corpus(n: int, seed: int) -> list[tuple[str, B.Case]]:
     out += [("faults", c) for c in B.fault_cases()]
     out += [("exec", c) for c in B.exec_cases()]
     out += [("predict", c) for c in B.predict_cases()]
+    out += [("plan", c) for c in B.plan_cases()]
     return out
 
 

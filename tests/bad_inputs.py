@@ -1260,6 +1260,72 @@ def predict_cases() -> list[Case]:
     return cases
 
 
+# a small `moesim plan` request (Llama 3 8B on one DGX H100: under a second)
+PLAN = ["plan", "LLAMA3_8B", "--system", "DGX-H100", "--gpus", "8", "--gbs", "16"]
+PLAN_SEQ = ["--seq-len", "8192"]
+# a request of an MoE model, whose layouts take the dispatcher's options
+PLAN_MOE = ["plan", "Qwen3_30B_A3B", "--system", "DGX-H100", "--gpus", "8", "--gbs", "16"]
+
+
+def plan_cases() -> list[Case]:
+    """`moesim plan` requests: every bad option value is refused in one line (exit 2) before
+    any candidate is simulated; a given layout that cannot be built is reported in the plan
+    (exit 0)."""
+    base = [*PLAN, *PLAN_SEQ]
+
+    def with_(option: str, value: str, argv: list[str] | None = None) -> list[str]:
+        a = list(argv or base)
+        if option in a:
+            a[a.index(option) + 1] = value
+            return a
+        return [*a, option, value]
+
+    bad = {
+        "model": ["NOPE", ""],
+        "--system": ["NOPE", ""],
+        "--precision": ["XYZ", "NVFP4", ""],  # NVFP4: no fp4 GEMMs on an H100
+        "--gpus": ["0", "-1", "7", "nan", "2.5", "1e9", "8" * 40],
+        "--gbs": ["0", "-3", "inf", "9" * 12],
+        "--seq-len": ["0", "-1", "abc"],
+        "--workers": ["0", "-1", "x"],
+        "--top": ["-1", "x"],
+        "--scheduler": ["nonsense", ""],
+        "--layout": [
+            "tp",
+            "=",
+            "foo=1",
+            "tp=0",
+            "tp=1.5",
+            "tp=nan",
+            "tp=1,tp=2",
+            "overlap=maybe",
+            "fsdp=2",
+            "recompute=x",
+            "dispatcher=x",
+            "sms=-1",
+            "sms=24",  # a dense model: no dispatcher to hold SMs
+        ],
+        "--grid": ["=", "tp=", "foo=1", "tp=0", "tp=x", "tp=1e40", "recompute=x", "dispatcher=x"],
+    }
+    cases = []
+    for option, values in bad.items():
+        for i, v in enumerate(values):
+            argv = [*PLAN[:1], v, *PLAN[2:], *PLAN_SEQ] if option == "model" else with_(option, v)
+            cases.append(Case(f"plan_{option.strip('-')}_{i}", argv))
+    moe = [*PLAN_MOE, "--seq-len", "4096"]
+    cases += [
+        Case("plan_grid_twice", [*base, "--grid", "tp=1", "--grid", "tp=2"]),
+        Case("plan_grid_sms_over", [*moe, "--grid", "comm_sms=100000"]),
+        Case("plan_layout_sms_not_deepep", [*moe, "--layout", "ep=8,sms=24,dispatcher=alltoall"]),
+        Case("plan_layout_sms_over", [*moe, "--layout", "ep=8,sms=132,dispatcher=deepep"]),
+        Case("plan_missing_seq_len", list(PLAN)),
+        Case("plan_out_is_a_file", [*base, "--out", "f"], {"f": b"x"}),
+        Case("plan_top_zero", [*base, "--top", "0"], expect="any"),
+        Case("plan_layout_not_built", [*base, "--layout", "tp=3"], expect="any"),
+    ]
+    return cases
+
+
 # -- running one case -------------------------------------------------------------------------
 
 

@@ -119,6 +119,12 @@ def test_predict_tables_fail_in_one_line_or_give_reasons(case):
     assert o.rc == (0 if case.expect == "any" else 2)
 
 
+@pytest.mark.parametrize("case", B.plan_cases(), ids=lambda c: c.name)
+def test_plan_requests_fail_in_one_line(case):
+    o = _check(case)
+    assert o.rc == (0 if case.expect == "any" else 2)
+
+
 @pytest.mark.parametrize("case", B.extreme_cases(), ids=lambda c: c.name)
 def test_extreme_valid_inputs_end_with_finite_numbers(case):
     _check(case)

@@ -283,3 +283,37 @@ def test_the_sweep_bar_hears_a_heartbeat_while_no_run_finishes(monkeypatch):
     assert bar._postfix() == "waiting for tcp://x"
     bar(False)
     assert bar._postfix() == "failed 0"
+
+
+def test_a_server_that_is_not_a_dask_scheduler_is_refused_in_one_line(tmp_path, capsys):
+    """A server that answers the handshake with bytes distributed reads as a frame length of
+    exabytes (seen: an HTTP proxy on the scheduler's address, whose "HTTP/1.1" is 3.5e18 as a
+    little-endian length) is a refused --scheduler, not "out of memory"."""
+    pytest.importorskip("distributed")
+    import contextlib
+    import socket
+    import threading
+
+    spec = tmp_path / "s.yaml"
+    spec.write_text(yaml.safe_dump(_spec()))
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+
+    def answer() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = srv.accept()
+                conn.sendall(b"HTTP/1.1 400 Bad Request\r\n\r\n")  # 8 bytes: 3.5e18
+                conn.close()
+
+    threading.Thread(target=answer, daemon=True).start()
+    try:
+        address = f"tcp://127.0.0.1:{srv.getsockname()[1]}"
+        rc = main(["sweep", str(spec), "--out", str(tmp_path / "o"), "--scheduler", address])
+    finally:
+        srv.close()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2
+    assert len(err) == 1 and f"--scheduler {address}: cannot connect" in err[0], err
+    assert "memory" not in err[0]

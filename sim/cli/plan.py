@@ -18,6 +18,8 @@ def cmd_plan(a: argparse.Namespace) -> int:
         check_output_dir(a.out)
     if a.workers is not None and a.workers < 1:
         raise ConfigError(f"--workers {a.workers}: expected an integer >= 1")
+    if a.top < 0:
+        raise ConfigError(f"--top {a.top}: expected an integer >= 0 (0: no table)")
     req = Request(a.model, a.system, a.gpus, a.gbs, a.seq_len, a.precision.upper())
     given = parse_layout(a.layout) if a.layout else None
     grid = parse_grid(a.grid or [])

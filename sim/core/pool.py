@@ -262,10 +262,17 @@ def _on_dask(
     if own:
         try:
             client = Client(scheduler, timeout="20s")
-        except (OSError, TimeoutError, ValueError) as e:
+        except Exception as e:  # noqa: BLE001 - whatever answered there, it is not usable
+            # (a server that is not a Dask scheduler answers the handshake with bytes that
+            # distributed reads as a frame length: a MemoryError of exabytes, not a refusal)
             if cluster is not None:
                 cluster.close()
-            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({e})") from None
+            why = (
+                str(e)
+                if isinstance(e, (OSError, TimeoutError, ValueError))
+                else (f"not a Dask scheduler? {type(e).__name__} in the handshake")
+            )
+            raise ConfigError(f"--scheduler {scheduler}: cannot connect ({why})") from None
     else:
         client = scheduler
     try:

@@ -70,6 +70,7 @@ from sim.training.plan_space import (
     Request,
     base_recipe,
     candidates,
+    check_given,
     check_grid,
     check_request,
     recipe_of,
@@ -147,9 +148,7 @@ def plan(
     one output set (`sim.training.plan_report.write`). `progress(state)` is called as the
     plan moves."""
     from sim.core import pool
-    from sim.training.kernels import GpuKernels
     from sim.training.predict import _topology
-    from sim.training.step import precision_of
     from sim.workload.architectures import architecture
 
     check_request(req)
@@ -161,9 +160,12 @@ def plan(
     preset = _lookup(SYSTEMS, req.system, "system", req.where)
     node = _topology(preset, 1)
     base = base_recipe(req)
-    check_grid(req, grid)
+    probe = _precision_probe(req, preset, node.gpu, base)
+    check_grid(req, grid, probe[0].sms)
     if given is not None and arch.moe and given.ep > 1 and not given.dispatcher:
         given = replace(given, dispatcher=base.dispatcher)
+    if given is not None:
+        check_given(req, given, probe[0].sms)
     out_plan = Plan(req)
     state = Progress()
     tell = progress or (lambda s: None)
@@ -343,11 +345,6 @@ def plan(
                 best = min(best, r["predicted_step_s"])
         done = kept
     ran = [r for r in done if r.get("predicted_tokens_per_s_per_gpu")]
-    spec = node.gpu
-    probe = (
-        GpuKernels.from_gpu(spec, f"{req.where}: {preset}"),
-        precision_of(req.precision.upper(), base),
-    )
     for r in ran:
         r["fits"] = r["memory_margin_bytes"] >= 0
         r["mfu"] = _mfu(r, probe)
@@ -387,6 +384,28 @@ def plan(
 
         out_plan.files = write(out_plan, out)
     return out_plan
+
+
+def _precision_probe(req: Request, preset: str, gpu: dict[str, Any], base: Any) -> tuple[Any, Any]:
+    """The GPU's kernels and the request's precision, refused in one line where the
+    precision is unknown or the GPU has no GEMMs of it (before any candidate is built: else
+    every one of them is dropped as invalid, which names nothing)."""
+    from sim.training.kernels import GpuKernels
+    from sim.training.ops import PRECISIONS
+    from sim.training.step import precision_of
+
+    name = req.precision.upper()
+    if name not in PRECISIONS:
+        raise ConfigError(
+            f"{req.where}: precision: unknown {req.precision!r} (known: {', '.join(PRECISIONS)})"
+        )
+    kernels = GpuKernels.from_gpu(gpu, f"{req.where}: {preset}")
+    prec = precision_of(name, base)
+    try:
+        kernels.rate(prec.gemm)
+    except ConfigError as e:
+        raise ConfigError(f"{req.where}: precision {name}: {e}") from None
+    return kernels, prec
 
 
 def _mfu(r: dict[str, Any], probe: tuple[Any, Any]) -> float:

@@ -142,10 +142,17 @@ def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
     return [(d, sms) for d in g["dispatcher"] for sms in (g["comm_sms"] if d == "deepep" else (0,))]
 
 
-def check_grid(req: Request, grid: dict[str, tuple] | None) -> None:
+def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0) -> None:
+    """One-line errors for grid values no candidate can take; `sms`: the GPU's SM count (0:
+    unknown), which the dispatcher's SMs must leave some of to the GEMMs."""
     unknown = sorted(set(grid or {}) - set(GRID))
     if unknown:
         raise ConfigError(f"{req.where}: grid: unknown key(s) {unknown} (keys: {sorted(GRID)})")
+    over = [n for n in (grid or {}).get("comm_sms", ()) if sms and n >= sms]
+    if over:
+        raise ConfigError(
+            f"{req.where}: grid: comm_sms {over[0]}: expected fewer than the GPU's {sms} SMs"
+        )
     for d in (grid or {}).get("dispatcher", ()):
         if d not in DISPATCHER:
             raise ConfigError(
@@ -159,10 +166,14 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
     dispatcher=deepep,sms=24]` as a candidate."""
     vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
     extra: dict[str, Any] = {}
+    seen: set[str] = set()
     for part in filter(None, text.split(",")):
         if "=" not in part:
             raise ConfigError(f"{where}: {part!r}: expected KEY=VALUE")
         k, v = (x.strip() for x in part.split("=", 1))
+        if k in seen:  # the last would win silently: which one the user meant is unknown
+            raise ConfigError(f"{where}: {k}: given twice")
+        seen.add(k)
         if k in vals:
             try:
                 vals[k] = int(v)
@@ -198,6 +209,22 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
     return Candidate(**vals, **extra)
 
 
+def check_given(req: Request, c: Candidate, sms: int) -> None:
+    """One-line errors for a given layout's choices that mean nothing: SMs for a dispatcher
+    that holds none (only DeepEP's kernels hold SMs), or not fewer than the GPU has."""
+    if not c.comm_sms:
+        return
+    if c.dispatcher != "deepep":
+        raise ConfigError(
+            f"{req.where}: --layout: sms={c.comm_sms}: only the deepep dispatcher holds SMs "
+            f"(this layout's: {c.dispatcher or 'none'}); add dispatcher=deepep or drop sms"
+        )
+    if sms and c.comm_sms >= sms:
+        raise ConfigError(
+            f"{req.where}: --layout: sms={c.comm_sms}: expected fewer than the GPU's {sms} SMs"
+        )
+
+
 def check_request(req: Request) -> None:
     """One-line errors for sizes no layout can take."""
     for k in ("gpus", "gbs", "seq_len"):
@@ -216,6 +243,8 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
         k, v = (x.strip() for x in item.split("=", 1))
         if k not in GRID:
             raise ConfigError(f"{where}: unknown key {k!r} (keys: {', '.join(GRID)})")
+        if k in grid:
+            raise ConfigError(f"{where}: {k}: given twice (list its values in one {k}=...)")
         vals = [x.strip() for x in v.split(",") if x.strip()]
         if not vals:
             raise ConfigError(f"{where}: {k}: no values")
@@ -224,8 +253,9 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
                 grid[k] = tuple(int(x) for x in vals)
             except ValueError:
                 raise ConfigError(f"{where}: {k}: expected integers, got {v!r}") from None
-            if min(grid[k]) < (0 if k == "comm_sms" else 1):
-                raise ConfigError(f"{where}: {k}: expected integers >= 1, got {v!r}")
+            low = 0 if k == "comm_sms" else 1
+            if min(grid[k]) < low:
+                raise ConfigError(f"{where}: {k}: expected integers >= {low}, got {v!r}")
         else:
             allowed = {"recompute": RECOMPUTE, "dispatcher": DISPATCHER}[k]
             bad = [x for x in vals if x not in allowed]
