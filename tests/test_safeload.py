@@ -31,6 +31,19 @@ def test_plain_yaml_loads():
     assert load_yaml_text("", "t") is None
 
 
+@pytest.mark.parametrize("libyaml", [False, True])
+def test_exponent_floats_without_a_dot_are_numbers(libyaml):
+    """`1e-6` is a float in YAML 1.2 (and in every reader but PyYAML's YAML 1.1): a config
+    that writes `alpha: 1e-6` means the number; dotted forms, ints and strings are as before."""
+    text = "a: 1e-6\nb: -2E+3\nc: 1.5e3\nd: 12\ne: 1e\nf: e5\ng: '1e-6'\nh: 1_0e2\n"
+    got = load_yaml_text(text, "t", libyaml=libyaml)
+    assert got == {"a": 1e-6, "b": -2000.0, "c": 1500.0, "d": 12, "e": "1e", "f": "e5"} | {
+        "g": "1e-6",
+        "h": 1000.0,
+    }
+    assert isinstance(got["a"], float) and isinstance(got["d"], int)
+
+
 def test_duplicate_keys_are_refused_with_both_lines():
     msg = _err(load_yaml_text, "nodes: 2\nmodel: {}\nnodes: 3\n", "cfg.yaml")
     assert msg == (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -23,6 +24,9 @@ if TYPE_CHECKING:
 MAX_INPUT_BYTES = 256 * 2**20  # larger inputs are refused (a 10^6-task graph is ~200 MB)
 MAX_DEPTH = 64  # nesting of mappings / sequences in a YAML or JSON input
 MAX_NODES = 2_000_000  # YAML nodes after alias expansion (counted, never built)
+# a float with an exponent YAML 1.1 reads as a string (`1e-6`, `1.5e3`: it wants a dot and a
+# signed exponent, `1.5e+3`), as YAML 1.2 reads it
+EXPONENT_FLOAT = re.compile(r"^[-+]?(\.[0-9]+|[0-9][0-9_]*(\.[0-9_]*)?)[eE][-+]?[0-9]+$")
 
 FILE_KINDS = (  # what a path can be besides a regular file, as errors name it
     (stat.S_ISDIR, "a directory"),
@@ -243,6 +247,9 @@ def _make_loader(base: type[Any]) -> type:
             return mapping
 
     Loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+    # YAML 1.1 (PyYAML's) made `alpha: 1e-6` the string '1e-6', refused as "not a number";
+    # YAML 1.2 and the other readers take it as the float
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", EXPONENT_FLOAT, list("-+0123456789"))
     return Loader
 
 
