@@ -25,7 +25,8 @@ next to the paper's 1.13x - 5.77x. Results go to benchmarks/results/parm.{json,m
     python benchmarks/parm.py [--step STEP] [--table-iv]   # every STEP-th layer (default 1:
                                          # all; about 17 minutes on 2 cores, fits cached)
 
-`--step N`: take N prime to 2 and 3, or the sample keeps one value of the inner axes.
+`--step N`: N must be 1 or prime to 2 and 3 (else the sample would keep one value of the inner
+axes, and the script refuses it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 import time
 from pathlib import Path
 
@@ -251,4 +253,9 @@ if __name__ == "__main__":
     ap.add_argument("--step", type=int, default=1)
     ap.add_argument("--table-iv", action="store_true", help="N_MP, N_ESP in {2, 4} only")
     a = ap.parse_args()
+    if a.step < 1 or math.gcd(a.step, 6) != 1:  # the inner axes have 2 and 3 values
+        ap.error(
+            f"--step {a.step}: take 1 or a step prime to 2 and 3 (5, 7, 11, ...), else the "
+            "sample keeps one value of the grid's inner axes"
+        )
     main(a.step, TABLE_IV if a.table_iv else DEGREES)

@@ -26,8 +26,9 @@ Results go to benchmarks/results/pipemoe_selector.{json,md}.
 
     python benchmarks/pipemoe_selector.py [--step N] [--dtype fp16] [--passes fwd,bwd]
 
-`--step N` keeps every N-th layer of the grid: take N prime to 2 and 3 (5, 7, ...), or the
-sample keeps one value of the inner axes (N = 8 keeps only M = 1024 and E/P = 1).
+`--step N` keeps every N-th layer of the grid: N must be 1 or prime to 2 and 3 (5, 7, ...);
+another N would keep one value of the inner axes (N = 8: only M = 1024 and E/P = 1), and the
+script refuses it.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -271,4 +273,9 @@ if __name__ == "__main__":
     ap.add_argument("--dtype", default="fp16")
     ap.add_argument("--passes", default="fwd,bwd")
     a = ap.parse_args()
+    if a.step < 1 or math.gcd(a.step, 6) != 1:  # the inner axes have 2 and 3 values
+        ap.error(
+            f"--step {a.step}: take 1 or a step prime to 2 and 3 (5, 7, 11, ...), else the "
+            "sample keeps one value of the grid's inner axes"
+        )
     main(a.dtype, tuple(a.passes.split(",")), a.step)
