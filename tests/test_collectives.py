@@ -529,7 +529,8 @@ def test_connection_cost_closed_form(fidelity, conn):
 
 def test_connection_cost_grows_linear_all_to_all_faster_than_2dh():
     """With the per-connection term the linear all-to-all's per-message cost grows with the
-    peers a NIC serves, 2DH's with the nodes only: the gain passes the GPUs per node (8)."""
+    peers a NIC serves (up to the 256 it serves at once, conn_inflight), 2DH's with the nodes
+    only: at 1,024 GPUs the gain passes the GPUs per node (8)."""
     topo = Topology.load("dgx-a100", nodes=128)
     lin = bench(topo, "all_to_all", "linear", 2**20).time_us
     two = bench(topo, "all_to_all", "2dh", 2**20).time_us

@@ -42,8 +42,11 @@ def connection_cost(topo: Topology, batch: BundleBatch) -> BundleBatch:
     On a link whose class sets `conn_cost`, every message of a collective step occupies the
     link `conn_cost` seconds longer per message crossing that link in the same step (its
     concurrent peer connections: F of them cost F * conn_cost each, F^2 * conn_cost in all);
-    like `msg_cost`, the time is charged as bytes at the message's bottleneck rate. Without
-    such a link the batch comes back unchanged.
+    like `msg_cost`, the time is charged as bytes at the message's bottleneck rate. Where the
+    class also sets `conn_inflight` (K), no more than K of those connections are served at
+    once (NCCL progresses a grouped send/recv's peers in rounds: p2p channels x work elements
+    per channel), so a message pays conn_cost * min(F, K): F * K * conn_cost in all once F
+    passes K, linear in the peers. Without such a link the batch comes back unchanged.
     """
     conn = topo.link_conn
     if not len(batch) or not conn.any():
@@ -53,6 +56,7 @@ def connection_cost(topo: Topology, batch: BundleBatch) -> BundleBatch:
         return batch
     lk, bk = batch.inc_l[on], batch.inc_b[on]
     flows = np.bincount(lk, weights=batch.inc_m[on], minlength=len(conn))
+    flows = np.minimum(flows, topo.link_inflight)  # rounds of conn_inflight beyond it
     # per bundle, the largest term and the lowest capacity of its links (one sort, no ufunc.at)
     order = np.lexsort((-(conn[lk] * flows[lk]), bk))
     first = np.r_[True, bk[order][1:] != bk[order][:-1]]

@@ -143,6 +143,7 @@ class Topology:
         classes = [lc.name for lc in lcs]
         self.local_msg = np.array([lc.msg_cost for lc in lcs], dtype=float)
         self.local_conn = np.array([lc.conn_cost for lc in lcs], dtype=float)
+        self.local_inflight = np.array([lc.conn_inflight or np.inf for lc in lcs], dtype=float)
         self.local_cap = np.array(caps, dtype=float)
         self.local_lat = np.array(lats, dtype=float)
         self.local_names = names
@@ -248,6 +249,12 @@ class Topology:
     def link_conn(self) -> np.ndarray:
         """Per link instance: seconds per message per message sharing it in one step."""
         return np.concatenate([np.tile(self.local_conn, self.nodes), np.zeros(self.num_trunks)])
+
+    @cached_property
+    def link_inflight(self) -> np.ndarray:
+        """Per link instance: messages whose connections it serves at once (inf: no bound)."""
+        trunks = np.full(self.num_trunks, np.inf)
+        return np.concatenate([np.tile(self.local_inflight, self.nodes), trunks])
 
     @cached_property
     def link_lat(self) -> np.ndarray:

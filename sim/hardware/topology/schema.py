@@ -60,6 +60,14 @@ class LinkClassSpec(Strict):
         "link in the same collective step (a cost per concurrent peer connection: NCCL's "
         "per-peer proxy work and the NIC's connection state); 0: none",
     )
+    conn_inflight: Annotated[int, Field(ge=0, le=10**9)] = Field(
+        0,
+        description="messages through one such link whose connections are served at once "
+        "(NCCL's point-to-point peers in flight per GPU, times the GPUs sending through the "
+        "link): a step with more messages runs them in rounds of this many, so the "
+        "connection term stops growing there (each message pays conn_cost * min(messages, "
+        "conn_inflight)); 0: no bound",
+    )
     source: str | None = Field(
         None, description="where the figures come from: documentation, the simulator ignores it"
     )

@@ -75,6 +75,7 @@ class LinkClass:
     efficiency: float  # share of line rate a large transfer achieves
     msg_cost: float = 0.0  # s a message occupies the link before its payload (message rate)
     conn_cost: float = 0.0  # s more per message, per message sharing the link in one step
+    conn_inflight: int = 0  # messages whose connections the link serves at once; 0: no bound
 
     @property
     def eff_bw(self) -> float:
@@ -91,6 +92,7 @@ def link_classes(spec: dict[str, Any]) -> dict[str, LinkClass]:
             float(c.get("efficiency", 1.0)),
             float(c.get("msg_cost", 0.0)),
             float(c.get("conn_cost", 0.0)),
+            int(c.get("conn_inflight", 0)),
         )
         for name, c in spec["link_classes"].items()
     }
