@@ -8,9 +8,10 @@ what the best changes). Results: benchmarks/results/plan_published.{json,md}.
 
 The published layout is scored as the plan scores every candidate: the request's recipe
 (the newest recorded for the model, system and precision) with the row's recipe's EP
-overlap, dispatcher and recomputation, the pipeline split evenly and nothing offloaded; it
-can differ from `moesim predict` of the row (its release's recipe, layout string and
-offloading). `--budget-s`: no new row is started after that many seconds.
+overlap, dispatcher, recomputation and offloaded layers (PP 1 only: Megatron-Core offloads
+nothing with a pipeline), the pipeline split evenly; it can differ from `moesim predict` of
+the row (its release's recipe and layout string). `--budget-s`: no new row is started after
+that many seconds.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ def _int(v: str, default: int = 1) -> int:
 
 
 def published(row: dict[str, str]) -> Candidate:
-    """The row's layout with its recipe's EP overlap and recomputation (recipes.yaml)."""
+    """The row's layout with its recipe's EP overlap, recomputation and offloading
+    (recipes.yaml)."""
     from sim.training.recipe import recipe_for
 
     rec = recipe_for(row["model"], row["system"], row["precision"], row["release"])
@@ -56,6 +58,7 @@ def published(row: dict[str, str]) -> Candidate:
         dispatcher=""
         if _int(row["ep"]) <= 1
         else (rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall"),
+        offload=rec.offload_layers if _int(row["pp"]) == 1 and recompute == "none" else 0,
     )
 
 
@@ -116,12 +119,14 @@ def main() -> None:
             f"TP{given.tp} CP{given.cp} PP{given.pp} VP{given.vp} EP{given.ep} MBS{given.mbs}"
             + (" FSDP" if given.fsdp else "")
             + (f" {given.dispatcher}" if given.ep > 1 else "")
+            + (f" offload {given.offload}" if given.offload else "")
         )
         best_label = (
             f"TP{best.get('tp')} CP{best.get('cp')} PP{best.get('pp')} VP{best.get('vp')} "
             f"EP{best.get('ep')} MBS{best.get('mbs')}"
             + (" FSDP" if best.get("fsdp") else "")
             + (f" {best.get('dispatcher')}" if int(best.get("ep") or 1) > 1 else "")
+            + (f" offload {best.get('offload')}" if best.get("offload") else "")
         )
         pr = p.pruned
         within = "" if ahead is None else ("yes" if ahead <= 0.10 else "no")

@@ -72,6 +72,7 @@ from sim.training.plan_space import (
     candidates,
     check_grid,
     check_request,
+    plan_grid,
     recipe_of,
 )
 from sim.training.plan_work import Item, item_name, killed_item, layout_key, work
@@ -168,7 +169,7 @@ def plan(
     state = Progress()
     tell = progress or (lambda s: None)
     pruned = state.pruned
-    space = list(candidates(req, arch, min(8, node.gpus_per_node), grid))
+    space = list(candidates(req, arch, min(8, node.gpus_per_node), plan_grid(base, grid)))
     if given is not None and given.key() not in {c.key() for c in space}:
         space.append(given)
     if not space:
