@@ -171,9 +171,10 @@ def main() -> None:
         lines += [
             f"Merged: rows {', '.join(map(str, ran))} run now ({wall:.0f} s wall, load "
             f"average {load1:.1f} at the end); the other {len(kept)} rows are kept from "
-            f"the earlier record ({', '.join(earlier.get('runs', []) or ['the full run'])}), "
-            "scored with the memory model of their day (their `recorded` field in the JSON "
-            "says when each row ran).",
+            f"the earlier record ({'; '.join(earlier.get('runs', []) or ['full run: rows 1-54'])}"
+            "), scored with the memory model and recipes as they were then (in the JSON, a "
+            "row's `recorded` gives the day it ran; the full run's rows have none): run them "
+            "again to see them with today's.",
             "",
         ]
     lines += [
