@@ -1304,8 +1304,21 @@ def plan_cases() -> list[Case]:
             "dispatcher=x",
             "sms=-1",
             "sms=24",  # a dense model: no dispatcher to hold SMs
+            "offload=-1",
+            "offload=999",  # the model has 32 layers
+            "offload=4,pp=2",  # Megatron-Core offloads only without a pipeline
         ],
-        "--grid": ["=", "tp=", "foo=1", "tp=0", "tp=x", "tp=1e40", "recompute=x", "dispatcher=x"],
+        "--grid": [
+            "=",
+            "tp=",
+            "foo=1",
+            "tp=0",
+            "tp=x",
+            "tp=1e40",
+            "recompute=x",
+            "dispatcher=x",
+            "offload=999",
+        ],
     }
     cases = []
     for option, values in bad.items():

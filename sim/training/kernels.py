@@ -39,9 +39,17 @@ class GpuKernels:
     attention_bwd: float
     memory_bound: float
     launch_s: float
-    memory_bytes: float
+    memory_bytes: float  # what an allocator can have: CUDA's total (`cuda_memory_bytes`)
     sms: int = 0
     kernel_s: float = 0.0
+    compute_capability: tuple[int, int] = (0, 0)  # (0, 0): not given
+
+    @property
+    def fp8_any_layout(self) -> bool:
+        """Whether FP8 GEMMs take any operand layout, so that a per-tensor scaled FP8 tensor
+        needs no transposed copy (Transformer Engine `is_non_tn_fp8_gemm_supported`:
+        compute capability 10.x, or 13.0 and later; Hopper takes only TN layouts)."""
+        return (10, 0) <= self.compute_capability < (12, 0) or self.compute_capability >= (13, 0)
 
     @classmethod
     def from_gpu(cls, gpu: dict[str, Any], where: str) -> GpuKernels:
@@ -58,6 +66,7 @@ class GpuKernels:
         ]
         if missing:
             raise ConfigError(f"{where}: gpu.kernels lacks {', '.join(missing)}")
+        cc = gpu.get("compute_capability") or (0, 0)
         return cls(
             name=str(gpu.get("model", where)),
             peak={str(d): float(v) for d, v in gpu["peak_flops"].items()},
@@ -68,9 +77,10 @@ class GpuKernels:
             attention_bwd=float(k["attention_bwd"]),
             memory_bound=float(k["memory_bound"]),
             launch_s=float(k.get("launch_s") or 0.0),
-            memory_bytes=float(gpu["memory_bytes"]),
+            memory_bytes=float(gpu.get("cuda_memory_bytes") or gpu["memory_bytes"]),
             sms=int(gpu.get("sms") or 0),
             kernel_s=float(k.get("kernel_s") or 0.0),
+            compute_capability=(int(cc[0]), int(cc[1])),
         )
 
     def rate(self, dtype: str) -> float:

@@ -41,6 +41,9 @@ class Precision:
     gemm: str = "bf16"
     cast_write: float = 0.0
     cast_extra_read: float = 0.0
+    # one scale per tensor (Transformer Engine's Float8Tensor): its column-wise use is a
+    # transpose of the same bytes, which GPUs taking FP8 GEMMs of any layout do without
+    per_tensor: bool = False
 
     @property
     def quantized(self) -> bool:
@@ -51,8 +54,8 @@ class Precision:
 # current scaling (the 25.09 tables print the other granularity in parentheses).
 PRECISIONS: dict[str, Precision] = {
     "BF16": Precision("BF16"),
-    "FP8-CS": Precision("FP8-CS", "fp8", 2.0, 2.0),
-    "FP8": Precision("FP8", "fp8", 2.0, 2.0),
+    "FP8-CS": Precision("FP8-CS", "fp8", 2.0, 2.0, per_tensor=True),
+    "FP8": Precision("FP8", "fp8", 2.0, 2.0, per_tensor=True),
     "FP8-BLOCK": Precision("FP8-BLOCK", "fp8", 2.0 + 2.0 * 4 / 128, 0.0),  # 1x128 fp32 scales
     "MXFP8": Precision("MXFP8", "fp8", 2.0 + 2.0 / 32, 0.0),  # an E8M0 scale per 32
     "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0),

@@ -73,6 +73,7 @@ from sim.training.plan_space import (
     check_given,
     check_grid,
     check_request,
+    plan_grid,
     recipe_of,
 )
 from sim.training.plan_work import Item, item_name, killed_item, layout_key, work
@@ -161,16 +162,16 @@ def plan(
     node = _topology(preset, 1)
     base = base_recipe(req)
     probe = _precision_probe(req, preset, node.gpu, base)
-    check_grid(req, grid, probe[0].sms)
+    check_grid(req, grid, probe[0].sms, arch.layers)
     if given is not None and arch.moe and given.ep > 1 and not given.dispatcher:
         given = replace(given, dispatcher=base.dispatcher)
     if given is not None:
-        check_given(req, given, probe[0].sms)
+        check_given(req, given, probe[0].sms, arch.layers)
     out_plan = Plan(req)
     state = Progress()
     tell = progress or (lambda s: None)
     pruned = state.pruned
-    space = list(candidates(req, arch, min(8, node.gpus_per_node), grid))
+    space = list(candidates(req, arch, min(8, node.gpus_per_node), plan_grid(base, grid)))
     if given is not None and given.key() not in {c.key() for c in space}:
         space.append(given)
     if not space:

@@ -64,16 +64,16 @@ class _ScreenModel(StepModel):
     `Screener` between the layers of a kind and between candidates. A layer's work depends
     on TP, CP, EP, ETP, the micro-batch, the sequence and the layer's kind (MoE, banded), not
     on the pipeline; its phases on that and on the recomputation, which a plan's recipes set
-    for every layer or none (`recipe_of`: no `recompute_layers`, no offloading), so the phases
-    of the first layer of a kind stand for the others (their `layer` labels are that one's:
-    the bound reads their seconds only)."""
+    for every layer or none (`recipe_of`: no `recompute_layers`; offloading changes only the
+    memory), so the phases of the first layer of a kind stand for the others (their `layer`
+    labels are that one's: the bound reads their seconds only)."""
 
     def __init__(self, screener: Screener, p: Any, comm: Any = None):
         super().__init__(
             p.arch, p.layout, p.precision, p.recipe, p.gpu, comm or FreeComm(), p.imbalance
         )
         r, lay = p.recipe, p.layout
-        assert r.recompute_layers is None and not r.offload_layers, "a plan's recipe"
+        assert r.recompute_layers is None, "a plan's recipe"
         self.s = screener
         self.phase_memo = screener.phases
         self._lay_key = (

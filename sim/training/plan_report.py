@@ -29,6 +29,7 @@ CANDIDATE_KEYS = (
     "dispatcher",
     "comm_sms",
     "recompute",
+    "offload",
 )
 COLUMNS = (
     "rank",
@@ -53,6 +54,7 @@ def _label(r: dict[str, Any]) -> str:
     s += " FSDP" if r.get("fsdp") else ""
     s += f" {r['dispatcher']}" if r.get("dispatcher") and int(r.get("ep") or 1) > 1 else ""
     s += f" sms={r['comm_sms']}" if r.get("comm_sms") else ""
+    s += f" offload={r['offload']}" if r.get("offload") else ""
     return s + (" +overlap" if r.get("ep_overlap") else "") + f" rc={r.get('recompute')}"
 
 
@@ -157,7 +159,7 @@ def best_row(p: Plan) -> str:
 
 def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
     """A simulated candidate as a `moesim predict` row that reproduces its prediction: its
-    layout columns and its choices (the pipeline split evenly, nothing offloaded, the
+    layout columns and its choices (the pipeline split evenly, its offloading, the
     architecture's MTP modules: what the plan simulated)."""
     from sim.workload.architectures import architecture
 
@@ -169,7 +171,7 @@ def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
         comm_sms=c.get("comm_sms") or 0,
         recompute=c.get("recompute") or "none",
         pipeline_layout="even",
-        offload_layers=0,
+        offload_layers=c.get("offload") or 0,
         mtp=arch.mtp,
     )
     return row

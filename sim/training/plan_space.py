@@ -22,6 +22,9 @@ MBS = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
 DISPATCHER = ("alltoall", "deepep")  # the EP dispatchers the step model tells apart
 COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.step)
+# layers whose activations go to the host (PP 1, no recomputation: Megatron-Core's limits);
+# a plan adds the request's recipe's count (`plan_grid`)
+OFFLOAD = (0,)
 LAYOUT_KEYS = ("tp", "cp", "pp", "vp", "ep", "mbs")
 SCREEN_CHUNK = 256  # memory-and-bound questions per task of the pool, at most
 
@@ -50,30 +53,43 @@ class Candidate:
     fsdp: bool = False  # FSDP over the data-parallel ranks instead of the distributed optimizer
     dispatcher: str = ""  # the EP dispatcher; "": the recipe's
     comm_sms: int = 0  # SMs the dispatcher's kernels hold; 0: the dispatcher's default
+    offload: int = 0  # layers whose activations are offloaded to the host
 
     def key(self) -> tuple:
         return tuple(vars(self).values())
 
     def canonical(self) -> str:
-        """The candidate as text, every field named: its key in a plan's journal."""
-        return ",".join(f"{k}={v}" for k, v in vars(self).items())
+        """The candidate as text, every field named (offload only where some): its key in a
+        plan's journal (a journal written before offloading was a choice still reads)."""
+        return ",".join(f"{k}={v}" for k, v in vars(self).items() if k != "offload" or v)
 
     def screen_key(self) -> tuple:
         """What the memory model and the bound read: not the communication choices."""
-        return (self.tp, self.cp, self.pp, self.vp, self.ep, self.mbs, self.recompute, self.fsdp)
+        return (
+            self.tp,
+            self.cp,
+            self.pp,
+            self.vp,
+            self.ep,
+            self.mbs,
+            self.recompute,
+            self.fsdp,
+            self.offload,
+        )
 
     def label(self) -> str:
         s = f"TP{self.tp} CP{self.cp} PP{self.pp} VP{self.vp} EP{self.ep} MBS{self.mbs}"
         s += " FSDP" if self.fsdp else ""
         s += f" {self.dispatcher}" if self.dispatcher and self.ep > 1 else ""
         s += f" sms={self.comm_sms}" if self.comm_sms else ""
+        s += f" offload={self.offload}" if self.offload else ""
         return s + (" overlap" if self.ep_overlap else "") + f" recompute={self.recompute}"
 
 
 def recipe_of(base: Recipe, c: Candidate, mla: bool) -> Recipe:
     """The candidate's recipe: the request's with the candidate's choices over it, the
-    pipeline split evenly and nothing offloaded (the recipe's layout string and offloading
-    are tuned for its published layout), as `moesim predict` builds a row with those choices
+    pipeline split evenly (the recipe's layout string is tuned for its published layout) and
+    the candidate's offloading, as `moesim predict` builds a row with those choices
     (`best_choices`)."""
     choices = {**best_choices(c), "dispatcher": c.dispatcher or base.dispatcher}
     return replace(with_choices(base, choices, mla), source=f"plan: {c.label()}")
@@ -88,7 +104,7 @@ def best_choices(c: Candidate) -> dict[str, Any]:
         "comm_sms": c.comm_sms,
         "recompute": c.recompute,
         "pipeline_layout": "",
-        "offload_layers": 0,
+        "offload_layers": c.offload,
     }
     return {k: v for k, v in out.items() if v != "" or k == "pipeline_layout"}
 
@@ -103,7 +119,18 @@ GRID: dict[str, tuple] = {
     "recompute": RECOMPUTE,
     "dispatcher": DISPATCHER,
     "comm_sms": COMM_SMS,
+    "offload": OFFLOAD,
 }
+
+
+def plan_grid(base: Recipe, grid: dict[str, tuple] | None) -> dict[str, tuple]:
+    """The grid a plan searches: `grid` over GRID, with the request's recipe's offloaded
+    layers as a choice besides none where the recipe offloads and `grid` does not say (the
+    Megatron-Bridge recipes that offload, e.g. Llama 3 70B on GB200 with FSDP: 40 layers)."""
+    g = {**GRID, **(grid or {})}
+    if base.offload_layers and "offload" not in (grid or {}):
+        g["offload"] = (0, base.offload_layers)
+    return g
 
 
 def candidates(
@@ -112,6 +139,7 @@ def candidates(
     """Every layout and choice the request's sizes allow (unchecked beyond divisibility), over
     `grid` (the module's value lists, or narrower ones)."""
     g = {**GRID, **(grid or {})}
+    offloads = sorted(set(g.get("offload", OFFLOAD)) | {0})
     kv = arch.kv_heads if arch.mla is None else arch.heads
     for tp, cp, pp in itertools.product(g["tp"], g["cp"], g["pp"]):
         if tp > gpus_per_node or arch.heads % tp or kv % tp and tp % kv:
@@ -134,7 +162,11 @@ def candidates(
             for rc, fs, ov, (disp, sms) in itertools.product(
                 g["recompute"], shards, overlaps, comms
             ):
-                yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms)
+                # Megatron-Core offloads only without a pipeline and without recomputation
+                # (TransformerConfig.__post_init__), fewer layers than the model has
+                for off in offloads if pp == 1 and rc == "none" else (0,):
+                    if off < arch.layers:
+                        yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off)
 
 
 def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
@@ -142,12 +174,16 @@ def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
     return [(d, sms) for d in g["dispatcher"] for sms in (g["comm_sms"] if d == "deepep" else (0,))]
 
 
-def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0) -> None:
+def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers: int = 0) -> None:
     """One-line errors for grid values no candidate can take; `sms`: the GPU's SM count (0:
-    unknown), which the dispatcher's SMs must leave some of to the GEMMs."""
+    unknown), which the dispatcher's SMs must leave some of to the GEMMs; `layers`: the
+    model's (0: unknown), which bound the layers offloaded."""
     unknown = sorted(set(grid or {}) - set(GRID))
     if unknown:
         raise ConfigError(f"{req.where}: grid: unknown key(s) {unknown} (keys: {sorted(GRID)})")
+    many = [n for n in (grid or {}).get("offload", ()) if layers and n > layers]
+    if many:
+        raise ConfigError(f"{req.where}: grid: offload {many[0]}: the model has {layers} layers")
     over = [n for n in (grid or {}).get("comm_sms", ()) if sms and n >= sms]
     if over:
         raise ConfigError(
@@ -163,7 +199,7 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0) -> Non
 
 def parse_layout(text: str, where: str = "--layout") -> Candidate:
     """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=none,fsdp=off,
-    dispatcher=deepep,sms=24]` as a candidate."""
+    dispatcher=deepep,sms=24,offload=0]` as a candidate."""
     vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
     extra: dict[str, Any] = {}
     seen: set[str] = set()
@@ -197,21 +233,31 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
             if v not in DISPATCHER:
                 raise ConfigError(f"{where}: dispatcher: expected one of {DISPATCHER}, got {v!r}")
             extra["dispatcher"] = v
-        elif k == "sms":
+        elif k in ("sms", "offload"):
             if not v.isdigit():
-                raise ConfigError(f"{where}: sms: expected an integer >= 0, got {v!r}")
-            extra["comm_sms"] = int(v)
+                raise ConfigError(f"{where}: {k}: expected an integer >= 0, got {v!r}")
+            extra["comm_sms" if k == "sms" else k] = int(v)
         else:
             raise ConfigError(
                 f"{where}: unknown key {k!r} (keys: {', '.join(LAYOUT_KEYS)}, overlap, "
-                "recompute, fsdp, dispatcher, sms)"
+                "recompute, fsdp, dispatcher, sms, offload)"
             )
     return Candidate(**vals, **extra)
 
 
-def check_given(req: Request, c: Candidate, sms: int) -> None:
+def check_given(req: Request, c: Candidate, sms: int, layers: int) -> None:
     """One-line errors for a given layout's choices that mean nothing: SMs for a dispatcher
-    that holds none (only DeepEP's kernels hold SMs), or not fewer than the GPU has."""
+    that holds none (only DeepEP's kernels hold SMs), or not fewer than the GPU has; more
+    offloaded layers than the model has, or offloading where Megatron-Core refuses it."""
+    if c.offload > layers:
+        raise ConfigError(
+            f"{req.where}: --layout: offload={c.offload}: the model has {layers} layers"
+        )
+    if c.offload and (c.pp > 1 or c.recompute != "none"):
+        raise ConfigError(
+            f"{req.where}: --layout: offload={c.offload}: Megatron-Core offloads activations "
+            "only without a pipeline (pp=1) and without recomputation"
+        )
     if not c.comm_sms:
         return
     if c.dispatcher != "deepep":
@@ -253,7 +299,7 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
                 grid[k] = tuple(int(x) for x in vals)
             except ValueError:
                 raise ConfigError(f"{where}: {k}: expected integers, got {v!r}") from None
-            low = 0 if k == "comm_sms" else 1
+            low = 0 if k in ("comm_sms", "offload") else 1
             if min(grid[k]) < low:
                 raise ConfigError(f"{where}: {k}: expected integers >= {low}, got {v!r}")
         else:

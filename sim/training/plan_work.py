@@ -91,6 +91,7 @@ def choice_columns(c: Candidate) -> dict[str, Any]:
         "recompute": c.recompute,
         "dispatcher": c.dispatcher,
         "comm_sms": c.comm_sms,
+        "offload": c.offload,
     }
 
 

@@ -34,6 +34,11 @@ class Recipe:
     grad_reduce_bytes: int = 4  # fp32 gradient reduction (grad_reduce_in_fp32)
     fp8_recipe: str = ""  # tensorwise | blockwise | mxfp8 | nvfp4 | "" (as the precision)
     fp8_param_gather: bool = False
+    # Megatron-Core's --use-precision-aware-optimizer (Megatron-Bridge sets it for BF16 runs)
+    # and the bytes of Adam's moments it keeps (`exp_avg_dtype`, `exp_avg_sq_dtype`)
+    precision_aware_optimizer: bool = False
+    exp_avg_bytes: int = 4
+    exp_avg_sq_bytes: int = 4
     etp: int = 1  # expert tensor parallelism
     mtp: int | None = None  # MTP modules; None: the architecture's
     pipeline_layout: str = ""  # Megatron-Core's layout string (sim.training.stages)
@@ -81,6 +86,9 @@ def _as_recipe(raw: dict[str, Any]) -> Recipe:
     off = other.get("activation_cpu_offloading") if isinstance(other, dict) else None
     if isinstance(off, dict) and isinstance(off.get("num_layers"), int):
         kw["offload_layers"] = off["num_layers"]
+    kw.update(
+        _optimizer(other.get("precision_aware_optimizer") if isinstance(other, dict) else None)
+    )
     domain = (
         other.get("NUM_OF_HYBRID_EP_RANKS_PER_NVLINK_DOMAIN") if isinstance(other, dict) else None
     )
@@ -99,6 +107,21 @@ def _as_recipe(raw: dict[str, Any]) -> Recipe:
     known = {f.name for f in fields(Recipe)}
     kw["notes"] = {k: v for k, v in raw.items() if k not in known}
     return Recipe(**kw)
+
+
+def _optimizer(raw: Any) -> dict[str, Any]:
+    """The recipe's `precision_aware_optimizer`: a flag, or {enabled, exp_avg, exp_avg_sq, ...}
+    with the moments' dtypes (Megatron-Core's OptimizerConfig defaults them to fp32)."""
+    if isinstance(raw, bool):
+        return {"precision_aware_optimizer": raw}
+    if not isinstance(raw, dict) or not raw.get("enabled"):
+        return {}
+    size = {"fp32": 4, "bf16": 2, "fp16": 2, "fp8": 1}
+    return {
+        "precision_aware_optimizer": True,
+        "exp_avg_bytes": size.get(str(raw.get("exp_avg", "fp32")), 4),
+        "exp_avg_sq_bytes": size.get(str(raw.get("exp_avg_sq", "fp32")), 4),
+    }
 
 
 @functools.cache

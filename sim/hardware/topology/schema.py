@@ -133,6 +133,22 @@ class GpuSpec(Strict):
     memory_bytes: Annotated[float, Field(gt=0, le=2.0**60, allow_inf_nan=False)] = Field(
         description="memory per GPU, bytes"
     )
+    cuda_memory_bytes: Annotated[float, Field(gt=0, le=2.0**60, allow_inf_nan=False)] | None = (
+        Field(
+            None,
+            description="the device memory CUDA reports (cudaDeviceProp.totalGlobalMem, "
+            "torch.cuda.get_device_properties().total_memory): what an allocator can have, "
+            "bytes; datasheets count GiB as GB; default: memory_bytes",
+        )
+    )
+    compute_capability: (
+        Annotated[list[Annotated[int, Field(ge=0, le=100)]], Field(min_length=2, max_length=2)]
+        | None
+    ) = Field(
+        None,
+        description="the CUDA compute capability [major, minor]; what kernels a library picks "
+        "reads it (Transformer Engine: FP8 GEMMs of any layout from 10.0)",
+    )
     mem_bw: Bandwidth = Field(description="memory (HBM) bandwidth, bytes/s")
     peak_flops: Annotated[
         dict[Dtype, Annotated[float, Field(gt=0, le=1e21, allow_inf_nan=False)]],

@@ -1,0 +1,80 @@
+"""A published layout, as `moesim plan` scores it, has the peak memory `moesim predict` gives
+its row (issue 24: the plan finds the published layout feasible): the plan's recipe for the
+layout (the request's recipe with the published run's choices, its offloaded layers among
+them) and the row's recipe keep the same bytes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from sim.training.plan import plan
+from sim.training.plan_space import (
+    Candidate,
+    Request,
+    base_recipe,
+    candidate_row,
+    candidates,
+    plan_grid,
+    recipe_of,
+)
+from sim.training.predict import MODELS, parse_row, predict_run
+from sim.workload.architectures import architecture
+
+# rows of shared/reference/published-runs/megatron_bridge_perf.csv (Megatron-Bridge's
+# performance summary), as `moesim predict` reads them
+HEAD = "release,system,model,variant,gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,cp,vp,ep,ga"
+ROW20 = "25.11,DGX-GB200,LLAMA3_8B,,8,FP8-CS,128,2,8192,0,1,1,1,,1,8"  # Llama 3 8B, GB200
+ROW3 = "26.02,DGX-GB200,LLAMA3_70B,,64,FP8,256,2,8192,64,1,1,1,,,"  # 70B, FSDP 64, MBS 2
+# the published run's choices: the 70B GB200 recipe offloads 40 of 80 layers' activations
+# (Megatron-Bridge LLAMA3_70B_PRETRAIN_CONFIG_GB200_FP8_CS_V2, recipes.yaml)
+CASES = {
+    "row 20": (ROW20, Candidate(1, 1, 1, 1, 1, 2)),
+    "row 3": (ROW3, Candidate(1, 1, 1, 1, 1, 2, fsdp=True, offload=40)),
+}
+
+
+def _row(line: str) -> dict[str, Any]:
+    return dict(zip(HEAD.split(","), line.split(",")))
+
+
+def _request(row: dict[str, Any]) -> Request:
+    return Request(
+        row["model"],
+        row["system"],
+        int(row["gpus"]),
+        int(row["gbs"]),
+        int(row["seq_len"]),
+        row["precision"],
+    )
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_published_layout_is_a_plan_candidate_with_predicts_memory(case: str) -> None:
+    line, given = CASES[case]
+    row = _row(line)
+    req = _request(row)
+    arch = architecture(MODELS[req.model])
+    base = base_recipe(req)
+    assert given in set(candidates(req, arch, 8, plan_grid(base, None)))
+    run = parse_row({k: str(v) for k, v in candidate_row(req, given).items()}, 1)
+    scored = predict_run(run, recipe_of(base, given, arch.mla is not None))
+    published = predict_run(parse_row(row, 1))
+    assert scored["peak_memory_bytes"] == pytest.approx(published["peak_memory_bytes"], rel=1e-12)
+    assert scored["memory_parts"] == pytest.approx(published["memory_parts"], rel=1e-12)
+    assert scored["memory_margin_bytes"] >= 0
+
+
+def test_plan_given_the_fsdp_70b_layout_scores_it_feasible() -> None:
+    """The plan's `--layout` scoring of GB200 Llama 3 70B FP8 (FSDP 64, MBS 2, 40 layers
+    offloaded): predict's peak memory, within the GPU's."""
+    line, given = CASES["row 3"]
+    row = _row(line)
+    grid = {"tp": (1,), "cp": (1,), "pp": (1,), "mbs": (2,), "recompute": ("none",)}
+    p = plan(_request(row), given=given, grid=grid)
+    assert p.given is not None and p.given.get("fits") is True, p.given
+    published = predict_run(parse_row(row, 1))
+    assert p.given["peak_memory_bytes"] == pytest.approx(published["peak_memory_bytes"], rel=1e-12)
+    # without offloading the layout does not fit: the plan drops it for memory
+    assert p.pruned.get("memory", 0) >= 1
