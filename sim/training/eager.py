@@ -2,8 +2,9 @@
 and kernels of their forward and backward, from the module code at the versions the published
 runs pinned (Megatron-Bridge v0.2.0 -> Megatron-LM core_dev_r0.15.0 @ 0d8e0714 with Transformer
 Engine 2.9 for 25.11; v0.3.0 -> core_r0.16.0 @ b0cc2706 with TE 2.12 @ 5671fd36 for 26.02; the
-code below is the same in both) and PyTorch's autograd formulas (FunctionsManual.cpp
-`clamp_backward`, `cat_tensors_backward`, `slice_backward_wrapper`).
+code below is the same in both, and the FP8 padding also in core_v0.14.0 for 25.09) and
+PyTorch's autograd formulas (FunctionsManual.cpp `clamp_backward`, `cat_tensors_backward`,
+`slice_backward_wrapper`).
 
 Each chain is memory-bound: every kernel reads its inputs from HBM and writes its output there.
 Counting convention: X elements of a bf16 tensor read and written once = 4X bytes; a bool mask
