@@ -8,7 +8,8 @@ from sim.hardware.topology import Topology
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import held_activations, step_memory, unquantized_params
-from sim.training.ops import ACT, PRECISIONS, layer_work
+from sim.training.ops import ACT, layer_work
+from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe
 from sim.training.step import StepModel
 from sim.workload.architectures import architecture

@@ -89,7 +89,8 @@ def test_distributed_optimizer_traffic_is_the_formula_bytes() -> None:
     """Per layer, the gradient reduce-scatter takes the layer's gradient buffer (weights on
     the GPU x bytes per gradient) and the parameter all-gather a 1/DP shard of its weights."""
     from sim.training.kernels import GpuKernels
-    from sim.training.ops import PRECISIONS, layer_work
+    from sim.training.ops import layer_work
+    from sim.training.precision import PRECISIONS
     from sim.training.recipe import Recipe
     from sim.training.step import StepModel
 

@@ -119,4 +119,6 @@ class GpuKernels:
         return tiles / (math.ceil(tiles / self.sms) * self.sms)
 
     def launches(self, w: Work, backward: bool = False) -> int:
+        if backward and w.bwd_launches is not None:
+            return w.bwd_launches
         return int(round(w.launches * (w.bwd if backward else 1.0)))

@@ -17,50 +17,23 @@ Precisions: the linear layers of the blocks run in the run's GEMM dtype (bf16, f
 paying a cast of their inputs (and of the gradients in backward) as memory-bound kernels: a
 row-wise and a column-wise copy (Hopper's FP8 GEMMs take only TN layouts and MXFP8 / NVFP4
 scale both orientations), plus one more read for the amax of per-tensor current scaling.
-Attention's core, the router (fp32, as Megatron's `moe_router_dtype: fp32`), the embedding
-and the LM head stay in bf16 (Transformer Engine quantizes only its linear layers).
+Attention's core, the router (in the provider's `moe_router_dtype`: fp32 or the input's bf16),
+the embedding and the LM head stay unquantized (Transformer Engine quantizes only its linear
+layers). Chains Megatron-Core runs as eager kernels (GPT-OSS's clamp, expert biases and YaRN
+RoPE; FP8 padding) are `sim.training.eager`'s.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
+from sim.training import eager
 from sim.training.layout import Layout
+from sim.training.precision import PRECISIONS, Precision
 from sim.workload.architectures import Architecture
 
 ACT = 2  # bytes of a bf16 activation element
 DTYPE_BYTES = {"fp32": 4.0, "bf16": 2.0, "fp8": 1.0, "fp4": 0.5}
-
-
-@dataclass(frozen=True)
-class Precision:
-    """How the linear layers compute: `gemm` dtype and the bytes a cast writes per element
-    (both orientations) and reads besides the bf16 input (current scaling's amax pass)."""
-
-    name: str
-    gemm: str = "bf16"
-    cast_write: float = 0.0
-    cast_extra_read: float = 0.0
-    # one scale per tensor (Transformer Engine's Float8Tensor): its column-wise use is a
-    # transpose of the same bytes, which GPUs taking FP8 GEMMs of any layout do without
-    per_tensor: bool = False
-
-    @property
-    def quantized(self) -> bool:
-        return self.gemm != "bf16"
-
-
-# The table's precision names. "FP8" on Hopper and Blackwell before MXFP8 existed: per-tensor
-# current scaling (the 25.09 tables print the other granularity in parentheses).
-PRECISIONS: dict[str, Precision] = {
-    "BF16": Precision("BF16"),
-    "FP8-CS": Precision("FP8-CS", "fp8", 2.0, 2.0, per_tensor=True),
-    "FP8": Precision("FP8", "fp8", 2.0, 2.0, per_tensor=True),
-    "FP8-BLOCK": Precision("FP8-BLOCK", "fp8", 2.0 + 2.0 * 4 / 128, 0.0),  # 1x128 fp32 scales
-    "MXFP8": Precision("MXFP8", "fp8", 2.0 + 2.0 / 32, 0.0),  # an E8M0 scale per 32
-    "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0),
-    "NVFP4": Precision("NVFP4", "fp4", 2 * (0.5 + 1.0 / 16), 2.0),  # FP8 scale per 16 + amax
-}
 
 
 @dataclass(frozen=True)
@@ -77,6 +50,7 @@ class Work:
     saved: float | None = None  # bytes kept for the backward; None: half its traffic (input)
     shape: tuple[float, int, int] | None = None  # a GEMM's (rows per expert, n, k)
     saved_min: float = 0.0  # what it keeps when the kernels making its inputs are recomputed
+    bwd_launches: int | None = None  # its backward's host ops where not `bwd` x `launches`
 
     @property
     def kept(self) -> float:
@@ -109,9 +83,12 @@ class _Builder:
         prec: Precision,
         imbalance: float = 1.0,
         chunk_sort: bool = False,
+        probs_fp32: bool = False,
+        fp8_pad: bool = False,
     ):
         self.a, self.lay, self.p = a, lay, prec
         self.chunk_sort = chunk_sort
+        self.probs_fp32, self.fp8_pad = probs_fp32, fp8_pad
         # the hottest GPU's routed rows over the mean (1: balanced routing): every all-to-all
         # of an EP group waits for it, so its rows set the pace of the MoE part
         self.imbalance = imbalance
@@ -127,6 +104,12 @@ class _Builder:
     ) -> None:
         """A memory-bound kernel; it keeps its input (half its traffic) unless `saved` says."""
         self.add(Work(name, "memory", bytes=nbytes, launches=launches, module=module, saved=saved))
+
+    def chain(self, name: str, c: eager.Chain, module: str, saved: float = 0.0) -> None:
+        """An eager kernel chain (`sim.training.eager`): forward and backward as counted."""
+        w = Work(name, "memory", bytes=c.fwd_bytes, launches=c.fwd_kernels, module=module)
+        bwd = c.bwd_bytes / c.fwd_bytes if c.fwd_bytes else 0.0
+        self.add(replace(w, bwd=bwd, saved=saved, bwd_launches=c.bwd_kernels))
 
     def linear(
         self,
@@ -197,7 +180,7 @@ class _Builder:
             self.linear("qkv", T, h, width, "attn", gathered=True)
             if a.qk_norm:
                 self.mem("qk_norm", 2 * ACT * T * (heads + kv) * a.qk_dim, "layernorm")
-            self.mem("rope", 2 * ACT * T * (heads + kv) * a.qk_dim, "attn", saved=0.0)
+            self.chain("rope", eager.rope(T * (heads + kv) * a.qk_dim, a.yarn_factor), "attn")
             kv_bytes = T * kv * (a.qk_dim + a.v_dim) * ACT
         else:
             m = a.mla
@@ -245,6 +228,8 @@ class _Builder:
         if lay.cp > 1:  # ring attention: every step passes a K/V chunk to the next rank
             self.out.comm.append(Comm("cp.kv", "send", "cp", kv_bytes * (lay.cp - 1), "core_attn"))
         self.linear("proj", T, heads * a.v_dim, h, "attn")
+        if a.attention_bias:  # skip_bias_add: the bias is added before the residual
+            self.chain("proj.bias", eager.proj_bias(T, h), "attn")
         self.tp_scatter("attn.rs", "proj")
         self.mem("residual1", 3 * ACT * Ts * h, "attn", saved=0.0)
 
@@ -271,21 +256,22 @@ class _Builder:
             self.mem("residual2", 3 * ACT * Ts * h, "mlp", saved=0.0)
             return
         self.out.moe = True
-        E = a.experts
+        E, rd = a.experts, a.router_dtype  # the provider's moe_router_dtype
+        rb = DTYPE_BYTES[rd]
         self.add(
             Work(
                 "router",
                 "gemm",
                 2.0 * Ts * h * E,
-                4.0 * (Ts * h + h * E + Ts * E),
-                "fp32",
+                rb * (Ts * h + h * E + Ts * E),
+                rd,
                 launches=4,
                 module="moe_router",
-                saved=4.0 * Ts * h,
+                saved=rb * Ts * h,
             )
         )
         # softmax / top-k and the load-balancing and z losses
-        self.mem("topk", 4.0 * 4 * Ts * E, "moe_router", launches=10, saved=4.0 * Ts * E)
+        self.mem("topk", rb * 4 * Ts * E, "moe_router", launches=10, saved=rb * Ts * E)
         # token copies this GPU dispatches; the hot GPU receives `imbalance` times as many
         routed = Ts * a.top_k * self.imbalance
         # the permutation and the dispatcher's preprocessing (counts per expert and per rank)
@@ -303,8 +289,13 @@ class _Builder:
         if sort:
             self.mem("sort_chunks", 2 * ACT * routed * h, "moe", saved=0.0)
         F = a.moe_ffn // lay.etp
+        if self.fp8_pad and self.p.quantized:
+            self.chain("expert.fp8_pad", eager.fp8_padding(routed, h), "moe")
         self.linear("expert.fc1", routed, h, F * (2 if a.gated else 1), "moe", experts=local)
         width = 2 if a.gated else 1
+        if a.glu_clamp is not None:  # it keeps the fc1 output (its two halves)
+            kept = 2 * ACT * routed * F
+            self.chain("expert.clamp", eager.clamped_glu(routed, F), "moe_act", kept)
         # Megatron-Core weighs each routed row by its probability in the grouped MLP's
         # activation (TEGroupedMLP.bias_act_func, weighted_bias_swiglu_impl): it keeps its
         # input and the fp32 probabilities; the unpermute then only sums, keeping nothing
@@ -315,6 +306,9 @@ class _Builder:
             saved=width * ACT * routed * F + 4.0 * routed,
         )
         self.linear("expert.fc2", routed, F, h, "moe", experts=local)
+        if a.expert_bias:
+            pb = 4 if self.probs_fp32 else int(rb)
+            self.chain("expert.fc2.bias", eager.expert_bias(routed, h, local, pb), "moe")
         if sort:
             self.mem("unsort_chunks", 2 * ACT * routed * h, "moe", saved=0.0)
         before = "unsort_chunks" if sort else "expert.fc2"
@@ -334,11 +328,15 @@ def layer_work(
     layer: int,
     imbalance: float = 1.0,
     chunk_sort: bool = False,
+    probs_fp32: bool = False,
+    fp8_pad: bool = False,
 ) -> LayerWork:
     """One transformer layer's forward on one GPU for one micro-batch; `imbalance`: the
     hottest GPU's routed rows over the mean (its MoE part is what the layer waits for);
-    `chunk_sort`: the dispatcher sorts the received rows by local expert (all-to-all)."""
-    b = _Builder(a, lay, prec, imbalance, chunk_sort)
+    `chunk_sort`: the dispatcher sorts the received rows by local expert (all-to-all);
+    `probs_fp32`: it hands the experts fp32 probabilities (DeepEP, HybridEP); `fp8_pad`: the
+    quantized grouped GEMMs pad each expert's rows themselves (`eager.fp8_padding`)."""
+    b = _Builder(a, lay, prec, imbalance, chunk_sort, probs_fp32, fp8_pad)
     b.out.layer = layer
     b.attention(layer)
     b.mlp(layer)
@@ -372,6 +370,8 @@ def mtp_work(
     prec: Precision,
     imbalance: float = 1.0,
     chunk_sort: bool = False,
+    probs_fp32: bool = False,
+    fp8_pad: bool = False,
 ) -> list[LayerWork]:
     """DeepSeek-V3's multi-token prediction module (arXiv 2412.19437 Sec. 2.2), per depth:
     two norms, a projection of the concatenated 2h to h, one transformer block (as the last
@@ -382,7 +382,7 @@ def mtp_work(
         b.mem("mtp.norms", 2 * 2 * ACT * b.Ts * a.hidden, "layernorm", launches=2)
         b.linear("mtp.proj", b.T, 2 * a.hidden, a.hidden // lay.tp, "mtp", quantize=False)
         pre = b.out
-        blk = layer_work(a, lay, prec, a.layers - 1, imbalance, chunk_sort)
+        blk = layer_work(a, lay, prec, a.layers - 1, imbalance, chunk_sort, probs_fp32, fp8_pad)
         pre.work += blk.work
         pre.comm += blk.comm
         pre.moe = blk.moe

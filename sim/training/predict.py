@@ -22,7 +22,7 @@ from typing import Any
 
 from sim.core.errors import ConfigError, MoesimError
 from sim.training.layout import Layout
-from sim.training.ops import PRECISIONS
+from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe, recipe_for
 from sim.training.row_cells import imbalance_cell, int_cell, parse_choices, with_choices
 

@@ -20,16 +20,9 @@ from sim.training.comm import Timer
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
-from sim.training.ops import (
-    PRECISIONS,
-    LayerWork,
-    Precision,
-    embedding_work,
-    head_work,
-    layer_work,
-    mtp_work,
-)
+from sim.training.ops import LayerWork, embedding_work, head_work, layer_work, mtp_work
 from sim.training.pipeline import Phase, StagePrograms, step_graph
+from sim.training.precision import PRECISIONS, Precision
 from sim.training.recipe import GRAPH_SCOPES, Recipe, comm_sms
 from sim.workload.architectures import Architecture
 
@@ -235,12 +228,23 @@ class StepModel:
 
     def layer_work(self, layer: int) -> LayerWork:
         """One transformer layer's work (`sim.training.ops.layer_work`)."""
-        return layer_work(self.a, self.lay, self.p, layer, self.imbalance, self.chunk_sort)
+        return layer_work(self.a, self.lay, self.p, layer, self.imbalance, *self.dispatch)
 
     @property
     def chunk_sort(self) -> bool:
         """Whether the dispatcher sorts received rows by local expert (NCCL all-to-all)."""
         return self.r.dispatcher == "alltoall"
+
+    @property
+    def dispatch(self) -> tuple[bool, bool, bool]:
+        """(chunk_sort, probs_fp32, fp8_pad) of `sim.training.ops.layer_work`: DeepEP and
+        HybridEP hand the experts fp32 probabilities (token_dispatcher.py casts them); only
+        HybridEP pads each expert's rows for quantized GEMMs in its dispatch (`pad_multiple`),
+        else dropless routing leaves TEGroupedMLP's Fp8Padding to copy them."""
+        r = self.r
+        flex = r.dispatcher in ("deepep", "hybridep")
+        pad = r.dispatcher != "hybridep" and not r.notes.get("moe_token_drop", False)
+        return self.chunk_sort, flex, pad
 
     def symbol_work(self, sym: str) -> list[LayerWork]:
         """The works of a stage symbol other than a layer: the embedding (E), the MTP
@@ -249,7 +253,7 @@ class StepModel:
         if sym == "E":
             return [embedding_work(a, lay)]
         if sym == "m":
-            return mtp_work(a, lay, self.p, self.imbalance, self.chunk_sort)
+            return mtp_work(a, lay, self.p, self.imbalance, *self.dispatch)
         if sym == "L":
             return [head_work(a, lay)]
         return []

@@ -45,6 +45,11 @@ class Architecture:
     sliding_every: int = 0  # every n-th layer (from the first) is banded; 0: none
     attention_sinks: bool = False
     attention_bias: bool = False
+    # what Megatron-Bridge's model provider sets beside config.json (see architectures.yaml)
+    router_dtype: str = "bf16"  # moe_router_dtype (None: the router runs in the input's bf16)
+    expert_bias: bool = False  # add_bias_linear on the experts' fc1 and fc2
+    glu_clamp: float | None = None  # activation_func_clamp_value of a clamped GLU
+    yarn_factor: float = 0.0  # YaRN RoPE scaling factor (rope_scaling.factor); 0: plain RoPE
 
     @property
     def moe(self) -> bool:
@@ -162,6 +167,12 @@ def _parse(name: str, raw: Any) -> Architecture:
             and (isinstance(v, bool) or not isinstance(v, int) or v < 0)
         ):
             raise ConfigError(f"{where}.{k}: expected an integer >= 0, got {v!r}")
+    if raw.get("router_dtype", "bf16") not in ("bf16", "fp32"):
+        raise ConfigError(f"{where}.router_dtype: expected bf16 or fp32")
+    for k in ("glu_clamp", "yarn_factor"):
+        v = raw.get(k)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0):
+            raise ConfigError(f"{where}.{k}: expected a number >= 0, got {v!r}")
     args = dict(raw)
     args["mla"] = MLA.parse(raw.get("mla"), f"{where}.mla")
     try:

@@ -1,0 +1,37 @@
+"""The table's precisions: the dtype a run's linear layers compute in, and what casting their
+inputs to it costs (`sim.training.ops` charges the casts as memory-bound kernels)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Precision:
+    """How the linear layers compute: `gemm` dtype and the bytes a cast writes per element
+    (both orientations) and reads besides the bf16 input (current scaling's amax pass)."""
+
+    name: str
+    gemm: str = "bf16"
+    cast_write: float = 0.0
+    cast_extra_read: float = 0.0
+    # one scale per tensor (Transformer Engine's Float8Tensor): its column-wise use is a
+    # transpose of the same bytes, which GPUs taking FP8 GEMMs of any layout do without
+    per_tensor: bool = False
+
+    @property
+    def quantized(self) -> bool:
+        return self.gemm != "bf16"
+
+
+# The table's precision names. "FP8" on Hopper and Blackwell before MXFP8 existed: per-tensor
+# current scaling (the 25.09 tables print the other granularity in parentheses).
+PRECISIONS: dict[str, Precision] = {
+    "BF16": Precision("BF16"),
+    "FP8-CS": Precision("FP8-CS", "fp8", 2.0, 2.0, per_tensor=True),
+    "FP8": Precision("FP8", "fp8", 2.0, 2.0, per_tensor=True),
+    "FP8-BLOCK": Precision("FP8-BLOCK", "fp8", 2.0 + 2.0 * 4 / 128, 0.0),  # 1x128 fp32 scales
+    "MXFP8": Precision("MXFP8", "fp8", 2.0 + 2.0 / 32, 0.0),  # an E8M0 scale per 32
+    "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0),
+    "NVFP4": Precision("NVFP4", "fp4", 2 * (0.5 + 1.0 / 16), 2.0),  # FP8 scale per 16 + amax
+}
