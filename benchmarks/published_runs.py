@@ -70,6 +70,36 @@ def flops_notes(rows: list[dict[str, Any]]) -> list[str]:
     ]
 
 
+def mismatch_notes(numbers: list[int], rows: list[dict[str, Any]]) -> list[str]:
+    """Rows whose recorded recipe runs another layout or batch than the row says
+    (`layout_mismatch` in sim/training/recipes.yaml): the row is predicted as it says, and
+    where that layout does not fit the GPU in the memory model, the note says so (a run
+    that did not fit never ran: the row's layout is then the suspect, not the model)."""
+    from sim.training.recipe import recipe_for
+
+    out = []
+    for n, r in zip(numbers, rows):
+        if r.get("reason"):  # refused by predict: its reason is listed above
+            continue
+        model, prec = str(r["model"]).strip(), str(r["precision"]).strip().upper()
+        recipe = recipe_for(model, r["system"], prec, str(r.get("release", "")).strip())
+        other = recipe.notes.get("other") or {}
+        note = other.get("layout_mismatch") if isinstance(other, dict) else None
+        if not note:
+            continue
+        fit = ""
+        if r.get("memory_margin_bytes", 0.0) < 0:
+            fit = (
+                "; as the row says it does not fit the GPU in our memory model "
+                f"({r['memory_margin_bytes'] / 1e9:+.1f} GB)"
+            )
+        out.append(
+            f"- Row {n} ({r.get('release', '')} {r['system']} {model}): its recipe differs "
+            f"from the row ({' '.join(str(note).split())}){fit}."
+        )
+    return out
+
+
 def ratios(rows: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
     """(label, published ratio, predicted ratio) of other systems over DGX-H100 for the
     same model, precision family (BF16, FP8 of any scaling, NVFP4) and release."""
@@ -163,6 +193,7 @@ def main() -> None:
     for n, r in zip([p["_row"] for p in picked], res["rows"]):
         if r.get("reason"):
             lines.append(f"- Row {n} contradicts itself: {r['reason']}.")
+    lines += mismatch_notes([p["_row"] for p in picked], res["rows"])
     lines += flops_notes(res["rows"])
     record(
         "published_runs",
