@@ -243,3 +243,22 @@ def test_the_strategies_defaults_are_their_models(monkeypatch):
 )
 def test_only_what_json_gives_back_exactly_is_kept(value, plain):
     assert inputcache._plain(value) is plain
+
+
+def test_a_command_writes_a_bounded_number_of_entries():
+    """Its own inputs need a few; a sweep's thousands of points would only fill the disk."""
+    undo = inputcache.enable()
+    try:
+        for i in range(inputcache.MAX_WRITES + 8):
+            inputcache.Seen("run config", {"point": i}).passed()
+        assert len(_entries()) == inputcache.MAX_WRITES
+        assert inputcache.Seen("run config", {"point": 0}).hit
+        assert not inputcache.Seen("run config", {"point": inputcache.MAX_WRITES}).hit
+    finally:
+        undo()
+    undo = inputcache.enable()  # the next command writes again
+    try:
+        inputcache.Seen("run config", {"point": inputcache.MAX_WRITES}).passed()
+    finally:
+        undo()
+    assert len(_entries()) == inputcache.MAX_WRITES + 1

@@ -19,7 +19,8 @@ API checks every input as it always has. Where: $MOESIM_CACHE_DIR, else
 $XDG_CACHE_HOME/moesim, else ~/.cache/moesim; MOESIM_NO_CACHE=1 turns it off. An entry is a
 small JSON file, written atomically, led by the sha256 of its body: one that is unreadable,
 damaged or not its key's is ignored and written again; a directory that cannot be written only
-means nothing is remembered. Removing the directory clears the cache.
+means nothing is remembered; a command writes at most MAX_WRITES entries (its own inputs, not
+a sweep's points). Removing the directory clears the cache.
 """
 
 from __future__ import annotations
@@ -38,19 +39,25 @@ T = TypeVar("T")
 ENV_DIR = "MOESIM_CACHE_DIR"
 ENV_OFF = "MOESIM_NO_CACHE"
 FORMAT = "moesim input cache 1"  # what an entry holds and how its key is made
+# entries one command writes at most: its own config and topology need a few; a sweep's
+# thousands of points would only fill the directory
+MAX_WRITES = 32
 _MISSING = object()
 _on = False
+_writes_left = 0
 _memo: dict[tuple[Path, str], Any] = {}  # derived values read or computed in this process
 
 
 def enable(on: bool = True) -> Callable[[], None]:
-    """The cache on (or off); the function returned puts it back as it was."""
-    global _on
-    before, _on = _on, on
+    """The cache on (or off) for a command, which may write MAX_WRITES entries; the function
+    returned puts it back as it was."""
+    global _on, _writes_left
+    before = _on, _writes_left
+    _on, _writes_left = on, MAX_WRITES
 
     def undo() -> None:
-        global _on
-        _on = before
+        global _on, _writes_left
+        _on, _writes_left = before
 
     return undo
 
@@ -202,7 +209,11 @@ def _read(d: Path, key: str) -> Any:
 
 def _write(d: Path, key: str, value: Any) -> None:
     """The entry `key`, replaced whole (a temporary file renamed over it), or nothing where the
-    directory cannot be written."""
+    directory cannot be written, or once the command has written MAX_WRITES."""
+    global _writes_left
+    if _writes_left <= 0:
+        return
+    _writes_left -= 1
     body = json.dumps({"key": key, "value": value}, separators=(",", ":")).encode()
     path = _path(d, key)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
