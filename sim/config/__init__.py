@@ -63,6 +63,8 @@ def _without(sections: frozenset[str]) -> type[RunCore]:
 
 @dataclass
 class RunConfig:
+    """A checked run config: layer, cluster, strategy, passes, costs, outputs."""
+
     topology: str
     nodes: int | None
     model: dict[str, Any]

@@ -77,6 +77,8 @@ def check_spec(spec: Any, source: str) -> None:
 
 @dataclass(frozen=True)
 class LinkClass:
+    """A kind of link: line rate, latency, efficiency and message costs."""
+
     name: str
     bw: float  # bytes/s per direction (line rate)
     latency: float  # s
