@@ -179,6 +179,25 @@ def test_a_key_is_the_exact_value_and_the_code(monkeypatch):
     assert inputcache.key("run config", {"nodes": 1}) not in keys
 
 
+def test_code_that_cannot_be_listed_is_never_cached(monkeypatch):
+    def unlisted(root):
+        raise NotADirectoryError(root)  # as for a package imported from a zip file
+
+    monkeypatch.setattr(inputcache, "modules", unlisted)
+    inputcache.fingerprint.cache_clear()
+    try:
+        assert inputcache.key("run config", {"nodes": 1}) is None
+        undo = inputcache.enable()
+        try:
+            seen = inputcache.Seen("run config", {"nodes": 1})
+            seen.passed()
+            assert not seen.hit and _entries() == []
+        finally:
+            undo()
+    finally:
+        inputcache.fingerprint.cache_clear()
+
+
 def test_changed_code_checks_again(tiny, monkeypatch, capsys):
     """In one process, as tests call `main`: a new fingerprint misses every entry."""
     import sim.core.schema as schema

@@ -129,12 +129,14 @@ def _sha256(data: bytes) -> str:
 def key(kind: str, value: Any) -> str | None:
     """The key of `value` checked as `kind` by the current code; None where the value cannot
     be written exactly (anything but None, bool, int, float, str, bytes, lists, tuples, sets
-    and dicts of them) or is nested too deeply."""
+    and dicts of them) or is nested too deeply, or where the code's modules cannot be listed
+    (a package run from a zip file)."""
     try:
         blob = marshal.dumps(value, 2)  # version 2: no back-references, the same bytes each run
-    except (ValueError, RecursionError):
+        code = fingerprint()
+    except (ValueError, RecursionError, OSError):
         return None
-    return _sha256(f"{fingerprint()}\0{kind}\0".encode() + blob)
+    return _sha256(f"{code}\0{kind}\0".encode() + blob)
 
 
 class Seen:
