@@ -3,11 +3,14 @@ minimum of several runs after a warm-up run (bytecode cached):
 
 - `python -c pass`, the floor;
 - the libraries a run cannot do without, imported as a run imports them (LIBRARIES: numpy
-  with one BLAS thread, pydantic's BaseModel, yaml, simpy), the floor of any `moesim
-  simulate`;
+  with one BLAS thread, pydantic's BaseModel, yaml, simpy), the floor of a `moesim simulate`
+  that checks its inputs; and without pydantic (CHECKED_LIBRARIES), the floor of one whose
+  inputs passed their checks before (the validated-input cache, `sim.core.inputcache`);
 - `import sim`, `moesim --help`, `moesim --version`;
 - `moesim simulate TINY --json --out DIR`: one node of dgx-h100, one small layer, sequential,
-  forward only (TINY below), where start-up is nearly all of the command;
+  forward only (TINY below), where start-up is nearly all of the command; its inputs checked
+  before (the warm-up run fills the benchmark's own input cache, MOESIM_CACHE_DIR in its
+  temporary directory), and once more with the cache off (MOESIM_NO_CACHE=1: a first run);
 - `moesim simulate sim/configs/demo.yaml --json --out DIR`, for reference.
 
 CPU time rather than wall time, so that other processes on a shared machine matter less (the
@@ -68,12 +71,17 @@ LIBRARIES = (
     "import os\nos.environ['OPENBLAS_NUM_THREADS'] = '1'\nimport numpy\n"
     "del os.environ['OPENBLAS_NUM_THREADS']\nimport yaml, simpy\nfrom pydantic import BaseModel\n"
 )
-# what the `moesim` console script runs
+# numpy, yaml and simpy: what a run whose inputs passed their checks before cannot go below
+CHECKED_LIBRARIES = LIBRARIES.replace("\nfrom pydantic import BaseModel", "")
+# what the `moesim` console script runs; and the same with the validated-input cache off
 MOESIM = "import re, sys\nfrom sim.cli import main\nsys.exit(main())\n"
+MOESIM_UNCACHED = "import os\nos.environ['MOESIM_NO_CACHE'] = '1'\n" + MOESIM
 
 
 # The tiny run in one interpreter, its CPU time taken between the steps of start-up (numpy
-# loaded the way `moesim` loads it); prints {step: seconds} as JSON.
+# loaded the way `moesim` loads it); prints {step: seconds} as JSON. The pydantic steps are
+# taken only in a tree whose run imports pydantic: one without the validated-input cache
+# (sim.core.inputcache; with it, the warm-up run has checked the inputs).
 PHASES = """
 import json, resource, sys
 def cpu():
@@ -90,19 +98,23 @@ import sim.cli, sim.commands
 step("sim.cli, sim.commands")
 getattr(sim.cli, "_single_threaded_blas", lambda: __import__("numpy"))()
 step("numpy (one BLAS thread)")
-import pydantic
-from pydantic import BaseModel, TypeAdapter
-step("pydantic")
+import importlib.util
+checks = importlib.util.find_spec("sim.core.inputcache") is None
+if checks:
+    import pydantic
+    from pydantic import BaseModel, TypeAdapter
+    step("pydantic")
 import yaml, simpy
 step("yaml, simpy")
-import sim.core.schema, sim.hardware.topology.schema
-import sim.hardware.costs_schema
-step("topology and cost schema modules (pydantic models)")
+if checks:
+    import sim.core.schema, sim.hardware.topology.schema
+    import sim.hardware.costs_schema
+    step("topology and cost schema modules (pydantic models)")
 import sim.strategies, sim.strategies.sequential, sim.engine.symmetric, sim.pipeline
 import sim.analysis.trace
 step("sim modules (strategies, engine, topology, trace)")
 import sim.config
-step("sim.config: the run config's schema module")
+step("sim.config" + (": the run config's schema module" if checks else ""))
 import contextlib, io
 with contextlib.redirect_stdout(io.StringIO()):
     sim.cli.main(["simulate", sys.argv[1], "--json", "--out", sys.argv[2]])
@@ -137,6 +149,7 @@ def cases(tmp: Path) -> dict[str, list[str]]:
     return {
         "python -c pass": ["-c", "pass"],
         "libraries (numpy, pydantic, yaml, simpy)": ["-c", LIBRARIES],
+        "libraries (numpy, yaml, simpy)": ["-c", CHECKED_LIBRARIES],
         "import sim": ["-c", "import sim"],
         "moesim --help": ["-c", MOESIM, "--help"],
         "moesim --version": ["-c", MOESIM, "--version"],
@@ -148,6 +161,15 @@ def cases(tmp: Path) -> dict[str, list[str]]:
             "--json",
             "--out",
             str(tmp / "tiny"),
+        ],
+        "moesim simulate tiny.yaml --json, input cache off": [
+            "-c",
+            MOESIM_UNCACHED,
+            "simulate",
+            str(tiny),
+            "--json",
+            "--out",
+            str(tmp / "tiny-uncached"),
         ],
         "moesim simulate demo.yaml --json": [
             "-c",
@@ -255,6 +277,8 @@ def main() -> None:
     notes = dict(n.partition("=")[::2] for n in a.note)
     times: dict[tuple[str, str], list[float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
+        # the runs' own validated-input cache (never the user's), filled by the warm-up runs
+        os.environ["MOESIM_CACHE_DIR"] = str(Path(tmp) / "input-cache")
         todo = cases(Path(tmp))
         for root in trees.values():  # warm-up: file cache and .pyc files
             for args in todo.values():
@@ -322,6 +346,10 @@ def main() -> None:
     write(labels | results)
 
 
+# where the hand-written part of startup.md starts: kept as it is when the tables are written
+NOTES = "## Notes"
+
+
 def write(labels: dict) -> None:
     from sim.core.io import atomic_write_text
 
@@ -337,9 +365,14 @@ def write(labels: dict) -> None:
         "is one small layer on one dgx-h100 node, sequential, forward "
         "(`benchmarks/startup.py` TINY). Generated by `python benchmarks/startup.py "
         "[--tree LABEL=DIR ...] [--importtime] [--phases] [--instructions]`; the trees of one "
-        "command are measured interleaved, under the same load. The libraries' row is the "
-        "floor of any `moesim simulate` (numpy, pydantic, yaml and simpy imported as a run "
-        "imports them): what a tiny run costs above it is moesim's own.",
+        "command are measured interleaved, under the same load. The `moesim` runs have a "
+        "validated-input cache of their own (`sim.core.inputcache`, in the benchmark's "
+        "temporary directory), filled by the warm-up runs where the tree has one, so the "
+        "tiny run's inputs have passed their checks before; the row `input cache off` is the "
+        "tiny run that checks them (MOESIM_NO_CACHE=1, as a first run does). The libraries' "
+        "rows are the floors of a run that checks its inputs (numpy, pydantic, yaml and simpy "
+        "imported as a run imports them) and of one whose inputs were checked before (no "
+        "pydantic): what a tiny run costs above them is moesim's own.",
         "",
     ]
     for n in names:
@@ -402,7 +435,11 @@ def write(labels: dict) -> None:
             "|---|---:|",
         ]
         lines += [f"| `{r['package']}` | {r['self_ms']:.1f} |" for r in imports[:15]]
-    atomic_write_text(RESULTS / "startup.md", "\n".join(lines) + "\n")
+    md = RESULTS / "startup.md"
+    old = md.read_text() if md.exists() else ""
+    if NOTES in old:  # the written notes are kept
+        lines += ["", old[old.index(NOTES) :].rstrip("\n")]
+    atomic_write_text(md, "\n".join(lines) + "\n")
     print("\n".join(lines))
 
 

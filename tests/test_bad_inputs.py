@@ -151,7 +151,11 @@ def test_real_process_ends_at_once_in_one_line(tmp_path, files, argv):
         text=True,
         cwd=tmp_path,
         timeout=60,
-        env={"PYTHONPATH": str(B.ROOT), "PATH": "/usr/bin:/bin"},
+        env={
+            "PYTHONPATH": str(B.ROOT),
+            "PATH": "/usr/bin:/bin",
+            "MOESIM_CACHE_DIR": str(tmp_path / "cache"),
+        },
     )
     assert p.returncode == 2, p.stderr
     assert len(p.stderr.strip().splitlines()) == 1 and "Traceback" not in p.stderr

@@ -2,8 +2,9 @@
 subcommands included) import none of the heavy libraries; the commands that need them import
 them when they run, and a plain `moesim simulate` needs none of pandas, networkx, plotly,
 pyarrow, tqdm or torch. A tiny one (benchmarks/startup.py's TINY) also loads only its own
-strategy, builds only the validators of its config and topology and only its command's
-parsers, and leaves numpy.random, numpy.ma and pydantic's plugin scan out. What that costs in
+strategy, builds only the validators of its config and topology (run again, none: it imports
+no pydantic once they have passed, sim.core.inputcache) and only its command's parsers, and
+leaves numpy.random, numpy.ma and pydantic's plugin scan out. What that costs in
 CPU time is recorded by benchmarks/startup.py (tests do not time anything)."""
 
 from __future__ import annotations
@@ -35,6 +36,16 @@ NOT_FOR_A_TINY_RUN = (
 )
 HEAVY = ("pandas", "plotly", "networkx", "torch", "simpy", "yaml", "numpy")
 NOT_FOR_A_RUN = ("pandas", "plotly", "networkx", "torch", "pyarrow", "tqdm", "matplotlib")
+# nor, where its inputs passed their checks before (sim.core.inputcache), these
+NOT_FOR_A_CHECKED_RUN = (
+    "pydantic",
+    "pydantic_core",
+    "asyncio",
+    "sim.core.schema",
+    "sim.config.run_core",
+    "sim.hardware.topology.schema",
+    "sim.strategies.params",
+)
 
 
 def _imported_after(code: str, heavy: tuple[str, ...] = HEAVY) -> list[str]:
@@ -68,7 +79,10 @@ def test_help_imports_no_heavy_library():
 @pytest.mark.parametrize("as_json", [True, False])
 def test_simulate_imports_no_dataframe_graph_or_plot_library(tmp_path, as_json):
     """The run, its summary, trace.csv and the Chrome trace come from the trace's columns
-    (sim.analysis.trace.columns), routes inside a node from sim.hardware.topology.node_routes."""
+    (sim.analysis.trace.columns), routes inside a node from sim.hardware.topology.node_routes;
+    and once its config and topology have passed their checks (the validated-input cache,
+    here the test's own MOESIM_CACHE_DIR: tests/conftest.py), the run again imports no
+    pydantic either (nor the input schemas, nor asyncio that pydantic imports)."""
     cfg = tmp_path / "tiny.yaml"
     cfg.write_text(json.dumps(TINY))
     argv = ["simulate", str(cfg), "--out", str(tmp_path / "out")] + ["--json"] * as_json
@@ -80,6 +94,7 @@ def test_simulate_imports_no_dataframe_graph_or_plot_library(tmp_path, as_json):
     assert _imported_after(code, NOT_FOR_A_RUN) == []
     assert (tmp_path / "out" / "trace.csv").is_file()
     assert (tmp_path / "out" / "trace.chrome.json").is_file()
+    assert _imported_after(code, NOT_FOR_A_RUN + NOT_FOR_A_CHECKED_RUN) == []
 
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")

@@ -13,9 +13,9 @@ from pydantic import Field
 
 import sim.strategies as strategies
 from sim.core.errors import ConfigError
-from sim.strategies import pipelined
-from sim.strategies.base import PosInt, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.layer import build_layer
+from sim.strategies.params import PipelinedParams, PosInt, StrategyParams
 
 CFG: dict[str, Any] = {
     "topology": "dgx-a100",
@@ -32,7 +32,7 @@ CFG: dict[str, Any] = {
 }
 
 
-class LeadParams(pipelined.Params):
+class LeadParams(PipelinedParams):
     lead: PosInt = Field(2, description="chunks dispatched ahead (a test's parameter)")
 
 
@@ -55,8 +55,8 @@ def test_every_strategy_is_one_object_on_the_list():
     names = [s.name for s in strategies.STRATEGY_LIST]
     assert len(names) == len(set(names)) and set(strategies.STRATEGIES) == set(names)
     for s in strategies.STRATEGY_LIST:
-        assert isinstance(s, Strategy) and issubclass(s.Params, StrategyParams)
-        for name, field in s.Params.model_fields.items():
+        assert isinstance(s, Strategy) and issubclass(s.params_model(), StrategyParams)
+        for name, field in s.params_model().model_fields.items():
             assert field.description, f"{s.name}.{name} has no description"
         assert s.real_layer is None or isinstance(s.real_layer, str)
 

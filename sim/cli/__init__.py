@@ -61,6 +61,12 @@ COMMAND_GROUPS: dict[str, tuple[str, ...]] = {
     "exec.cli": ("exec", "calibrate", "validate"),  # torch only when they run
 }
 _COMMANDS = frozenset(c for group in COMMAND_GROUPS.values() for c in group)
+EPILOG = (
+    "Configs and topologies that passed their checks are remembered (sim/core/inputcache.py) "
+    "in $MOESIM_CACHE_DIR, else $XDG_CACHE_HOME/moesim, else ~/.cache/moesim, keyed by the "
+    "input and the checking code, so that a command run again on them starts faster; remove "
+    "the directory to clear it, MOESIM_NO_CACHE=1 turns it off."
+)
 
 
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
@@ -71,7 +77,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     def wanted(module: str) -> bool:
         return command not in _COMMANDS or command in COMMAND_GROUPS[module]
 
-    p = _Parser(prog="moesim", description=__doc__.splitlines()[0])
+    p = _Parser(prog="moesim", description=__doc__.splitlines()[0], epilog=EPILOG)
     p.add_argument("--version", action="version", version=f"moesim {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
     for module in COMMAND_GROUPS:
@@ -176,9 +182,14 @@ def _lean_runtime() -> Callable[[], None]:
       run): it is frozen first (`gc.freeze`), as the process is about to drop it anyway;
     - pydantic's plugin discovery, a scan of every installed distribution's entry points
       (~15 ms) at its first schema, unless the environment names plugins itself: the
-      simulator's input schemas are not what such plugins (observability) are for."""
+      simulator's input schemas are not what such plugins (observability) are for;
+    - checking an input that passed its checks before: the validated-input cache is on for
+      the command (`sim.core.inputcache`), so that a config and topology run again import no
+      pydantic."""
     import atexit
     import gc
+
+    from sim.core import inputcache
 
     if not _freeze_at_exit:
         atexit.register(gc.freeze)
@@ -188,11 +199,13 @@ def _lean_runtime() -> Callable[[], None]:
     set_plugins = _PLUGINS_OFF not in os.environ
     if set_plugins:
         os.environ[_PLUGINS_OFF] = "__all__"
+    cache_off = inputcache.enable()
 
     def undo() -> None:
         gc.set_threshold(*threshold)
         if set_plugins:
             os.environ.pop(_PLUGINS_OFF, None)
+        cache_off()
 
     return undo
 

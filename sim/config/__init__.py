@@ -10,23 +10,23 @@ from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import create_model
 
 from sim.config.routing_file import check_calibration_file, load_matrix_file
-from sim.config.run_core import RunCore, check_params
-from sim.core import limits
+from sim.core import inputcache, limits
 from sim.core.errors import ConfigError
 from sim.core.limits import DEFAULT as DEFAULT_LIMITS
 from sim.core.limits import Limits
-from sim.core.schema import check
 from sim.hardware.topology import Topology
 from sim.strategies import DERIVED_FIT_WEIGHT, STRATEGIES, named, pair_weight, resolve_params
 from sim.workload.blocks import BlockModel, expand_preset
 from sim.workload.moe import MoELayer
 from sim.workload.parallel import ParallelLayout, from_spec
+
+if TYPE_CHECKING:
+    from sim.config.run_core import RunCore
 
 # Sections a config may leave out, whose schemas are most of RunSpec's: `run_spec` types the
 # ones a config leaves out or empty as Any, so their validators are built (`defer_build`) only
@@ -46,8 +46,12 @@ def run_spec(raw: Any) -> type[RunCore]:
 
 @cache
 def _without(sections: frozenset[str]) -> type[RunCore]:
+    from sim.config.run_core import RunCore
+
     if sections == frozenset(OPTIONAL_SECTIONS):
         return RunCore
+    from pydantic import create_model
+
     from sim.config.run_schema import RunSpec
 
     unchecked: Any = (Any, None)
@@ -59,6 +63,8 @@ def _without(sections: frozenset[str]) -> type[RunCore]:
 
 @dataclass
 class RunConfig:
+    """A checked run config: layer, cluster, strategy, passes, costs, outputs."""
+
     topology: str
     nodes: int | None
     model: dict[str, Any]
@@ -75,8 +81,15 @@ class RunConfig:
     @classmethod
     def from_dict(cls, raw: Any, source: str = "<dict>") -> RunConfig:
         """Checked against the schema (`sim.config.run_schema.RunSpec`) first: every field's
-        type, range and spelling, all problems of the file in one line."""
-        check(run_spec(raw), raw, source)
+        type, range and spelling, all problems of the file in one line; then the strategy's
+        parameters. A config that passed these checks before is not checked again where the
+        validated-input cache is on (`sim.core.inputcache`: the command line); what it names
+        besides (a calibration file) always is."""
+        seen = inputcache.Seen("run config", raw)
+        if not seen.hit:
+            from sim.core.schema import check
+
+            check(run_spec(raw), raw, source)
         calibration = (raw.get("costs") or {}).get("calibration")
         if calibration:  # read as safely as the config itself, before the cost model does
             check_calibration_file(calibration)
@@ -85,11 +98,15 @@ class RunConfig:
         if isinstance(strat, str):
             strat = {"name": strat}
         params = {k: v for k, v in strat.items() if k != "name"}
-        check_params(strat["name"], params, source)
-        try:
-            resolve_params(strat["name"], params)
-        except ConfigError as e:
-            raise ConfigError(f"{source}: {e}") from None
+        if not seen.hit:
+            from sim.config.run_core import check_params
+
+            check_params(strat["name"], params, source)
+            try:
+                resolve_params(strat["name"], params)
+            except ConfigError as e:
+                raise ConfigError(f"{source}: {e}") from None
+            seen.passed()
         passes = raw.get("passes") or ["fwd"]
         if isinstance(passes, str):
             passes = [passes]

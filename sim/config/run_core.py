@@ -59,10 +59,10 @@ def check_params(name: str, params: dict[str, Any], source: str) -> None:
     own = strategies.STRATEGIES.get(name)
     found: dict[str, str] = {}
     for key, value in params.items():
-        strat = own if own is not None and key in own.Params.model_fields else None
+        strat = own if own is not None and key in own.params_model().model_fields else None
         if strat is None:  # not this strategy's: the type of the name where one declares it
             every = strategies.STRATEGY_LIST
-            strat = next((s for s in every if key in s.Params.model_fields), None)
+            strat = next((s for s in every if key in s.params_model().model_fields), None)
         if strat is not None:
             found |= strat.problems({key: value})
     problems = [f"strategy.{k}: expected {h}, got {short(params[k])}" for k, h in found.items()]

@@ -1,5 +1,5 @@
 """The vocabulary of a task graph: the kinds of streams and of tasks, its data types, GEMM
-layouts and shape fields, and its file format's version.
+layouts and shape fields, and its file format's version; and the kinds of a node's devices.
 
 Kept apart from the graph itself so that the load-time checks, the engine and the executor can
 name kinds without importing the graph (and without an import cycle between graph and checks),
@@ -24,6 +24,9 @@ GEMM_DIMS = {
     "layout": "how A then B are stored: n as written (A [m, k], B [k, n]), t a transposed "
     "view (A [k, m], B [n, k]); default nn",
 }
+
+# what a device of a node that is not a GPU can be (a topology's `node.devices`)
+DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
 
 # Stream kinds; a stream name is a kind optionally followed by ".<n>" (e.g. "comm.1").
 STREAM_KINDS = ("compute", "comm", "copy")

@@ -25,6 +25,8 @@ from sim.core.errors import ConfigError
 
 @dataclass(frozen=True)
 class Limits:
+    """Size limits of a run: each bounds what it would build or load (`check`)."""
+
     # GPUs of a topology (nodes x gpus_per_node): its link arrays grow with it (~72 links per
     # 8-GPU node), whether or not every rank is simulated
     max_world: int = 262_144

@@ -14,6 +14,8 @@ from sim.hardware.topology import Topology
 
 @dataclass
 class SimResult:
+    """A simulated graph: per-task times, link use, memory and statistics."""
+
     graph: TaskGraph
     topology: Topology
     costs: CostModel

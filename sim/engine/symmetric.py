@@ -38,6 +38,8 @@ _NOT_TRIED = ("off (costs.symmetry)", "auto: fewer than")
 
 @dataclass
 class Plan:
+    """What a symmetric run simulates: the representatives' graph and map."""
+
     graph: TaskGraph  # the representatives' tasks, global ranks
     symmetry: Symmetry
     whole: TaskGraph  # the first replica's tasks, global ranks, world of all replicas

@@ -31,6 +31,8 @@ from sim.hardware.network import BundleBatch
 
 @dataclass
 class Symmetry:
+    """Ranks and links folded onto the representatives the simulation runs."""
+
     rep_of: np.ndarray  # per rank of the topology: the simulated rank standing for it
     weight: np.ndarray  # per rank: size of its orbit (read at representatives)
     link_rep: np.ndarray  # per link instance: the link of its orbit the simulation loads

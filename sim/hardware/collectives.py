@@ -41,6 +41,8 @@ class UniformPhase:
 
 @dataclass
 class ExplicitPhase:
+    """One phase of a collective as explicit (src, dst, bytes) flows."""
+
     src: np.ndarray
     dst: np.ndarray
     nbytes: np.ndarray

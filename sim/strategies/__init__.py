@@ -102,6 +102,8 @@ STRATEGIES: Mapping[str, Strategy] = _ByName()
 
 @dataclass(frozen=True)
 class Cluster:
+    """The topology and cost model a strategy's selector reads."""
+
     topology: Any  # sim.hardware.topology.Topology
     costs: Any  # sim.hardware.costs.CostModel
 

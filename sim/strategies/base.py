@@ -4,55 +4,23 @@ and the name of its real (executor) layer. Each strategy module defines `STRATEG
 `sim.strategies.STRATEGY_LIST` is the one list of them that every other part reads: the
 config's checks and schema, summaries, compare and sweep rows, the executor's registry.
 
-The parameter types below are shared by the strategies that take a parameter of that name;
-a `Hint` in a type's metadata is what a wrong value's error says was expected. A parameter
-typed `Any` is checked by its builder (its own message, on the values it accepts).
+The shipped strategies' `Params` models are in `sim.strategies.params` (with the parameter
+types they share), each named by its strategy ("module:Class") and imported where a parameter
+is checked or described: a builder's module imports no pydantic, and a run whose config passed
+its checks before (`sim.core.inputcache`) reads the defaults from the cache.
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+if TYPE_CHECKING:
+    from sim.strategies.params import StrategyParams
 
-
-@dataclass(frozen=True)
-class Hint:
-    """What a parameter's value must be, as its error says it (`expected <text>`)."""
-
-    text: str
-
-
-Count = Annotated[int, Field(gt=0, le=2**20)]
-Name = Annotated[str, Field(min_length=1, max_length=256)]
-Degree = Annotated[Count | Literal["auto"], Hint("a positive integer or 'auto'")]
-Candidates = Annotated[
-    Annotated[list[Count], Field(min_length=1)] | None, Hint("a list of positive integers")
-]
-PosInt = Annotated[Count, Hint("a positive integer")]
-AName = Annotated[Name, Hint("a name")]
-Algo = Annotated[Name | None, Hint("an algorithm name")]
-Shadow = Annotated[
-    Literal["auto", "none"] | list[Annotated[int, Field(ge=0, le=2**20)]],
-    Hint("'auto', 'none' or a list of expert ids"),
-]
-Flag = Annotated[bool, Hint("true or false")]
-
-
-class StrategyParams(BaseModel):
-    """Base of every strategy's `Params`: strict types (no bool for an int, no NaN)."""
-
-    # defer_build: built when first used (`problems`, `describe`), not at import
-    model_config = ConfigDict(strict=True, allow_inf_nan=False, extra="forbid", defer_build=True)
-
-
-def hint(field: Any) -> str:
-    for m in field.metadata:
-        if isinstance(m, Hint):
-            return m.text
-    return "valid"
+DEFAULTS = "strategy parameter defaults"  # their entry in the validated-input cache
 
 
 @dataclass(frozen=True)
@@ -69,10 +37,13 @@ class Strategy:
     `strategy.tp` is the layout's TP size: TP groups inside the MoE layer, TED),
     `tp_overlay` (its model-parallel groups, `strategy.tp` and `.esp`, laid over the MoE
     ranks: Parm), `stages_per_device(params) -> int` (a pipeline over `parallel.pp`
-    devices: DualPipe's stages per device)."""
+    devices: DualPipe's stages per device).
+
+    `Params` is the model itself or its name, "module:Class" (imported on first use:
+    `params_model`), as the shipped strategies give theirs (`sim.strategies.params`)."""
 
     name: str
-    Params: type[StrategyParams]
+    Params: type[StrategyParams] | str
     build: Callable[..., Any]
     real_layer: str | None
     resolve: Callable[..., Any] | None = None
@@ -90,9 +61,23 @@ class Strategy:
     dropless: bool = False
     layer_copies: int = 1
 
+    def params_model(self) -> type[StrategyParams]:
+        """The `Params` model (imported where `Params` names it)."""
+        if isinstance(self.Params, str):
+            module, _, name = self.Params.partition(":")
+            model: type[StrategyParams] = getattr(importlib.import_module(module), name)
+            return model
+        return self.Params
+
     @property
     def defaults(self) -> dict[str, Any]:
-        return {k: f.default for k, f in self.Params.model_fields.items()}
+        if isinstance(self.Params, str):  # a shipped model: its defaults kept with the cache's
+            from sim.core import inputcache
+
+            found = inputcache.derived(DEFAULTS, _shipped_defaults).get(self.Params)
+            if found is not None:
+                return dict(found)
+        return {k: f.default for k, f in self.params_model().model_fields.items()}
 
     @property
     def builds_model(self) -> bool:
@@ -100,10 +85,15 @@ class Strategy:
 
     def problems(self, params: dict[str, Any]) -> dict[str, str]:
         """Per parameter of this strategy given a value of the wrong type: what it expects."""
-        fields = self.Params.model_fields
+        from pydantic import ValidationError
+
+        from sim.strategies.params import hint
+
+        model = self.params_model()
+        fields = model.model_fields
         given = {k: v for k, v in params.items() if k in fields}
         try:
-            self.Params.model_validate(given)
+            model.model_validate(given)
         except ValidationError as e:
             bad = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
             return {k: hint(fields[k]) for k in given if k in bad}
@@ -111,7 +101,7 @@ class Strategy:
 
     def describe(self) -> dict[str, Any]:
         """The JSON Schema of the strategy's entry in a config: `name` and its parameters."""
-        schema = self.Params.model_json_schema()
+        schema = self.params_model().model_json_schema()
         props = {"name": {"const": self.name, "description": "the strategy"}}
         props |= schema.get("properties", {})
         out: dict[str, Any] = {
@@ -124,3 +114,9 @@ class Strategy:
         if "$defs" in schema:
             out["$defs"] = schema["$defs"]
         return out
+
+
+def _shipped_defaults() -> dict[str, dict[str, Any]]:
+    from sim.strategies.params import defaults
+
+    return defaults()

@@ -10,26 +10,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Algo, AName, Degree, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.layer import build_layer
 from sim.workload.moe import MoELayer
 
 NAME = "pipelined"
-
-
-class Params(StrategyParams):
-    degree: Degree = Field(4, description="capacity chunks r pipelined per all-to-all")
-    order: AName = Field(
-        "tutel",
-        description="how chunks are queued: tutel, alternating or two_streams (chunking.ORDERS)",
-    )
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
 
 
 def build(
@@ -47,7 +33,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:PipelinedParams",
     build=build,
     real_layer="pipelined",
 )

@@ -26,33 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.hardware.costs.derived import gemm_fit
-from sim.strategies.base import Algo, AName, Candidates, Degree, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.layer import build_layer
 from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
 NAME = "pipemoe"
-
-
-class Params(StrategyParams):
-    degree: Degree = Field(
-        "auto", description="chunks r, or auto: PipeMoE's selector (Theorem 1) on the cluster"
-    )
-    candidates: Candidates = Field(
-        None, description="degrees the selector may pick; default 1..min(64, C)"
-    )
-    order: AName = Field(
-        "tutel", description="how chunks are queued (PipeMoE runs inside Tutel: tutel)"
-    )
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
 
 
 R_MAX = 64
@@ -242,7 +224,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:PipeMoEParams",
     build=build,
     real_layer="pipemoe",
     resolve=resolve,

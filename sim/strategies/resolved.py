@@ -13,6 +13,8 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Resolved:
+    """A strategy's parameters as its builder resolved them (every `auto` chosen)."""
+
     params: dict[str, Any]  # every parameter, `auto` ones replaced by the value chosen
     chosen: dict[str, Any] = field(default_factory=dict)  # parameter -> value, where auto
     info: dict[str, Any] = field(default_factory=dict)  # what the selector saw (meta.selector)

@@ -7,21 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Algo, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.layer import build_layer
 from sim.workload.moe import MoELayer
 
 NAME = "sequential"
-
-
-class Params(StrategyParams):
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
 
 
 def build(
@@ -34,7 +25,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:SequentialParams",
     build=build,
     real_layer="sequential",
 )

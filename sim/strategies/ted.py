@@ -23,11 +23,9 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.base import Algo, PosInt, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.layer import build_layer
 from sim.strategies.steps import step_tags, task_id
 from sim.workload.moe import MoELayer
@@ -35,14 +33,6 @@ from sim.workload.parallel import ParallelLayout
 from sim.workload.slicing import aligned, ep_view, layer_meta
 
 NAME = "ted"
-
-
-class Params(StrategyParams):
-    tp: PosInt = Field(2, description="tensor-parallel group size (consecutive ranks of a node)")
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
 
 
 def check_layout(layer: MoELayer, tp: Any, gpus_per_node: int | None = None) -> int:
@@ -223,7 +213,7 @@ class _Weaver:
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:TEDParams",
     build=build,
     real_layer="ted",
     layout_tp=True,

@@ -34,11 +34,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import Task, TaskGraph
-from sim.strategies.base import Algo, AName, Degree, StrategyParams
 from sim.strategies.base import Strategy as StrategyObject
 from sim.strategies.layer import build_layer
 from sim.strategies.resolved import Resolved
@@ -55,19 +52,6 @@ from sim.workload.slicing import (
 )
 
 NAME = "tutel"
-
-
-class Params(StrategyParams):
-    degree: Degree = Field(
-        1, description="pipelining degree, or auto: Tutel's (degree, algo) search on the cluster"
-    )
-    algo: Algo = Field(
-        "linear", description="all-to-all algorithm: linear or 2dh, or auto with degree auto"
-    )
-    parallel: AName = Field(
-        "auto",
-        description="auto, p1, p2 or ep: how sliced experts run (Tutel's switchable parallelism)",
-    )
 
 
 PARALLEL = ("auto", "p1", "p2", "ep")
@@ -276,7 +260,7 @@ class OnlineSearch:
 
 STRATEGY = StrategyObject(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:TutelParams",
     build=build,
     real_layer="sliced",
     resolve=resolve,

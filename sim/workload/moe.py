@@ -62,6 +62,8 @@ def check_sizes(prefix: str, ints: dict[str, Any], capacity_factor: float) -> No
 
 @dataclass(frozen=True)
 class MoELayer:
+    """One MoE layer's sizes and routing over its expert-parallel GPUs."""
+
     batch: int  # B, sequences per GPU
     seq_len: int  # L
     model_dim: int  # M

@@ -48,6 +48,8 @@ SIZES = ("ep", "dp", "tp", "esp", "pp")
 
 @dataclass(frozen=True)
 class ParallelLayout:
+    """How GPUs divide into expert, data, tensor and pipeline parallel groups."""
+
     ep: int
     dp: int = 1
     tp: int = 1

@@ -57,6 +57,8 @@ class Tracks:
 
 @dataclass
 class Flows:
+    """The Chrome trace's flow arrows, as many as its limit allows."""
+
     events: list[dict[str, Any]] = field(default_factory=list)
     written: int = 0
     omitted: int = 0  # past the limit

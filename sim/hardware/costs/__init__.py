@@ -36,6 +36,8 @@ SYMMETRY_MODES = ("auto", "on", "off")
 
 @dataclass
 class CostModel:
+    """What each task costs: compute, network, interference and the rest."""
+
     compute: ComputeModel
     network: str  # "flow": per-message alpha + max-min shared links; "collective": alpha+beta*bytes
     collective: CollectiveAlphaBeta

@@ -22,6 +22,8 @@ FIELDS = ("stream", "cross")
 
 @dataclass(frozen=True)
 class Dispatch:
+    """Ready to running: after its stream's last task, and after another stream's."""
+
     stream: float = 0.0
     cross: float = 0.0
 

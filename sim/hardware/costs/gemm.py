@@ -78,6 +78,8 @@ class Candidate:
 
 @dataclass
 class GemmModel:
+    """A GPU GEMM's time: output tiles in waves over the SMs, against its bytes."""
+
     sms: int
     peak_flops: dict[str, float]
     mem_bw: float

@@ -120,6 +120,8 @@ def calibrated_use(meta: dict[str, Any] | None) -> HostUse | None:
 
 @dataclass(frozen=True)
 class SharedCpu:
+    """Ranks sharing one CPU host: the run's and the measured figures' shares."""
+
     run: HostUse  # the simulated run's host
     ref: HostUse  # what the cost figures were measured under
     ref_source: str

@@ -17,6 +17,8 @@ KINDS = ("compute", "comm", "copy")
 
 @dataclass
 class Interference:
+    """Relative speed of a stream kind while other kinds are busy on its GPU."""
+
     table: dict[str, dict[frozenset[str], float]]
 
     @classmethod

@@ -29,6 +29,8 @@ CLASSES = ("compute", "comm", "copy")  # fallbacks for kinds without their own q
 
 @dataclass(frozen=True)
 class Jitter:
+    """Run-to-run noise: per op kind, quantiles of a duration's factor; seeded."""
+
     quantiles: dict[str, tuple[float, ...]]
     seed: int = 0
     replicas: int = 11  # runs per simulation; the median one is reported

@@ -20,6 +20,8 @@ from sim.core.errors import ConfigError
 
 @dataclass
 class CollectiveAlphaBeta:
+    """Collective-level alpha-beta costs, fitted per kind and group size."""
+
     fits: dict[str, list[tuple[int, float, float]]]  # kind -> sorted (ranks, alpha, beta)
     # (kind, ranks) -> (alpha, beta) for kinds without a fit; None: such a kind is an error
     derive: Callable[[str, int], tuple[float, float]] | None = None

@@ -29,6 +29,8 @@ FABRIC_TYPES = ("switch", "fat_tree", "rail")
 
 @dataclass(frozen=True)
 class Fabric:
+    """The fabric between a topology's nodes: its kind, links and shape."""
+
     type: str
     cls_name: str  # link class of NIC <-> leaf links
     attach: tuple[str, ...]  # node devices wired to the fabric; index = attach index

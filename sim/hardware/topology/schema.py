@@ -15,7 +15,7 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from sim.core.kinds import DTYPES
+from sim.core.kinds import DEVICE_TYPES, DTYPES
 from sim.core.schema import Fraction, PosInt, Strict
 from sim.hardware.costs_schema import (
     Collectives,
@@ -29,7 +29,6 @@ from sim.hardware.costs_schema import (
     SharedCpu,
 )
 
-DEVICE_TYPES = ("nvswitch", "pcie_switch", "host", "nic")
 FABRIC_TYPES = ("switch", "fat_tree", "rail")
 MIN_BW, MAX_BW = 1e3, 1e15  # bytes/s per direction: from a 1 KB/s test link to 1 PB/s
 MAX_GPUS_PER_NODE = 4096

@@ -10,8 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sim.core import inputcache
 from sim.core.errors import ConfigError, TopologyError
-from sim.hardware.topology.schema import DEVICE_TYPES, TopologySpec
+from sim.core.kinds import DEVICE_TYPES
 
 __all__ = ["DEVICE_TYPES", "LinkClass", "check_spec", "expand_pairs", "link_classes", "read_spec"]
 
@@ -61,14 +62,23 @@ def read_spec(
 
 
 def check_spec(spec: Any, source: str) -> None:
-    """Every field of a topology spec (types, ranges, spelling), all problems in one line."""
+    """Every field of a topology spec (types, ranges, spelling), all problems in one line; a
+    spec that passed before is not checked again where the validated-input cache is on
+    (`sim.core.inputcache`: the command line)."""
+    seen = inputcache.Seen("topology", spec)
+    if seen.hit:
+        return
     from sim.core.schema import check
+    from sim.hardware.topology.schema import TopologySpec
 
     check(TopologySpec, spec, f"topology {source}", error=TopologyError)
+    seen.passed()
 
 
 @dataclass(frozen=True)
 class LinkClass:
+    """A kind of link: line rate, latency, efficiency and message costs."""
+
     name: str
     bw: float  # bytes/s per direction (line rate)
     latency: float  # s

@@ -24,35 +24,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.deepep.builder import build_deepep
 from sim.workload.moe import MoELayer
 
 NAME = "deepep"
-
-
-class Params(StrategyParams):
-    max_nodes: Any = Field(
-        None,
-        description="node-limited routing: each token to at most this many nodes; null: no limit",
-    )
-    dispatch_dtype: Any = Field("fp8", description="fp8 (1 byte + a fp32 scale per 128) or bf16")
-    sms: Any = Field(
-        24, description="SMs the dispatch / combine kernels hold (DeepEP V1 tests: 24 of 132)"
-    )
-    gpus_per_node: Any = Field(
-        None, description="GPUs per node of the kernels' NVLink domain; null: the cluster's"
-    )
-    dedup: Any = Field(
-        "expected",
-        description="rows per node and GPU: expected (a token's k choices as independent "
-        "draws) or tokens (counted from the per-token choices the executor's real gate makes "
-        "for the routing: what `exec --moe` moves; uniform routing stays expected)",
-    )
 
 
 def pair_weight(
@@ -83,7 +61,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:DeepEPParams",
     build=build,
     real_layer="deepep",
     pair_weight=pair_weight,

@@ -27,8 +27,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
 from sim.strategies import megatron_ep as mep
@@ -43,13 +41,7 @@ from sim.workload.moe import MoELayer
 NAME = "dualpipe"
 
 
-class Params(mep.LayerParams):
-    variant: Any = Field("dualpipe", description="dualpipe or dualpipev")
-    pp: Any = Field(4, description="pipeline devices (parallel.pp)")
-    micro: Any = Field(None, description="micro-batches; null: the schedule's default")
-
-
-__all__ = ["NAME", "Params", "STRATEGY", "build", "build_model", "table"]
+__all__ = ["NAME", "STRATEGY", "build", "build_model", "table"]
 
 
 def build(
@@ -130,7 +122,7 @@ def build_step(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:DualPipeParams",
     build=build,
     real_layer="dualpipe",
     # DualPipeV folds two stages onto each device

@@ -34,11 +34,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.base import AName, PosInt, Shadow, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.chunking import comm_order
 from sim.strategies.fastermoe.builder import _RankBuilder
 from sim.strategies.fastermoe.layout import step_layout
@@ -48,23 +46,9 @@ from sim.strategies.steps import PASSES, require_whole_experts
 from sim.workload.moe import MoELayer
 from sim.workload.slicing import layer_meta
 
-__all__ = ["NAME", "Params", "STRATEGY", "build", "group_layout", "parse_shadow", "resolve"]
+__all__ = ["NAME", "STRATEGY", "build", "group_layout", "parse_shadow", "resolve"]
 
 NAME = "fastermoe"
-
-
-class Params(StrategyParams):
-    group_size: PosInt = Field(
-        4,
-        description="ranks per group of the group-wise exchange (FastMoE's 4, clamped to W)",
-    )
-    shadow: Shadow = Field(
-        "auto",
-        description="experts shadowed: auto (the greedy rule), none, or a list of expert ids",
-    )
-    order: AName = Field(
-        "tutel", description="issue order of the steps (sim.strategies.chunking.ORDERS)"
-    )
 
 
 def pair_weight(
@@ -128,7 +112,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:FasterMoEParams",
     build=build,
     real_layer="fastermoe",
     resolve=resolve,

@@ -18,11 +18,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Algo, Degree, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.lancet.capacity import partition_sizes
 from sim.strategies.lancet.dw_schedule import schedule_dw
 from sim.strategies.lancet.plan import GATES, MAX_PARTITIONS, Plan, choose
@@ -33,21 +31,6 @@ from sim.workload.blocks import BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "lancet"
-
-
-class Params(StrategyParams):
-    degree: Degree = Field(1, description="pipelining degree of the layer's all-to-alls")
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
-    partition: Any = Field(
-        "auto", description="partitions of the extended pipeline, or auto (Lancet's DP)"
-    )
-    dw: Any = Field(
-        "on", description="on or off: weight-gradient GEMMs scheduled into the all-to-alls"
-    )
-    gate: Any = Field("switch", description="the gate's kind (sim.strategies.lancet.plan.GATES)")
 
 
 PLAN_KEY = "_plan"  # the partition plan, from `plan` to `build` and `model_pass`
@@ -165,7 +148,7 @@ def model_pass(graph: TaskGraph, params: dict[str, Any], cluster: Any) -> TaskGr
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:LancetParams",
     build=build,
     real_layer="lancet",
     plan=plan,

@@ -39,12 +39,10 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
-from pydantic import Field
-
 from sim.core import limits
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.megatron_ep.memory import place_moe
 from sim.strategies.megatron_ep.nodes import DISPATCHERS, Emitter, LayerSpec, layer_spec
 from sim.strategies.megatron_ep.schedule import backward, forward, merged
@@ -53,38 +51,6 @@ from sim.workload.blocks import MLA, BlockModel
 from sim.workload.moe import MoELayer
 
 NAME = "megatron_ep"
-
-
-class LayerParams(StrategyParams):
-    """What a Megatron-Core MoE layer takes, in its merged 1F1B (`megatron_ep`) and as
-    DualPipe's chunks (`dualpipe`): the model's shape where it overrides the blocks', the
-    token dispatcher and the DeepEP kernels' resources."""
-
-    dispatcher: Any = Field(
-        "alltoall", description="the token dispatcher (Megatron-Core's: alltoall, allgather, flex)"
-    )
-    shared_overlap: Any = Field(True, description="shared experts overlapped with the dispatch")
-    layers: Any = Field(None, description="transformer layers; null: the model's")
-    heads: Any = Field(None, description="attention heads; null: the model's")
-    shared: Any = Field(None, description="shared experts; null: the model's")
-    flash: Any = Field(None, description="flash attention; null: the model's")
-    mla: Any = Field(None, description="multi-head latent attention; null: the model's")
-    kv_heads: Any = Field(None, description="key/value heads (GQA); null: the model's")
-    head_dim: Any = Field(None, description="head dimension; null: the model's")
-    sms: Any = Field(24, description="SMs the DeepEP kernels hold (DeepEP V1's tests: 24 of 132)")
-    dispatch_dtype: Any = Field(
-        "bf16",
-        description="dtype of the dispatched hidden states (Megatron-Core's fused_dispatch: bf16)",
-    )
-    gpus_per_node: Any = Field(None, description="GPUs per node; null: the cluster's")
-
-
-class Params(LayerParams):
-    overlap: Any = Field(
-        True,
-        description="EP communication overlapped with another micro-batch's compute (1F1B)",
-    )
-    micro: Any = Field(4, description="micro-batches")
 
 
 GQA = ("kv_heads", "head_dim")  # graph metadata only when given: older results keep theirs
@@ -273,7 +239,7 @@ def build_stage(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:MegatronEPParams",
     build=build,
     real_layer="ep_overlap",
     pair_weight=pair_weight,

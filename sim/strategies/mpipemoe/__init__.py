@@ -34,32 +34,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Algo, AName, Candidates, Degree, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.mpipemoe.builder import NAME, build_graph
 from sim.strategies.mpipemoe.selector import choose
 from sim.strategies.resolved import Resolved
 from sim.workload.moe import MoELayer
 
-__all__ = ["NAME", "Params", "STRATEGY", "build", "resolve"]
-
-
-class Params(StrategyParams):
-    degree: Degree = Field(
-        "auto", description="micro-batches n, or auto (granularity search on the cost model)"
-    )
-    reuse: AName = Field(
-        "auto", description="memory reuse: none, S1, S2, S3, S4 or auto (Eq. 10 over S1-S4)"
-    )
-    candidates: Candidates = Field(
-        None, description="degrees auto may pick; default DEGREES up to the capacity"
-    )
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
+__all__ = ["NAME", "STRATEGY", "build", "resolve"]
 
 
 def resolve(
@@ -82,7 +64,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:MPipeMoEParams",
     build=build,
     real_layer="mpipemoe",
     resolve=resolve,

@@ -19,28 +19,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
-
 from sim.core.errors import ConfigError
 from sim.core.graph import TaskGraph
-from sim.strategies.base import Algo, AName, Flag, PosInt, Strategy, StrategyParams
+from sim.strategies.base import Strategy
 from sim.strategies.parm.schedules import build_schedule
 from sim.strategies.parm.selector import choose
 from sim.strategies.parm.volumes import SCHEDULES, check, volumes
 from sim.workload.moe import MoELayer
 
 NAME = "parm"
-
-
-class Params(StrategyParams):
-    schedule: AName = Field("auto", description="baseline, s1, s2 or auto (Parm's selector)")
-    saa: Flag = Field(True, description="overlap the all-to-all with the allgather (SAA)")
-    tp: PosInt = Field(1, description="model-parallel (tensor) group size")
-    esp: PosInt = Field(1, description="expert-sharding group size (ESP)")
-    algo: Algo = Field(
-        None,
-        description="the all-to-all algorithm (sim.hardware.collectives); null: the default one",
-    )
 
 
 def build(
@@ -66,7 +53,7 @@ def build(
 
 STRATEGY = Strategy(
     name=NAME,
-    Params=Params,
+    Params="sim.strategies.params:ParmParams",
     build=build,
     real_layer=None,
     tp_overlay=True,
