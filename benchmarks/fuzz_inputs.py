@@ -307,6 +307,9 @@ def main() -> None:
         cases = [c for c in cases if a.only in c[1].name]
     print(f"{len(cases)} cases, {a.workers} workers", file=sys.stderr)
     scratch = Path(tempfile.mkdtemp(prefix="moesim-fuzz-"))
+    # the cases' inputs that pass are remembered in a cache of their own, not the user's
+    # (the workers inherit it); removed with the scratch folder
+    os.environ["MOESIM_CACHE_DIR"] = str(scratch / "input-cache")
     t0 = time.perf_counter()
     try:
         rows = Pool(a.workers, a.base, a.mem_gib, a.timeout).run(cases, scratch)

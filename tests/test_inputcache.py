@@ -281,3 +281,28 @@ def test_a_command_writes_a_bounded_number_of_entries():
     finally:
         undo()
     assert len(_entries()) == inputcache.MAX_WRITES + 1
+
+
+def test_the_directory_keeps_a_bounded_number_of_entries(monkeypatch):
+    """A command's first write prunes the least recently written entries beyond MAX_ENTRIES,
+    down to 3/4 of it: entries of code since edited would otherwise pile up."""
+    monkeypatch.setattr(inputcache, "MAX_ENTRIES", 8)
+    for n in range(3):  # three commands of 4 inputs each: 12 entries, written oldest first
+        undo = inputcache.enable()
+        try:
+            for i in range(4):
+                inputcache.Seen("run config", {"point": 4 * n + i}).passed()
+        finally:
+            undo()
+        for i, path in enumerate(sorted(_entries(), key=os.path.getmtime)):
+            os.utime(path, (1000.0 + i, 1000.0 + i))  # mtimes in write order, whatever the clock
+    assert len(_entries()) == 12  # 8 before the third command's first write: no prune yet
+    undo = inputcache.enable()
+    try:
+        inputcache.Seen("run config", {"point": 99}).passed()  # prunes 12 -> 6, then writes
+        assert len(_entries()) == 7
+        assert inputcache.Seen("run config", {"point": 99}).hit
+        assert inputcache.Seen("run config", {"point": 11}).hit  # the newest stay
+        assert not inputcache.Seen("run config", {"point": 0}).hit  # the oldest went
+    finally:
+        undo()

@@ -20,7 +20,8 @@ $XDG_CACHE_HOME/moesim, else ~/.cache/moesim; MOESIM_NO_CACHE=1 turns it off. An
 small JSON file, written atomically, led by the sha256 of its body: one that is unreadable,
 damaged or not its key's is ignored and written again; a directory that cannot be written only
 means nothing is remembered; a command writes at most MAX_WRITES entries (its own inputs, not
-a sweep's points). Removing the directory clears the cache.
+a sweep's points), and the directory keeps at most MAX_ENTRIES (the least recently written go
+first). Removing the directory clears the cache.
 """
 
 from __future__ import annotations
@@ -42,6 +43,10 @@ FORMAT = "moesim input cache 1"  # what an entry holds and how its key is made
 # entries one command writes at most: its own config and topology need a few; a sweep's
 # thousands of points would only fill the directory
 MAX_WRITES = 32
+# entries the directory keeps: a command's first write prunes the least recently written
+# beyond it (an edit of any module of `sim` re-keys everything, so old entries are dead
+# weight that would otherwise pile up over a checkout's life)
+MAX_ENTRIES = 4096
 _MISSING = object()
 _on = False
 _writes_left = 0
@@ -215,6 +220,8 @@ def _write(d: Path, key: str, value: Any) -> None:
     global _writes_left
     if _writes_left <= 0:
         return
+    if _writes_left == MAX_WRITES:
+        prune(d)
     _writes_left -= 1
     body = json.dumps({"key": key, "value": value}, separators=(",", ":")).encode()
     path = _path(d, key)
@@ -228,3 +235,28 @@ def _write(d: Path, key: str, value: Any) -> None:
     except OSError:
         with suppress(OSError):
             tmp.unlink(missing_ok=True)
+
+
+def prune(d: Path, keep: int | None = None) -> int:
+    """Removes the least recently written entries of `d` beyond `keep` (down to 3/4 of it, so
+    that the next commands need not prune again at once); the number removed. Whatever cannot
+    be listed or removed is left."""
+    keep = MAX_ENTRIES if keep is None else keep
+    entries: list[tuple[float, str]] = []
+    with suppress(OSError):
+        for sub in os.scandir(d):
+            if len(sub.name) != 2 or not sub.is_dir(follow_symlinks=False):
+                continue
+            for e in os.scandir(sub.path):
+                if e.name.endswith(".json"):
+                    with suppress(OSError):
+                        entries.append((e.stat(follow_symlinks=False).st_mtime, e.path))
+    if len(entries) <= keep:
+        return 0
+    entries.sort()
+    removed = 0
+    for _, path in entries[: len(entries) - keep * 3 // 4]:
+        with suppress(OSError):
+            os.unlink(path)
+            removed += 1
+    return removed
