@@ -5,6 +5,7 @@ the plan finds that layout feasible, its rank, and how far the plan's best is ah
 what the best changes). Results: benchmarks/results/plan_published.{json,md}.
 
     python benchmarks/plan_published.py --rows 4 14 15 20 [--workers 2] [--budget-s 1200]
+        [--out NAME]
 
 The published layout is scored as the plan scores every candidate: the request's recipe
 (the newest recorded for the model, system and precision) with the row's recipe's EP
@@ -16,9 +17,11 @@ offloading). `--budget-s`: no new row is started after that many seconds.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -59,36 +62,71 @@ def published(row: dict[str, str]) -> Candidate:
     )
 
 
+def _label(c: dict) -> str:
+    return (
+        f"TP{c.get('tp')} CP{c.get('cp')} PP{c.get('pp')} VP{c.get('vp')} "
+        f"EP{c.get('ep')} MBS{c.get('mbs')}"
+        + (" FSDP" if c.get("fsdp") else "")
+        + (f" {c.get('dispatcher')}" if int(c.get("ep") or 1) > 1 else "")
+    )
+
+
+def row_lines(rec: dict, r: dict[str, str]) -> list[str]:
+    """A recorded row's lines of the table (`r`: its row of the published table)."""
+    g, best, pr = rec["given"] or {}, rec["best"] or {}, rec["pruned"]
+    gt = g.get("predicted_tokens_per_s_per_gpu")
+    bt = best.get("predicted_tokens_per_s_per_gpu")
+    ahead = (bt / gt - 1) if gt and bt else None
+    within = "" if ahead is None else ("yes" if ahead <= 0.10 else "no")
+    out = [
+        f"| {rec['row']} | {r['release']} {r['system']} {r['model']} {r['variant']} "
+        f"{r['precision']} {r['gpus']} GPUs "
+        f"| {rec['considered']} | {rec['simulated']} | {pr.get('memory', 0)} / "
+        f"{pr.get('bound', 0)} / {pr.get('comm_floor', 0)} / {pr.get('comm_bound', 0)} | "
+        f"{rec['wall_s']:.0f} | {rec.get('label') or _label(asdict(published(r)))} | "
+        f"{'' if gt is None else f'{gt:,.0f}'} | "
+        f"{g.get('rank', '-')} | {g.get('fits', '-')} | {_label(best) if best else ''} | "
+        f"{'' if bt is None else f'{bt:,.0f}'} | "
+        f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} | {within} |"
+    ]
+    if g.get("reason"):
+        out.append(f"|  | published layout not built: {g['reason']} |" + " |" * 12)
+    if gt and bt and ahead is not None and ahead > 0.10:
+        out.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rows", type=int, nargs="+", required=True, help="1-based table rows")
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--scheduler", help="a Dask scheduler address or dask-local")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row after this")
+    ap.add_argument(
+        "--out",
+        default="plan_published",
+        help="results name (benchmarks/results/NAME.{json,md}); another name keeps the "
+        "whole table's record and records these rows beside it",
+    )
+    ap.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the rows NAME.json has recorded that are not planned again",
+    )
     a = ap.parse_args()
     rows = read_table(TABLE)
     start = time.time()
     load0 = os.getloadavg()[0]
-    out: list[dict] = []
-    lines = [
-        "# `moesim plan` on published runs",
-        "",
-        f"Machine: {machine()} (shared with other work); load average {load0:.1f} at the "
-        f"start; {a.workers} worker(s)"
-        + (f" on Dask ({a.scheduler})" if a.scheduler else "")
-        + ". Regenerate: `python benchmarks/plan_published.py --rows "
-        + " ".join(map(str, a.rows))
-        + f" --workers {a.workers}`.",
-        "",
-        "Pruned: dropped before simulation for memory / compute bound / bound with the "
-        "collectives at their floor (no simulation) / bound with the collectives simulated "
-        "(in the workers).",
-        "",
-        "| row | run | candidates | simulated | pruned mem / bound / floor / comm | wall s | "
-        "published layout | its tok/s/GPU | rank | fits | best | best tok/s/GPU | "
-        "best ahead by | within 10% |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
-    ]
+    kept: dict[int, dict] = {}
+    runs: list[str] = []
+    path = ROOT / "benchmarks" / "results" / f"{a.out}.json"
+    if a.merge and path.exists():
+        old = json.loads(path.read_text())
+        kept = {rec["row"]: rec for rec in old.get("rows", []) if rec["row"] not in a.rows}
+        runs = list(old.get("runs", [])) or [
+            f"{old.get('machine')}; load average {old.get('load_start', 0):.1f} at the start; "
+            f"rows {' '.join(str(n) for n in sorted(kept))}"
+        ]
     skipped = []
     for n in a.rows:
         if a.budget_s is not None and time.time() - start > a.budget_s:
@@ -107,57 +145,47 @@ def main() -> None:
         given = published(r)
         t0 = time.time()
         p = plan(req, given=given, workers=a.workers, scheduler=a.scheduler)
-        wall = time.time() - t0
-        g, best = p.given or {}, (p.candidates[0] if p.candidates else {})
-        gt = g.get("predicted_tokens_per_s_per_gpu")
-        bt = best.get("predicted_tokens_per_s_per_gpu")
-        ahead = (bt / gt - 1) if gt and bt else None
-        label = (
-            f"TP{given.tp} CP{given.cp} PP{given.pp} VP{given.vp} EP{given.ep} MBS{given.mbs}"
-            + (" FSDP" if given.fsdp else "")
-            + (f" {given.dispatcher}" if given.ep > 1 else "")
-        )
-        best_label = (
-            f"TP{best.get('tp')} CP{best.get('cp')} PP{best.get('pp')} VP{best.get('vp')} "
-            f"EP{best.get('ep')} MBS{best.get('mbs')}"
-            + (" FSDP" if best.get("fsdp") else "")
-            + (f" {best.get('dispatcher')}" if int(best.get("ep") or 1) > 1 else "")
-        )
-        pr = p.pruned
-        within = "" if ahead is None else ("yes" if ahead <= 0.10 else "no")
-        lines.append(
-            f"| {n} | {r['release']} {r['system']} {r['model']} {r['variant']} "
-            f"{r['precision']} {r['gpus']} GPUs "
-            f"| {p.considered} | {p.simulated} | {pr.get('memory', 0)} / {pr.get('bound', 0)} / "
-            f"{pr.get('comm_floor', 0)} / {pr.get('comm_bound', 0)} | {wall:.0f} | {label} | "
-            f"{'' if gt is None else f'{gt:,.0f}'} | {g.get('rank', '-')} | {g.get('fits', '-')} "
-            f"| {best_label} | {'' if bt is None else f'{bt:,.0f}'} | "
-            f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} | {within} |"
-        )
-        if g.get("reason"):
-            lines.append(f"|  | published layout not built: {g['reason']} |" + " |" * 12)
-        if gt and bt and ahead is not None and ahead > 0.10:
-            lines.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
-        out.append(
-            {
-                "row": n,
-                "considered": p.considered,
-                "simulated": p.simulated,
-                "pruned": p.pruned,
-                "wall_s": wall,
-                "given": g,
-                "best": best,
-            }
-        )
-    lines += [
+        kept[n] = {
+            "row": n,
+            "considered": p.considered,
+            "simulated": p.simulated,
+            "pruned": p.pruned,
+            "wall_s": time.time() - t0,
+            "label": _label(asdict(given)),
+            "given": p.given or {},
+            "best": p.candidates[0] if p.candidates else {},
+        }
+    runs.append(
+        f"{machine()} (shared with other work); load average {load0:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end; {a.workers} worker(s)"
+        + (f" on Dask ({a.scheduler})" if a.scheduler else "")
+        + f"; rows {' '.join(map(str, a.rows))} in {time.time() - start:.0f} s"
+        + (f" (not run, over the time budget: {skipped})" if skipped else "")
+    )
+    out = [kept[n] for n in sorted(kept)]
+    lines = [
+        "# `moesim plan` on published runs",
         "",
-        f"Total wall time {time.time() - start:.0f} s; load average "
-        f"{os.getloadavg()[0]:.1f} at the end."
-        + (f" Not run (over the time budget): rows {skipped}." if skipped else ""),
+        "Runs (regenerate: `python benchmarks/plan_published.py --rows N ... --workers W"
+        + (f" --out {a.out}" if a.out != "plan_published" else "")
+        + " [--merge]`):",
+        "",
+        *[f"- {x}" for x in runs],
+        "",
+        "Pruned: dropped before simulation for memory / compute bound / bound with the "
+        "collectives at their floor (no simulation) / bound with the collectives simulated "
+        "(in the workers).",
+        "",
+        "| row | run | candidates | simulated | pruned mem / bound / floor / comm | wall s | "
+        "published layout | its tok/s/GPU | rank | fits | best | best tok/s/GPU | "
+        "best ahead by | within 10% |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    for rec in out:
+        lines += row_lines(rec, rows[rec["row"] - 1])
     record(
-        "plan_published",
-        {"machine": machine(), "load_start": load0, "rows": out, "skipped": skipped},
+        a.out,
+        {"machine": machine(), "load_start": load0, "runs": runs, "rows": out, "skipped": skipped},
         lines,
     )
 
