@@ -5,6 +5,7 @@ the plan finds that layout feasible, its rank, and how far the plan's best is ah
 what the best changes). Results: benchmarks/results/plan_published.{json,md}.
 
     python benchmarks/plan_published.py --rows 4 14 15 20 [--workers 2] [--budget-s 1200]
+        [--out NAME]
 
 The published layout is scored as the plan scores every candidate: the request's recipe
 (the newest recorded for the model, system and precision) with the row's recipe's EP
@@ -21,13 +22,13 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
-from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import RESULTS, machine, record  # noqa: E402
+from benchmarks.common import machine, record  # noqa: E402
 from sim.training.plan import plan  # noqa: E402
 from sim.training.plan_report import why  # noqa: E402
 from sim.training.plan_space import Candidate, Request  # noqa: E402
@@ -64,37 +65,32 @@ def published(row: dict[str, str]) -> Candidate:
     )
 
 
-def label_of(c: Candidate) -> str:
+def _label(c: dict) -> str:
     return (
-        f"TP{c.tp} CP{c.cp} PP{c.pp} VP{c.vp} EP{c.ep} MBS{c.mbs}"
-        + (" FSDP" if c.fsdp else "")
-        + (f" {c.dispatcher}" if c.ep > 1 else "")
-        + (f" offload {c.offload}" if c.offload else "")
+        f"TP{c.get('tp')} CP{c.get('cp')} PP{c.get('pp')} VP{c.get('vp')} "
+        f"EP{c.get('ep')} MBS{c.get('mbs')}"
+        + (" FSDP" if c.get("fsdp") else "")
+        + (f" {c.get('dispatcher')}" if int(c.get("ep") or 1) > 1 else "")
+        + (f" offload {c.get('offload')}" if c.get("offload") else "")
     )
 
 
-def row_lines(n: int, r: dict[str, str], rec: dict[str, Any]) -> list[str]:
-    """The table lines of a row's record (`rec`: its entry in plan_published.json)."""
+def row_lines(rec: dict, r: dict[str, str]) -> list[str]:
+    """A recorded row's lines of the table (`r`: its row of the published table)."""
     g, best, pr = rec["given"] or {}, rec["best"] or {}, rec["pruned"]
     gt = g.get("predicted_tokens_per_s_per_gpu")
     bt = best.get("predicted_tokens_per_s_per_gpu")
     ahead = (bt / gt - 1) if gt and bt else None
-    best_label = (
-        f"TP{best.get('tp')} CP{best.get('cp')} PP{best.get('pp')} VP{best.get('vp')} "
-        f"EP{best.get('ep')} MBS{best.get('mbs')}"
-        + (" FSDP" if best.get("fsdp") else "")
-        + (f" {best.get('dispatcher')}" if int(best.get("ep") or 1) > 1 else "")
-        + (f" offload {best.get('offload')}" if best.get("offload") else "")
-    )
     within = "" if ahead is None else ("yes" if ahead <= 0.10 else "no")
     out = [
-        f"| {n} | {r['release']} {r['system']} {r['model']} {r['variant']} "
+        f"| {rec['row']} | {r['release']} {r['system']} {r['model']} {r['variant']} "
         f"{r['precision']} {r['gpus']} GPUs "
         f"| {rec['considered']} | {rec['simulated']} | {pr.get('memory', 0)} / "
         f"{pr.get('bound', 0)} / {pr.get('comm_floor', 0)} / {pr.get('comm_bound', 0)} | "
-        f"{rec['wall_s']:.0f} | {label_of(published(r))} | "
-        f"{'' if gt is None else f'{gt:,.0f}'} | {g.get('rank', '-')} | {g.get('fits', '-')} "
-        f"| {best_label} | {'' if bt is None else f'{bt:,.0f}'} | "
+        f"{rec['wall_s']:.0f} | {rec.get('label') or _label(asdict(published(r)))} | "
+        f"{'' if gt is None else f'{gt:,.0f}'} | "
+        f"{g.get('rank', '-')} | {g.get('fits', '-')} | {_label(best) if best else ''} | "
+        f"{'' if bt is None else f'{bt:,.0f}'} | "
         f"{'' if ahead is None else f'{100 * ahead:+.1f}%'} | {within} |"
     ]
     if g.get("reason"):
@@ -111,15 +107,30 @@ def main() -> None:
     ap.add_argument("--scheduler", help="a Dask scheduler address or dask-local")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row after this")
     ap.add_argument(
+        "--out",
+        default="plan_published",
+        help="results name (benchmarks/results/NAME.{json,md}); another name keeps the "
+        "whole table's record and records these rows beside it",
+    )
+    ap.add_argument(
         "--merge",
         action="store_true",
-        help="replace these rows in the recorded results and keep the others",
+        help="keep the rows NAME.json has recorded that are not planned again",
     )
     a = ap.parse_args()
     rows = read_table(TABLE)
     start = time.time()
     load0 = os.getloadavg()[0]
-    out: list[dict] = []
+    kept: dict[int, dict] = {}
+    runs: list[str] = []
+    path = ROOT / "benchmarks" / "results" / f"{a.out}.json"
+    if a.merge and path.exists():
+        old = json.loads(path.read_text())
+        kept = {rec["row"]: rec for rec in old.get("rows", []) if rec["row"] not in a.rows}
+        runs = list(old.get("runs", [])) or [
+            f"{old.get('machine')}; load average {old.get('load_start', 0):.1f} at the start; "
+            f"rows {' '.join(str(n) for n in sorted(kept))}"
+        ]
     skipped = []
     for n in a.rows:
         if a.budget_s is not None and time.time() - start > a.budget_s:
@@ -135,49 +146,36 @@ def main() -> None:
             r["precision"].upper(),
             where=f"row {n}",
         )
+        given = published(r)
         t0 = time.time()
-        p = plan(req, given=published(r), workers=a.workers, scheduler=a.scheduler)
-        out.append(
-            {
-                "row": n,
-                "considered": p.considered,
-                "simulated": p.simulated,
-                "pruned": p.pruned,
-                "wall_s": time.time() - t0,
-                "given": p.given or {},
-                "best": p.candidates[0] if p.candidates else {},
-                "recorded": time.strftime("%Y-%m-%d"),
-            }
-        )
-    wall, load1 = time.time() - start, os.getloadavg()[0]
-    ran = [rec["row"] for rec in out]
-    kept: list[dict] = []
-    earlier: dict[str, Any] = {}
-    if a.merge and (RESULTS / "plan_published.json").exists():
-        earlier = json.loads((RESULTS / "plan_published.json").read_text())
-        kept = [rec for rec in earlier.get("rows", []) if rec["row"] not in ran]
-    every = sorted(kept + out, key=lambda rec: rec["row"])
-    run_line = (
-        f"Machine: {machine()} (shared with other work); load average {load0:.1f} at the "
-        f"start; {a.workers} worker(s)"
+        p = plan(req, given=given, workers=a.workers, scheduler=a.scheduler)
+        kept[n] = {
+            "row": n,
+            "considered": p.considered,
+            "simulated": p.simulated,
+            "pruned": p.pruned,
+            "wall_s": time.time() - t0,
+            "label": _label(asdict(given)),
+            "given": p.given or {},
+            "best": p.candidates[0] if p.candidates else {},
+        }
+    runs.append(
+        f"{machine()} (shared with other work); load average {load0:.1f} at the start, "
+        f"{os.getloadavg()[0]:.1f} at the end; {a.workers} worker(s)"
         + (f" on Dask ({a.scheduler})" if a.scheduler else "")
-        + ". Regenerate: `python benchmarks/plan_published.py --rows "
-        + " ".join(map(str, a.rows))
-        + f" --workers {a.workers}"
-        + (" --merge`." if a.merge else "`.")
+        + f"; rows {' '.join(map(str, a.rows))} in {time.time() - start:.0f} s"
+        + (f" (not run, over the time budget: {skipped})" if skipped else "")
     )
-    lines = ["# `moesim plan` on published runs", "", run_line, ""]
-    if kept:
-        lines += [
-            f"Merged: rows {', '.join(map(str, ran))} run now ({wall:.0f} s wall, load "
-            f"average {load1:.1f} at the end); the other {len(kept)} rows are kept from "
-            f"the earlier record ({'; '.join(earlier.get('runs', []) or ['full run: rows 1-54'])}"
-            "), scored with the memory model and recipes as they were then (in the JSON, a "
-            "row's `recorded` gives the day it ran; the full run's rows have none): run them "
-            "again to see them with today's.",
-            "",
-        ]
-    lines += [
+    out = [kept[n] for n in sorted(kept)]
+    lines = [
+        "# `moesim plan` on published runs",
+        "",
+        "Runs (regenerate: `python benchmarks/plan_published.py --rows N ... --workers W"
+        + (f" --out {a.out}" if a.out != "plan_published" else "")
+        + " [--merge]`):",
+        "",
+        *[f"- {x}" for x in runs],
+        "",
         "Pruned: dropped before simulation for memory / compute bound / bound with the "
         "collectives at their floor (no simulation) / bound with the collectives simulated "
         "(in the workers).",
@@ -187,24 +185,11 @@ def main() -> None:
         "best ahead by | within 10% |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
-    for rec in every:
-        lines += row_lines(rec["row"], rows[rec["row"] - 1], rec)
-    lines += [
-        "",
-        f"Wall time of the rows run now {wall:.0f} s; load average {load1:.1f} at the end."
-        + (f" Not run (over the time budget): rows {skipped}." if skipped else ""),
-    ]
-    runs = list(earlier.get("runs", []) or (["full run: rows 1-54"] if kept else []))
-    runs.append(f"{time.strftime('%Y-%m-%d')}: rows {' '.join(map(str, ran))}")
+    for rec in out:
+        lines += row_lines(rec, rows[rec["row"] - 1])
     record(
-        "plan_published",
-        {
-            "machine": machine(),
-            "load_start": load0,
-            "rows": every,
-            "skipped": skipped,
-            "runs": runs,
-        },
+        a.out,
+        {"machine": machine(), "load_start": load0, "runs": runs, "rows": out, "skipped": skipped},
         lines,
     )
 

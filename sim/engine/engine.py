@@ -239,7 +239,8 @@ class Engine(Comm):
             self._local(i, t.stream_kind, dur)
             return
         if self.sm.sms[i] > 0:  # a communication kernel holds its SMs from launch, waiting included
-            self._reserve(i, t, 0.0)
+            # and the HBM share its task states (`hbm_share`; none: its SMs only)
+            self._reserve(i, t, min(1.0, max(0.0, float(t.tags.get("hbm_share", 0.0)))))
 
     def _finish(self, i: int) -> None:
         t = self.tasks[i]

@@ -299,6 +299,17 @@ class ResourceParams(Strict):
         description="share of its links' rate a communication kernel holding SMs of its own "
         "reaches, in (0, 1]; default 1",
     )
+    coll_sms: Annotated[int, Field(ge=0, le=1024)] | None = Field(
+        None,
+        description="SMs (one CTA per channel) an NCCL ring all-gather or reduce-scatter of a "
+        "large buffer holds inside one NVLink domain; the training step model slows compute "
+        "overlapped with such a collective (FSDP, the distributed optimizer); default 0",
+    )
+    coll_sms_net: Annotated[int, Field(ge=0, le=1024)] | None = Field(
+        None,
+        description="SMs the same collective holds when its group spans NVLink domains (its "
+        "rings cross the network); default 0",
+    )
 
 
 class SharedCpu(Strict):

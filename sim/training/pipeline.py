@@ -80,8 +80,10 @@ class StagePrograms:
 
     fwd: list[list[Phase]]
     bwd: list[list[Phase]]
-    gather: list[list[tuple[int, float]]] = field(default_factory=list)  # (layer, s) per chunk
-    reduce: list[list[tuple[int, float]]] = field(default_factory=list)
+    # per chunk: (layer, seconds, SMs its kernel holds, HBM share it takes) of each layer's
+    # collective (the SMs and share slow the compute beside it; 0: nothing)
+    gather: list[list[tuple[int, float, int, float]]] = field(default_factory=list)
+    reduce: list[list[tuple[int, float, int, float]]] = field(default_factory=list)
     optimizer_s: float = 0.0
 
 
@@ -102,9 +104,11 @@ class _Emitter:
         tags: dict | None = None,
         peer: int | None = None,
         coll: str | None = None,
+        hold: tuple[int, float] = (0, 0.0),
     ) -> str:
         """A timed task; a collective of one member (its time measured already) or a
-        send / receive to `peer`."""
+        send / receive to `peer`; `hold`: the SMs and the HBM share its kernel takes from
+        the compute beside it."""
         self.n += 1
         tid = f"s{self.stage}.{name}#{self.n}"
         group = None
@@ -121,7 +125,12 @@ class _Emitter:
                 coll=coll,
                 peer=peer,
                 bytes=1.0 if peer is not None else 0.0,
-                tags={"measured_s": float(seconds), **(tags or {})},
+                sms=hold[0],
+                tags={
+                    "measured_s": float(seconds),
+                    **({"hbm_share": hold[1]} if hold[1] else {}),
+                    **(tags or {}),
+                },
             )
         )
         return tid
@@ -150,8 +159,8 @@ def step_graph(
         for c in range(vp):
             gathered[(s, c)] = (
                 [
-                    em[s].task(f"ag.l{layer}", "comm.dp", "all_gather", sec, [])
-                    for layer, sec in stages[s].gather[c]
+                    em[s].task(f"ag.l{layer}", "comm.dp", "all_gather", sec, [], hold=(k, u))
+                    for layer, sec, k, u in stages[s].gather[c]
                 ]
                 if stages[s].gather
                 else []
@@ -190,8 +199,10 @@ def step_graph(
                     blocking.append(sent)
                 if pk == "B" and last_bwd.get((s, pc)) == i + passes.index((pk, pm, pc)):
                     last = done[("B", pm, pc * pp + s, 0)]
-                    for layer, sec in stages[s].reduce[pc] if stages[s].reduce else []:
-                        em[s].task(f"rs.l{layer}", "comm.dp", "reduce_scatter", sec, [last])
+                    for layer, sec, k, u in stages[s].reduce[pc] if stages[s].reduce else []:
+                        em[s].task(
+                            f"rs.l{layer}", "comm.dp", "reduce_scatter", sec, [last], hold=(k, u)
+                        )
             i += len(passes)
             waits = blocking  # plain 1F1B's batched send / receive returns once sent
     for s in range(pp):  # the optimizer step once every gradient is reduced

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sim.training.comm import Timer
+from sim.training.contention import Contention, dp_hold, fsdp, tp_loss
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
@@ -66,6 +67,9 @@ class StepModel:
     ):
         self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
         self.imbalance = imbalance  # the hottest EP rank's routed rows over the mean
+        # what overlapped collectives cost the compute beside them (`sim.training.contention`;
+        # None: nothing, as the bound's models and the tests' stubs have it)
+        self.contention: Contention | None = None
         self.graphed: set[str] = set()
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
@@ -181,8 +185,10 @@ class StepModel:
                     sec = self.comm.seconds(kind, c.dim, nbytes)
                     if self.r.tp_comm_overlap:
                         # split into TP chunks, each beside the GEMM of the one before: the
-                        # first chunk's transfer is exposed (Wang et al., ASPLOS'23)
-                        sec /= self.lay.tp
+                        # first chunk's transfer is exposed (Wang et al., ASPLOS'23); the
+                        # others slow that GEMM (`sim.training.contention`)
+                        loss = tp_loss(self, lw, c, kind, nbytes, sec, backward)
+                        sec = sec / self.lay.tp + loss
                     self.totals["tp_comm_s"] += sec
                 t += sec
             out.append(
@@ -316,8 +322,8 @@ class StepModel:
                     if self.lay.fsdp:
                         continue  # FSDP's collectives are per micro-batch (fsdp_phases)
                     ag, rs = self.dp_collectives(lw)
-                    g_c.append((lw.layer, ag))
-                    r_c.append((lw.layer, rs))
+                    g_c.append((lw.layer, ag, *dp_hold(self, lw, "all_gather", ag)))
+                    r_c.append((lw.layer, rs, *dp_hold(self, lw, "reduce_scatter", rs)))
                 gather.append(g_c)
                 reduce.append(r_c)
             opt = shard * OPTIMIZER_BYTES_PER_PARAM / (self.gpu.mem_bw * self.gpu.memory_bound)
@@ -327,30 +333,8 @@ class StepModel:
         return progs, works
 
     def _fsdp(self, progs: list[StagePrograms], works: list[list[list[LayerWork]]]) -> None:
-        """FSDP (ZeRO-3): every micro-batch gathers each layer's weights before its forward
-        and its backward and reduce-scatters its gradients after the backward, prefetched
-        beside the layer before: a layer's pass takes the longer of its compute and that
-        traffic."""
-        lay, r = self.lay, self.r
-        for s, prog in enumerate(progs):
-            for c in range(lay.vp):
-                for passes, backward in ((prog.fwd, False), (prog.bwd, True)):
-                    comm_s = 0.0
-                    for lw in works[s][c]:
-                        dense, expert = self.params(lw)
-                        p = dense + expert
-                        comm_s += self.comm.seconds("all_gather", "dpcp", p * 2 / lay.dpcp)
-                        if backward:
-                            comm_s += self.comm.seconds(
-                                "reduce_scatter", "dpcp", p * r.grad_reduce_bytes
-                            )
-                    compute = sum(ph.seconds for ph in passes[c])
-                    extra = max(0.0, comm_s - compute)
-                    if extra and passes[c]:
-                        last = passes[c][-1]
-                        passes[c][-1] = Phase(
-                            last.stream, last.seconds + extra, last.what, last.layer, last.kind
-                        )
+        """FSDP's per-micro-batch gathers and reduce-scatters (`sim.training.contention.fsdp`)."""
+        fsdp(self, progs, works)
 
 
 def run_step(
@@ -368,11 +352,13 @@ def run_step(
     EP rank (1: balanced; the hot rank's MoE part paces every layer)."""
     from sim.core import limits
     from sim.engine.engine import simulate
+    from sim.training.contention import build as contention
 
     # every stage runs GA x VP forward and backward passes: bounded before anything is built
     passes = 2 * lay.ga * lay.vp * lay.pp
     limits.active().check("max_tasks", passes, f"{lay.where}: pipeline passes (2 x ga x vp x pp)")
     model = StepModel(arch, lay, prec, recipe, gpu, comm, imbalance)
+    model.contention = contention(recipe, lay, topo, comm.place)
     progs, works = model.stage_programs()
     phases = max(len(p) for prog in progs for p in prog.fwd + prog.bwd)
     limits.active().check(

@@ -31,12 +31,21 @@ Below the knee (`mem_knee`, the bandwidth a GEMM leaves idle because its tiles a
 L2 and shared memory) a streaming neighbour costs nothing beyond its SMs. A streaming kernel is
 itself bounded by the SMs it holds: `sm_bw` bytes/s per SM (a copy kernel of k blocks reaches
 about k x 90 GB/s on an H100 up to the HBM limit), so its duration is at least bytes/(k sm_bw).
-Communication kernels that reserve SMs count only their SMs: their HBM traffic is bounded by
-their links (at most ~0.27 of an H100's HBM for NVLink both ways), below the fitted knee.
+Communication kernels that reserve SMs count only their SMs unless their task gives the
+share of HBM bandwidth their kernel takes (tag `hbm_share`, summed with the streaming
+kernels'). That share is not below the fitted knee in general: an NCCL ring all-gather on 8
+H100s receives ~370 GB/s per GPU over NVLink and moves ~3 bytes of HBM per byte received
+(the peer's write into its FIFO, its read, the write to the output), ~0.33 of the HBM, and
+on Blackwell ~0.3 (`sim.training.contention` states it for the step model's collectives).
 `comm_sms` gives every communication task that names no SMs of its own that many: NCCL runs a
 collective as one thread block per channel, each on an SM, for as long as the kernel is
 resident (shared/reference/overlap-strategies.md, "pitfalls"), so compute beside it loses them.
 Its default is 0, where communication is costed by the interference table alone, as before.
+`coll_sms` / `coll_sms_net` are the SMs (CTAs, one per NCCL channel) that NCCL's ring
+all-gather or reduce-scatter of a large buffer holds inside one NVLink domain / across
+domains: the training step model (`sim.training.contention`) slows the compute that runs
+beside such an overlapped collective by `speed(k, u)`. The engine does not read them. Default
+0: overlapped collectives cost the compute beside them nothing, as before.
 `comm_sm_bw` bounds what a communication kernel holding k SMs can send: a rank's part of a
 collective ends no sooner than its bytes / (k comm_sm_bw) after the collective started, even
 where its links would carry them faster (a roofline on the kernel; the flows themselves are
@@ -110,6 +119,8 @@ class Resources:
     launch_s: float = 0.0  # host seconds to launch one task (sim.engine.launch); 0: free
     comm_sm_bw: float | None = None  # bytes/s a communication kernel sends per SM it holds
     comm_sm_efficiency: float = 1.0  # share of its links' rate such a kernel reaches
+    coll_sms: int = 0  # SMs an NCCL ring all-gather / reduce-scatter holds in an NVLink domain
+    coll_sms_net: int = 0  # the same across NVLink domains (over the network)
 
     @classmethod
     def build(cls, gpu: dict[str, Any], spec: Any) -> Resources:
@@ -187,10 +198,10 @@ def _check(where: str, key: str, v: Any) -> Any:
                 f"(CUDA_DEVICE_MAX_CONNECTIONS), got {v!r}"
             )
         return v
-    if key == "comm_sms":
+    if key in ("comm_sms", "coll_sms", "coll_sms_net"):
         if not (num and isinstance(v, int) and 0 <= v <= MAX_COMM_SMS):
             raise ConfigError(
-                f"{where}.comm_sms: expected an integer in [0, {MAX_COMM_SMS}] (SMs a "
+                f"{where}.{key}: expected an integer in [0, {MAX_COMM_SMS}] (SMs a "
                 f"communication kernel holds), got {v!r}"
             )
         return v
