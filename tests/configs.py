@@ -32,3 +32,17 @@ TINY_FLAT = {
     "strategy": "sequential",
     "passes": ["fwd"],
 }
+
+
+def switch_ports(n: int, port: dict) -> dict:
+    """The topology spec of n GPUs, one port each (link class `port`) on one switch: with
+    small messages, the port's per-message costs alone decide a collective's time."""
+    return {
+        "name": "ports",
+        "nodes": n,
+        "gpus_per_node": 1,
+        "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12, "memory_bytes": 80e9},
+        "node": {"devices": {}, "links": [], "nic_of_gpu": ["gpu0"]},
+        "fabric": {"type": "switch", "class": "port", "attach": ["gpu0"]},
+        "link_classes": {"port": port},
+    }

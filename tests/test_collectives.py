@@ -17,6 +17,7 @@ from sim.engine.engine import simulate
 from sim.hardware.collectives import LocalPhase, UniformPhase, all_to_all_2dh, phases
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
+from tests.configs import switch_ports
 
 GiB = 2**30
 
@@ -500,17 +501,7 @@ def test_topology_draw(tmp_path, capsys):
 # -- a cost per concurrent connection (issue 26) --------------------------------------------
 def _ports(n: int, msg: float, conn: float) -> Topology:
     """n GPUs, one port each on one switch: the per-message costs alone decide small sizes."""
-    return Topology(
-        {
-            "name": "ports",
-            "nodes": n,
-            "gpus_per_node": 1,
-            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12, "memory_bytes": 80e9},
-            "node": {"devices": {}, "links": [], "nic_of_gpu": ["gpu0"]},
-            "fabric": {"type": "switch", "class": "port", "attach": ["gpu0"]},
-            "link_classes": {"port": {"bw": 10e9, "msg_cost": msg, "conn_cost": conn}},
-        }
-    )
+    return Topology(switch_ports(n, {"bw": 10e9, "msg_cost": msg, "conn_cost": conn}))
 
 
 @pytest.mark.parametrize("fidelity", ["bundled", "flow"])

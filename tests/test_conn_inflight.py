@@ -15,6 +15,7 @@ from sim.core.errors import TopologyError
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.topology import Topology
+from tests.configs import switch_ports
 
 BW, MSG, CONN = 10e9, 2e-6, 1e-8
 
@@ -24,17 +25,7 @@ def _ports(n: int, inflight: int | None) -> Topology:
     port: dict = {"bw": BW, "msg_cost": MSG, "conn_cost": CONN}
     if inflight is not None:
         port["conn_inflight"] = inflight
-    return Topology(
-        {
-            "name": "ports",
-            "nodes": n,
-            "gpus_per_node": 1,
-            "gpu": {"peak_flops": {"bf16": 1e14}, "mem_bw": 1e12, "memory_bytes": 80e9},
-            "node": {"devices": {}, "links": [], "nic_of_gpu": ["gpu0"]},
-            "fabric": {"type": "switch", "class": "port", "attach": ["gpu0"]},
-            "link_classes": {"port": port},
-        }
-    )
+    return Topology(switch_ports(n, port))
 
 
 def _linear(topo: Topology, n: int, S: float, fidelity: str) -> float:
