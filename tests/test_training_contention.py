@@ -221,3 +221,36 @@ def test_coll_sms_refuses_what_is_not_a_count_of_sms(key: str, v: object) -> Non
 
     with pytest.raises(ValidationError):
         ResourceParams.model_validate({key: v})
+
+
+class _Recording(_Fixed):
+    """`_Fixed`, keeping the bytes of every collective it is asked for."""
+
+    def __init__(self, t: float) -> None:
+        super().__init__(t)
+        self.asked: list[tuple[str, str, float]] = []
+
+    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
+        self.asked.append((kind, dim, nbytes))
+        return super().seconds(kind, dim, nbytes, algo)
+
+
+def test_fsdp_gathers_fp8_weights_a_byte_each() -> None:
+    """With `fp8_param_gather` Megatron-FSDP all-gathers the weights in FP8: half the bytes
+    of the bf16 gather, as the distributed optimizer's (`dp_hold`); reduce-scatters keep the
+    gradients' dtype."""
+    from dataclasses import replace
+
+    def gathered(fp8: bool) -> tuple[set[float], set[float]]:
+        m = _fsdp_model(1e-3, None)
+        m.r = replace(m.r, fp8_param_gather=fp8)
+        rec = _Recording(1e-3)
+        m.comm = rec
+        m.stage_programs()
+        ag = {b for k, _, b in rec.asked if k == "all_gather"}
+        rs = {b for k, _, b in rec.asked if k == "reduce_scatter"}
+        return ag, rs
+
+    (ag16, rs16), (ag8, rs8) = gathered(False), gathered(True)
+    assert ag16 and sorted(ag8) == pytest.approx(sorted(b / 2 for b in ag16))
+    assert rs8 == rs16

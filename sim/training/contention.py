@@ -233,10 +233,14 @@ def fsdp(model: Any, progs: list[Any], works: list[list[list[Any]]]) -> None:
     """FSDP (ZeRO-3): every micro-batch gathers each layer's weights before its forward
     and its backward and reduce-scatters its gradients after the backward, prefetched
     beside the layer before: a chunk's pass takes the longer of its compute and that
-    traffic, its compute slowed while the traffic runs (`model.contention`; None: not)."""
+    traffic, its compute slowed while the traffic runs (`model.contention`; None: not).
+    With `fp8_param_gather` the weights are gathered in FP8, a byte each (Megatron-FSDP's
+    DistributedDataParallelConfig: "keep the compute param in fp8 ... and perform the param
+    all-gather in fp8"), as the distributed optimizer's gather (`dp_hold`)."""
     lay, r, comm = model.lay, model.r, model.comm
     con: Contention | None = model.contention
     n = lay.size("dpcp")
+    pbytes = 1 if r.fp8_param_gather else 2
     for s, prog in enumerate(progs):
         for c in range(lay.vp):
             for passes, backward in ((prog.fwd, False), (prog.bwd, True)):
@@ -244,7 +248,7 @@ def fsdp(model: Any, progs: list[Any], works: list[list[list[Any]]]) -> None:
                 for lw in works[s][c]:
                     dense, expert = model.params(lw)
                     p = dense + expert
-                    shard = p * 2 / lay.dpcp
+                    shard = p * pbytes / lay.dpcp
                     parts.append(
                         ("all_gather", "dpcp", shard, n, comm.seconds("all_gather", "dpcp", shard))
                     )
