@@ -162,7 +162,7 @@ def test_out_is_checked_before_the_run(tmp_path, capsys, monkeypatch):
     [
         ("nodes: [.inf]", "expected a finite number"),
         ("nodes: [.nan]", "expected a finite number"),
-        ("nodes: [1e400]", "nodes=1e400"),
+        ("nodes: [1e400]", "nodes=inf: expected a finite number"),  # YAML 1.2: a float
         ("compute.speed: [0]", "compute.speed=0: gives a speed of 0"),
         ("compute.speed: ['*1e-300']", "the factor must be from"),
     ],
