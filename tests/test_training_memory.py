@@ -114,6 +114,25 @@ def test_quantized_weight_copies_per_gpu_and_scaling(
 
 
 @pytest.mark.parametrize(
+    "preset,precision,write",
+    [("dgx-h100", "FP8-CS", 2.0), ("dgx-b200", "FP8-CS", 1.0), ("dgx-b200", "MXFP8", 2.0625)],
+)
+def test_a_cast_writes_the_copies_the_gpu_keeps(preset: str, precision: str, write: float) -> None:
+    """A linear layer's input cast reads the bf16 input (2 B), writes the quantized copies
+    the GPU keeps (per-tensor FP8: both orientations on Hopper, one on Blackwell, as
+    `quantized_copies`; MXFP8: both, with an E8M0 scale per 32) and reads the input once more
+    for current scaling's amax: bytes = elements x (2 + write + extra read)."""
+    lay = Layout(gpus=8, tp=1, pp=1, gbs=8, seq=4096)
+    m = _on(preset, "llama3-8b", lay, precision, Recipe(grad_reduce_bytes=2))
+    lw = m.layer_work(1)
+    cast = next(w for w in lw.work if w.name == "qkv.cast")
+    elems = lay.mbs * lay.seq * m.a.hidden
+    assert cast.bytes == pytest.approx(
+        elems * (2.0 + write + PRECISIONS[precision].cast_extra_read)
+    )
+
+
+@pytest.mark.parametrize(
     "precision,recipe,per_param",
     [
         ("BF16", Recipe(grad_reduce_bytes=2), 12.0),

@@ -13,7 +13,7 @@ repeats (a 1,024-GPU DeepSeek-V3 step would otherwise be ~10^7 kernels):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.training.comm import Timer
@@ -65,6 +65,12 @@ class StepModel:
         comm: Timer,
         imbalance: float = 1.0,
     ):
+        if prec.per_tensor and gpu.fp8_any_layout and prec.cast_write:
+            # Transformer Engine writes no transposed copy of a per-tensor FP8 tensor where the
+            # FP8 GEMMs take any layout (compute capability 10.x: quantizer.cpp
+            # `with_transpose`): a cast writes one orientation, as `memory.quantized_copies`
+            # keeps one
+            prec = replace(prec, cast_write=prec.cast_write / 2)
         self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
         self.imbalance = imbalance  # the hottest EP rank's routed rows over the mean
         # what overlapped collectives cost the compute beside them (`sim.training.contention`;
