@@ -240,7 +240,6 @@ def fsdp(model: Any, progs: list[Any], works: list[list[list[Any]]]) -> None:
     lay, r, comm = model.lay, model.r, model.comm
     con: Contention | None = model.contention
     n = lay.size("dpcp")
-    pbytes = 1 if r.fp8_param_gather else 2
     for s, prog in enumerate(progs):
         for c in range(lay.vp):
             for passes, backward in ((prog.fwd, False), (prog.bwd, True)):
@@ -248,7 +247,7 @@ def fsdp(model: Any, progs: list[Any], works: list[list[list[Any]]]) -> None:
                 for lw in works[s][c]:
                     dense, expert = model.params(lw)
                     p = dense + expert
-                    shard = p * pbytes / lay.dpcp
+                    shard = p * model.gather_bytes / lay.dpcp
                     parts.append(
                         ("all_gather", "dpcp", shard, n, comm.seconds("all_gather", "dpcp", shard))
                     )
@@ -279,19 +278,12 @@ def tp_loss(
     return con.tp_loss(c.kind, gemm.module == "attn", backward, compute, sec - sec / tp, u)
 
 
-def dp_hold(model: Any, lw: Any, kind: str, sec: float) -> tuple[int, float]:
+def dp_hold(model: Any, parts: list[tuple[str, str, float, int, float]]) -> tuple[int, float]:
     """(SMs, HBM share) the distributed optimizer's overlapped all-gather or reduce-scatter
-    of a layer's parameters holds while it runs `sec` seconds (its task in the step's graph:
-    the engine slows the compute beside it): none without a contention model."""
+    of a layer's parameters holds while it runs (`parts`: `StepModel.dp_parts`; its task in
+    the step's graph: the engine slows the compute beside it): none without a contention
+    model."""
     con: Contention | None = model.contention
-    if con is None or sec <= 0:
+    if con is None or sum(x[4] for x in parts) <= 0:
         return 0, 0.0
-    dense, expert = model.params(lw)
-    lay, r = model.lay, model.r
-    pbytes = 1 if r.fp8_param_gather else 2
-    parts = []
-    for dim, p, n in (("dpcp", dense, lay.dpcp), ("edp", expert, lay.edp)):
-        if p and n > 1:
-            nbytes = p * pbytes / n if kind == "all_gather" else p * r.grad_reduce_bytes
-            parts.append((kind, dim, nbytes, n, model.comm.seconds(kind, dim, nbytes)))
     return con.task_hold(parts)

@@ -295,16 +295,30 @@ class StepModel:
         """Bytes the layer keeps for its backward per micro-batch (`sim.training.memory`)."""
         return saved_bytes(lw, self)
 
-    def dp_collectives(self, lw: LayerWork) -> tuple[float, float]:
-        """(all-gather, reduce-scatter) seconds of one layer's parameters and gradients."""
+    @property
+    def gather_bytes(self) -> float:
+        """Bytes per parameter a weight all-gather moves: FP8 with `fp8_param_gather`."""
+        return 1.0 if self.r.fp8_param_gather else 2.0
+
+    def dp_parts(self, lw: LayerWork, kind: str) -> list[tuple[str, str, float, int, float]]:
+        """The distributed optimizer's `kind` (all-gather of the weights, reduce-scatter of the
+        gradients) for one layer: (kind, dimension, bytes, group size, seconds) for each
+        data-parallel dimension of more than one rank that holds some of its parameters."""
         dense, expert = self.params(lw)
         lay, r = self.lay, self.r
-        pbytes = 1 if r.fp8_param_gather else 2
-        ag = self.comm.seconds("all_gather", "dpcp", dense * pbytes / lay.dpcp)
-        rs = self.comm.seconds("reduce_scatter", "dpcp", dense * r.grad_reduce_bytes)
-        if expert:
-            ag += self.comm.seconds("all_gather", "edp", expert * pbytes / lay.edp)
-            rs += self.comm.seconds("reduce_scatter", "edp", expert * r.grad_reduce_bytes)
+        out = []
+        for dim, p, n in (("dpcp", dense, lay.dpcp), ("edp", expert, lay.edp)):
+            if p and n > 1:
+                if kind == "all_gather":
+                    nbytes = p * self.gather_bytes / n
+                else:
+                    nbytes = p * r.grad_reduce_bytes
+                out.append((kind, dim, nbytes, n, self.comm.seconds(kind, dim, nbytes)))
+        return out
+
+    def dp_collectives(self, lw: LayerWork) -> tuple[float, float]:
+        """(all-gather, reduce-scatter) seconds of one layer's parameters and gradients."""
+        ag, rs = (sum(x[4] for x in self.dp_parts(lw, k)) for k in ("all_gather", "reduce_scatter"))
         return ag, rs
 
     def stage_programs(
@@ -327,9 +341,10 @@ class StepModel:
                     shard += dense / self.lay.dpcp + expert / self.lay.edp
                     if self.lay.fsdp:
                         continue  # FSDP's collectives are per micro-batch (fsdp_phases)
-                    ag, rs = self.dp_collectives(lw)
-                    g_c.append((lw.layer, ag, *dp_hold(self, lw, "all_gather", ag)))
-                    r_c.append((lw.layer, rs, *dp_hold(self, lw, "reduce_scatter", rs)))
+                    for out, kind in ((g_c, "all_gather"), (r_c, "reduce_scatter")):
+                        parts = self.dp_parts(lw, kind)
+                        sec = sum(x[4] for x in parts)
+                        out.append((lw.layer, sec, *dp_hold(self, parts)))
                 gather.append(g_c)
                 reduce.append(r_c)
             opt = shard * OPTIMIZER_BYTES_PER_PARAM / (self.gpu.mem_bw * self.gpu.memory_bound)
