@@ -92,12 +92,8 @@ def offloaded(model: StepModel) -> int:
 
 
 def quantized_copies(model: StepModel) -> int:
-    """Quantized copies of a linear weight: row- and column-wise data, or one for a per-tensor
-    scaled FP8 weight on a GPU whose FP8 GEMMs take any layout (Transformer Engine's
-    Float8Quantizer keeps no transpose where `nvte_is_non_tn_fp8_gemm_supported`, compute
-    capability 10.x: transformer_engine/pytorch/csrc/quantizer.cpp `with_transpose`). MXFP8 and
-    NVFP4 scale rows and columns apart: two copies on every GPU."""
-    return 1 if model.p.per_tensor and model.gpu.fp8_any_layout else 2
+    """Quantized copies of a linear weight on the model's GPU (`Precision.copies`)."""
+    return model.p.copies(model.gpu.fp8_any_layout)
 
 
 def optimizer_bytes(model: StepModel, bf16_param: bool) -> float:

@@ -23,6 +23,14 @@ class Precision:
     def quantized(self) -> bool:
         return self.gemm != "bf16"
 
+    def copies(self, any_layout: bool) -> int:
+        """Quantized copies of a tensor: row- and column-wise data, or one for a per-tensor
+        scaled FP8 tensor on a GPU whose FP8 GEMMs take any layout (`any_layout`: Transformer
+        Engine's Float8Quantizer keeps no transpose where `nvte_is_non_tn_fp8_gemm_supported`,
+        compute capability 10.x: transformer_engine/pytorch/csrc/quantizer.cpp
+        `with_transpose`). MXFP8 and NVFP4 scale rows and columns apart: two on every GPU."""
+        return 1 if self.per_tensor and any_layout else 2
+
 
 # The table's precision names. "FP8" on Hopper and Blackwell before MXFP8 existed: per-tensor
 # current scaling (the 25.09 tables print the other granularity in parentheses).

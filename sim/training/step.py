@@ -65,11 +65,9 @@ class StepModel:
         comm: Timer,
         imbalance: float = 1.0,
     ):
-        if prec.per_tensor and gpu.fp8_any_layout and prec.cast_write:
-            # Transformer Engine writes no transposed copy of a per-tensor FP8 tensor where the
-            # FP8 GEMMs take any layout (compute capability 10.x: quantizer.cpp
-            # `with_transpose`): a cast writes one orientation, as `memory.quantized_copies`
-            # keeps one
+        if prec.copies(gpu.fp8_any_layout) == 1:
+            # a cast writes the copies the GPU keeps (`Precision.copies`); the table's
+            # `cast_write` counts both orientations
             prec = replace(prec, cast_write=prec.cast_write / 2)
         self.a, self.lay, self.p, self.r, self.gpu, self.comm = arch, lay, prec, recipe, gpu, comm
         self.imbalance = imbalance  # the hottest EP rank's routed rows over the mean
