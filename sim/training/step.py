@@ -333,7 +333,8 @@ class StepModel:
                 lws = works[s][c]
                 fwd.append([ph for lw in lws for ph in self.phases(lw, False)])
                 bwd.append([ph for lw in reversed(lws) for ph in self.phases(lw, True)])
-                g_c, r_c = [], []
+                g_c: list[tuple[int, float, int, float]] = []
+                r_c: list[tuple[int, float, int, float]] = []
                 for lw in lws:
                     dense, expert = self.params(lw)
                     shard += dense / self.lay.dpcp + expert / self.lay.edp
