@@ -45,10 +45,29 @@ MODEL_NAMES = {
     "LLAMA3_70B": "LLAMA3_70B",
     "LLAMA3.1_405B": "LLAMA3.1_405B",
 }
-COLUMNS = (
-    "release,system,model,variant,gpus,precision,gbs,mbs,seq_len,fsdp,tp,pp,cp,vp,ep,ga,"
-    "tokens_per_s_per_gpu,model_tflops_per_gpu,alt_tokens_per_s_per_gpu,alt_note,source"
-).split(",")
+COLUMNS = [
+    "release",
+    "system",
+    "model",
+    "variant",
+    "gpus",
+    "precision",
+    "gbs",
+    "mbs",
+    "seq_len",
+    "fsdp",
+    "tp",
+    "pp",
+    "cp",
+    "vp",
+    "ep",
+    "ga",
+    "tokens_per_s_per_gpu",
+    "model_tflops_per_gpu",
+    "alt_tokens_per_s_per_gpu",
+    "alt_note",
+    "source",
+]
 DOC = {  # the doc's column headers -> ours
     "System": "system",
     "Model": "model",
@@ -149,9 +168,7 @@ def transcribe(git_dir: str) -> tuple[list[dict[str, str]], list[str]]:
                 skipped.append(f"{label}: model not in sim.training.predict.MODELS")
                 continue
             # the first revision of this release's table that printed the row as it is now
-            first = next(
-                (c for c in REVISIONS[rel] if r in history[c].get(rel, ("", []))[1]), None
-            )
+            first = next((c for c in REVISIONS[rel] if r in history[c].get(rel, ("", []))[1]), None)
             out = {k: "" for k in COLUMNS}
             out.update({k: cell(v) for k, v in r.items() if k in COLUMNS})
             out["release"], out["model"] = rel, MODEL_NAMES[model]
