@@ -145,6 +145,7 @@ def main() -> None:
             _int(r["seq_len"]),
             r["precision"].upper(),
             where=f"row {n}",
+            release=r["release"],  # the row's own recipe, as `published` scores its layout
         )
         given = published(r)
         t0 = time.time()

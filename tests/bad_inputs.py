@@ -1289,6 +1289,7 @@ def plan_cases() -> list[Case]:
         "--seq-len": ["0", "-1", "abc"],
         "--workers": ["0", "-1", "x"],
         "--top": ["-1", "x"],
+        "--release": ["24.01", "nonsense"],  # no recipe recorded for that release
         "--scheduler": ["nonsense", ""],
         "--layout": [
             "tp",

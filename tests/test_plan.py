@@ -499,3 +499,20 @@ def test_a_given_layout_over_memory_never_prunes_the_layouts_that_fit():
     assert p.candidates[0]["predicted_step_s"] == pytest.approx(
         whole.candidates[0]["predicted_step_s"]
     )
+
+
+def test_a_request_starts_from_its_release_s_recipe_else_the_newest():
+    """`Request.release` picks the recipe its candidates start from (recipes.yaml), and each
+    candidate's row carries it, so that `predict` runs the same recipe; no release: the
+    newest recorded (DeepSeek-V3 on GB200 in MXFP8: 26.02 graphs attention and the router,
+    26.08 the whole iteration)."""
+    from sim.training.plan_space import Request, base_recipe, candidate_row
+    from sim.training.recipe import releases
+
+    kw = dict(model="DeepSeekV3", system="DGX-GB200", gpus=256, gbs=4096, seq_len=4096)
+    old = Request(**kw, precision="MXFP8", release="26.02")
+    new = Request(**kw, precision="MXFP8")
+    assert "26.02" in releases("DeepSeekV3", "DGX-GB200", "MXFP8")
+    assert base_recipe(old).cuda_graph_scope == ("attn", "moe_router", "moe_preprocess")
+    assert base_recipe(new).cuda_graph_scope == ("full_iteration",)
+    assert candidate_row(old, Candidate(1, 1, 4, 4, 64, 1))["release"] == "26.02"

@@ -20,7 +20,18 @@ def cmd_plan(a: argparse.Namespace) -> int:
         raise ConfigError(f"--workers {a.workers}: expected an integer >= 1")
     if a.top < 0:
         raise ConfigError(f"--top {a.top}: expected an integer >= 0 (0: no table)")
-    req = Request(a.model, a.system, a.gpus, a.gbs, a.seq_len, a.precision.upper())
+    req = Request(
+        a.model, a.system, a.gpus, a.gbs, a.seq_len, a.precision.upper(), release=a.release
+    )
+    if a.release:  # a release with no recorded recipe would silently run another one's
+        from sim.training.recipe import releases
+
+        known = releases(req.model, req.system, req.precision)
+        if a.release not in known:
+            raise ConfigError(
+                f"--release {a.release}: no recipe recorded for {req.model} on {req.system} "
+                f"in {req.precision} (recorded: {', '.join(known) or 'none'})"
+            )
     given = parse_layout(a.layout) if a.layout else None
     grid = parse_grid(a.grid or [])
     workers = a.workers if a.workers is not None else (1 if a.scheduler is None else None)
@@ -112,6 +123,12 @@ def add_parsers(sub: Any) -> None:
     p.add_argument("--gbs", type=int, required=True, help="global batch, sequences")
     p.add_argument("--seq-len", type=int, required=True, help="sequence length, tokens")
     p.add_argument("--precision", default="BF16", help="BF16, FP8-CS, MXFP8, NVFP4, ...")
+    p.add_argument(
+        "--release",
+        default="",
+        help="start from the recipe recorded for this Megatron-Bridge release (e.g. 26.02; "
+        "default: the newest recorded for the model, system and precision)",
+    )
     p.add_argument(
         "--layout",
         metavar="tp=1,pp=2,vp=12,ep=8,mbs=1",

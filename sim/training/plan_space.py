@@ -38,6 +38,9 @@ class Request:
     seq_len: int
     precision: str
     where: str = "plan"
+    # whose recorded recipe the candidates start from (recipes.yaml); "": the newest recorded
+    # for the model, system and precision
+    release: str = ""
 
 
 @dataclass(frozen=True)
@@ -314,6 +317,7 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
 def candidate_row(req: Request, c: Candidate) -> dict[str, Any]:
     """The candidate as a row of `moesim predict`."""
     return {
+        "release": req.release,
         "system": req.system,
         "model": req.model,
         "gpus": req.gpus,
@@ -332,6 +336,7 @@ def candidate_row(req: Request, c: Candidate) -> dict[str, Any]:
 
 
 def base_recipe(req: Request) -> Recipe:
-    """The recipe a request's candidates start from: the recorded one, expert-TP 1 and the
-    architecture's MTP modules."""
-    return replace(recipe_for(req.model, req.system, req.precision), etp=1, mtp=None)
+    """The recipe a request's candidates start from: the recorded one (its release's), expert-TP
+    1 and the architecture's MTP modules."""
+    rec = recipe_for(req.model, req.system, req.precision, req.release)
+    return replace(rec, etp=1, mtp=None)

@@ -140,6 +140,12 @@ def _recipes() -> dict[tuple[str, str, str, str], Recipe]:
     return out
 
 
+def releases(model: str, system: str, precision: str) -> list[str]:
+    """The releases whose recipe is recorded for this model, system and precision, oldest
+    first."""
+    return sorted(k[3] for k in _recipes() if k[:3] == (model, system, precision))
+
+
 def recipe_for(model: str, system: str, precision: str, release: str = "") -> Recipe:
     """The recorded recipe of a table row (its release's, else the newest recorded for the
     same model, system and precision), else Megatron-Core's defaults."""
