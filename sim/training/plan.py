@@ -392,8 +392,7 @@ def _precision_probe(req: Request, preset: str, gpu: dict[str, Any], base: Any) 
     precision is unknown or the GPU has no GEMMs of it (before any candidate is built: else
     every one of them is dropped as invalid, which names nothing)."""
     from sim.training.kernels import GpuKernels
-    from sim.training.precision import PRECISIONS
-    from sim.training.step import precision_of
+    from sim.training.precision import PRECISIONS, precision_of
 
     name = req.precision.upper()
     if name not in PRECISIONS:
