@@ -15,7 +15,7 @@ from sim.strategies.dualpipe.schedule import table
 from sim.training.dualpipe_schedule import dualpipe_graph
 from sim.training.pipeline import Phase, StagePrograms, step_graph
 from sim.training.pipeline_kind import Placement
-from sim.training.plan_space import Request, check_given, parse_layout
+from sim.training.plan_space import Request, check_given, parse_grid, parse_layout
 from sim.training.predict import parse_row, predict_rows, prepare
 
 F, B, W = 1e-3, 2e-3, 1e-3  # a chunk's forward, full backward and its weight part: F = B - W
@@ -142,7 +142,7 @@ def test_a_layout_that_cannot_run_it_is_refused_in_one_line(pp, pipeline, kw, ne
     assert needle in reason and "\n" not in reason, reason
 
 
-def test_a_given_layout_is_refused_naming_the_pipeline():
+def test_a_given_layout_is_refused_naming_the_pipeline_and_the_grid_takes_it():
     req = Request("Qwen3_30B_A3B", "DGX-H100", 8, 32, 4096, "BF16")
     c = parse_layout("pp=2,ep=2,pipeline=dualpipev")
     assert c.pipeline == "dualpipev" and "dualpipev" in c.label()
@@ -152,6 +152,9 @@ def test_a_given_layout_is_refused_naming_the_pipeline():
     assert "\n" not in str(e.value)
     with pytest.raises(ConfigError, match="pipeline: expected one of"):
         parse_layout("pp=2,pipeline=gpipe")
+    assert parse_grid(["pipeline=1f1b,dualpipev"]) == {"pipeline": ("1f1b", "dualpipev")}
+    with pytest.raises(ConfigError, match="pipeline: 'zb' is not one of 1f1b, dualpipe"):
+        parse_grid(["pipeline=zb"])
 
 
 def test_the_plan_searches_the_pipeline_and_its_bounds_hold_for_dualpipe():

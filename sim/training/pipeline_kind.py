@@ -15,8 +15,13 @@ chunks live, and what the schedule's order says of the held activations and the 
   split in 2 pp stages of one V-shaped pipeline, device s holding stages s (chunk 0) and
   2pp-1-s (chunk 1): the parameters once, as 1F1B. GA >= 2 pp.
 
-Both run with `vp` = 1 and `pp` >= 2; each device runs the published eight steps (`device_ops`),
-zero-bubble steps split into input-gradient B and weight-gradient W.
+Both run with `vp` = 1 and `pp` >= 2; each device runs the published eight steps
+(`device_ops`), zero-bubble steps split into input-gradient B and weight-gradient W
+(`sim.training.dualpipe_schedule` lays them out). The stages take the even split of the layers
+(or the recipe's layout string of `pp` / 2 pp stages). Not modelled: FSDP with DualPipe
+(refused), and the exchange that sums the gradients of DualPipe's two copies of a stage
+(devices s and pp-1-s, one reduce-scattered shard each way, 1 / DP of the chunk's gradients:
+untimed; each copy is reduce-scattered over its DP group and stepped by its own optimizer).
 """
 
 from __future__ import annotations
