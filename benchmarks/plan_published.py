@@ -72,6 +72,7 @@ def _label(c: dict) -> str:
         + (" FSDP" if c.get("fsdp") else "")
         + (f" {c.get('dispatcher')}" if int(c.get("ep") or 1) > 1 else "")
         + (f" offload {c.get('offload')}" if c.get("offload") else "")
+        + (f" {c.get('pipeline')}" if c.get("pipeline", "1f1b") != "1f1b" else "")
     )
 
 

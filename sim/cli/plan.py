@@ -133,14 +133,15 @@ def add_parsers(sub: Any) -> None:
         "--layout",
         metavar="tp=1,pp=2,vp=12,ep=8,mbs=1",
         help="also score this layout (cp, overlap=on|off, recompute=none|selective|"
-        "full, fsdp=on|off, dispatcher, sms, offload=LAYERS) and say its rank",
+        "full, fsdp=on|off, dispatcher, sms, offload=LAYERS, pipeline=1f1b|dualpipe|"
+        "dualpipev) and say its rank",
     )
     p.add_argument(
         "--grid",
         action="append",
         metavar="KEY=V1,V2",
         help="the values tried for a key (tp, cp, pp, vp, ep, mbs, recompute, dispatcher, "
-        "comm_sms, offload), e.g. pp=1,2,4 or comm_sms=16,24,32; repeatable",
+        "comm_sms, offload, pipeline), e.g. pp=1,2,4 or pipeline=1f1b,dualpipev; repeatable",
     )
     p.add_argument(
         "--workers",

@@ -14,8 +14,13 @@
 - Activations: what each kernel keeps for its backward (a GEMM its input, in the GEMM dtype
   when quantized; fused attention Q, K, V, O; a one-in one-out kernel its input), less what the
   recipe recomputes, times the micro-batches a stage holds at once: `pp - stage` in 1F1B, the
-  warm-up forwards plus one in the interleaved schedule (one chunk's layers each).
-- The largest transient: the bf16 logits of the fused cross-entropy on the last stage.
+  warm-up forwards plus one in the interleaved schedule (one chunk's layers each), DualPipe's
+  device order's most (PP + 1 chunks, report Table 2).
+- DualPipe (`sim.training.pipeline_kind`): a device's model state is that of the two chunks
+  it holds, so DualPipe's (two stages of `pp`) is twice 1F1B's, DualPipeV's (two of 2 `pp`)
+  the same.
+- The largest transient: the bf16 logits of the fused cross-entropy on the device of the
+  last stage.
 - A fixed reserve for the CUDA context, NCCL's and the dispatcher's buffers and the caching
   allocator's fragmentation (`RESERVE_BYTES`, assumed; see its comment).
 
@@ -31,6 +36,7 @@ from typing import TYPE_CHECKING
 
 from sim.training.ops import ACT, DTYPE_BYTES, LayerWork
 from sim.training.pipeline import schedule
+from sim.training.pipeline_kind import Placement
 
 if TYPE_CHECKING:
     from sim.training.step import StepModel
@@ -142,7 +148,7 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
         dense = expert = plain = 0.0
         unit = 0.0  # the largest layer's gathered weights and gradients (FSDP)
         per_chunk = []
-        for c in range(lay.vp):
+        for c in range(len(works[s])):  # chunks: vp, or DualPipe's two
             per_mb = 0.0
             for lw in works[s][c]:
                 d, e = model.params(lw)
@@ -154,7 +160,7 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
                     gathered = qb * (d + e - u) + 2 * u if fp8_primary else 2 * (d + e)
                     unit = max(unit, gathered + r.grad_reduce_bytes * (d + e))
             per_chunk.append(per_mb)
-        act = held_activations(per_chunk, lay.pp, lay.ga, s)
+        act = held_activations(per_chunk, lay.pp, lay.ga, s, model.place)
         params = dense + expert
         # bf16 weights: all of them, or only those Transformer Engine does not quantize
         weights = params
@@ -175,7 +181,7 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
                 + o_fp8 * ((dense - plain) / lay.dpcp + expert / lay.edp)
             )
         logits = 0.0
-        if s == lay.pp - 1:
+        if model.place.last(s):
             # bf16 logits; the fused cross-entropy (cross_entropy_fusion_impl: te) writes its
             # gradient in place
             logits = ACT * lay.mbs * lay.seq / lay.cp * a.vocab / lay.tp
@@ -200,16 +206,22 @@ def step_memory(model: StepModel, works: list[list[list[LayerWork]]]) -> MemoryR
     return best
 
 
-def held_activations(per_chunk: list[float], pp: int, micro: int, stage: int) -> float:
+def held_activations(
+    per_chunk: list[float], pp: int, micro: int, stage: int, place: Placement | None = None
+) -> float:
     """Most activation bytes a stage holds at once over its step; `per_chunk`: one
     micro-batch's kept bytes per model chunk. The stage's passes in Megatron-Core's order
     (`sim.training.pipeline.schedule`: plain 1F1B holds `pp - stage` micro-batches after its
     warm-up; the interleaved schedule `(pp - stage - 1) * 2 + (vp - 1) * pp + 1` chunk
-    passes) are followed one by one, as chunks may differ (the embedding, the LM head)."""
-    return max(
-        sum(n * b for n, b in zip(held, per_chunk))
-        for held in _held_counts(pp, len(per_chunk), micro, stage)
+    passes) are followed one by one, as chunks may differ (the embedding, the LM head);
+    with DualPipe (`place`), its device's order (PP + 1 chunks at the first device, report
+    Table 2; `sim.training.pipeline_kind`)."""
+    counts = (
+        place.held_counts(micro, stage)
+        if place is not None and place.dual
+        else _held_counts(pp, len(per_chunk), micro, stage)
     )
+    return max(sum(n * b for n, b in zip(held, per_chunk)) for held in counts)
 
 
 @functools.lru_cache(maxsize=4096)

@@ -71,6 +71,7 @@ class Phase:
     what: str
     layer: int = -1
     kind: str = "gemm"
+    wgrad: float = 0.0  # of a backward's compute: its weight-gradient GEMMs' seconds
 
 
 @dataclass

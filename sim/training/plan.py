@@ -5,11 +5,13 @@ memory, found by simulating the candidates that could win.
    CP, PP with the virtual stages the layers allow, EP dividing the experts, micro-batch
    sizes that divide the batch) times the MoE and memory choices (EP overlap on or off,
    the EP dispatcher: NCCL's all-to-all or DeepEP's kernels, the SMs DeepEP's kernels hold,
-   recomputation none / the recipe's selective modules / full). Not searched, because the
-   training step model does not simulate them: the all-gather dispatcher and HybridEP (the
-   step model moves their tokens as the all-to-all does), DualPipe (only the layer-level
-   strategies of `sim.workload` model it) and hardware queues; nor the SMs of NCCL's
-   all-to-all (its simulated time does not depend on them, so fewer would always win).
+   recomputation none / the recipe's selective modules / full) and the pipeline schedule:
+   Megatron-Core's 1F1B, or DualPipe / DualPipeV where the layout runs them (vp 1, pp >= 2,
+   even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Not searched,
+   because the training step model does not simulate them: the all-gather dispatcher and
+   HybridEP (the step model moves their tokens as the all-to-all does) and hardware queues;
+   nor the SMs of NCCL's all-to-all (its simulated time does not depend on them, so fewer
+   would always win).
 2. Drop what cannot run: a candidate whose peak memory (`sim.training.memory`, no simulation
    needed) exceeds the GPU's.
 3. Bound: a candidate's step is at least its busiest stage's kernel time over the step plus
@@ -392,8 +394,7 @@ def _precision_probe(req: Request, preset: str, gpu: dict[str, Any], base: Any) 
     precision is unknown or the GPU has no GEMMs of it (before any candidate is built: else
     every one of them is dropped as invalid, which names nothing)."""
     from sim.training.kernels import GpuKernels
-    from sim.training.precision import PRECISIONS
-    from sim.training.step import precision_of
+    from sim.training.precision import PRECISIONS, precision_of
 
     name = req.precision.upper()
     if name not in PRECISIONS:

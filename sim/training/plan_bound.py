@@ -39,9 +39,11 @@ def lower_bound(model: Any, works: list[list[list[Any]]]) -> float:
     """Seconds a step takes at least: the busiest stage's compute stream over the step (its
     passes as the simulation builds them, host-bound stretches included, every collective
     free) plus the pipeline's fill and drain of (PP - 1) chunks of the lightest stage (the
-    interleaved schedule's bubble when stages are even), plus the optimizer step. The
-    simulated step adds communication to that. `model`: a step model whose collectives are
-    free (`FreeComm`); `works`: its chunk works."""
+    interleaved schedule's bubble when stages are even), plus the optimizer step; with
+    DualPipe (`pipeline_kind.Placement.fill`), each device's compute plus the forwards of the
+    stages before its first chunk, each at least the lightest forward chunk. The simulated
+    step adds communication to that. `model`: a step model whose collectives are free
+    (`FreeComm`); `works`: its chunk works."""
     progs, _ = model.stage_programs(works)
     lay = model.lay
     per_stage = [
@@ -55,7 +57,19 @@ def lower_bound(model: Any, works: list[list[list[Any]]]) -> float:
         for prog in progs
     ]
     opt = max(prog.optimizer_s for prog in progs)
+    if model.place.dual:
+        m = model.place.micro_per_chunk(lay.ga)
+        return model.place.fill([m * x for x in per_stage], _lightest_forward(progs)) + opt
     return lay.ga * max(per_stage) + (lay.pp - 1) * min(per_stage) / lay.vp + opt
+
+
+def _lightest_forward(progs: list[Any]) -> float:
+    """Compute seconds of the lightest forward chunk of any stage."""
+    return min(
+        sum(ph.seconds for ph in chunk if ph.stream == "compute")
+        for prog in progs
+        for chunk in prog.fwd
+    )
 
 
 class _ScreenModel(StepModel):
@@ -190,13 +204,20 @@ def comm_bound(
         return compute, inner, comm
 
     busiest, lightest = 0.0, math.inf
+    place, per_stage = model.place, []
     for s, prog in enumerate(progs):
-        parts = {("F", c): split(prog.fwd[c]) for c in range(lay.vp)}
-        parts.update({("B", c): split(prog.bwd[c]) for c in range(lay.vp)})
+        chunks = range(len(prog.fwd))
+        parts = {("F", c): split(prog.fwd[c]) for c in chunks}
+        parts.update({("B", c): split(prog.bwd[c]) for c in chunks})
         total = on_comm = 0.0
         # a pass of one chunk costs the same every micro-batch: the schedule's passes and
         # merged pairs counted once per schedule, not walked per candidate
-        for passes, n in schedule_groups(lay.pp, lay.vp, lay.ga, s, overlap):
+        groups = (
+            place.groups(lay.ga, s, overlap)
+            if place.dual
+            else schedule_groups(lay.pp, lay.vp, lay.ga, s, overlap)
+        )
+        for passes, n in groups:
             group = [parts[p] for p in passes]
             if len(group) > 1:  # each chain's span, or both computes, whichever is longer
                 spans = [compute * slowdown + inner for compute, inner, _ in group]
@@ -205,8 +226,11 @@ def comm_bound(
                 total += n * (group[0][0] + group[0][1])
             on_comm += n * sum(comm for _, _, comm in group)
         busiest = max(busiest, total, on_comm)
-        lightest = min(lightest, sum(parts[(k, c)][0] for k in "FB" for c in range(lay.vp)))
+        per_stage.append(max(total, on_comm))
+        lightest = min(lightest, sum(parts[(k, c)][0] for k in "FB" for c in chunks))
     opt = max(prog.optimizer_s for prog in progs)
+    if place.dual:  # each device after the forwards before its first chunk (`lower_bound`)
+        return place.fill(per_stage, _lightest_forward(progs)) + opt
     return busiest + (lay.pp - 1) * lightest / lay.vp + opt
 
 

@@ -30,6 +30,7 @@ CANDIDATE_KEYS = (
     "comm_sms",
     "recompute",
     "offload",
+    "pipeline",
 )
 COLUMNS = (
     "rank",
@@ -55,6 +56,7 @@ def _label(r: dict[str, Any]) -> str:
     s += f" {r['dispatcher']}" if r.get("dispatcher") and int(r.get("ep") or 1) > 1 else ""
     s += f" sms={r['comm_sms']}" if r.get("comm_sms") else ""
     s += f" offload={r['offload']}" if r.get("offload") else ""
+    s += f" {r['pipeline']}" if r.get("pipeline", "1f1b") != "1f1b" else ""
     return s + (" +overlap" if r.get("ep_overlap") else "") + f" rc={r.get('recompute')}"
 
 
@@ -173,6 +175,7 @@ def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
         pipeline_layout="even",
         offload_layers=c.get("offload") or 0,
         mtp=arch.mtp,
+        pipeline=c.get("pipeline") or "1f1b",
     )
     return row
 

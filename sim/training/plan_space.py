@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.training.pipeline_kind import PIPELINES, check_pipeline, runs
 from sim.training.recipe import Recipe, recipe_for
 from sim.training.row_cells import with_choices
 
@@ -25,6 +26,9 @@ COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.
 # layers whose activations go to the host (PP 1, no recomputation: Megatron-Core's limits);
 # a plan adds the request's recipe's count (`plan_grid`)
 OFFLOAD = (0,)
+# the pipeline's schedule (`sim.training.pipeline_kind`): DualPipe and DualPipeV where the
+# layout runs them (vp 1, pp >= 2, even for DualPipe, enough micro-batches)
+PIPELINE = PIPELINES
 LAYOUT_KEYS = ("tp", "cp", "pp", "vp", "ep", "mbs")
 SCREEN_CHUNK = 256  # memory-and-bound questions per task of the pool, at most
 
@@ -57,14 +61,19 @@ class Candidate:
     dispatcher: str = ""  # the EP dispatcher; "": the recipe's
     comm_sms: int = 0  # SMs the dispatcher's kernels hold; 0: the dispatcher's default
     offload: int = 0  # layers whose activations are offloaded to the host
+    pipeline: str = "1f1b"  # 1f1b | dualpipe | dualpipev
 
     def key(self) -> tuple:
         return tuple(vars(self).values())
 
     def canonical(self) -> str:
-        """The candidate as text, every field named (offload only where some): its key in a
-        plan's journal (a journal written before offloading was a choice still reads)."""
-        return ",".join(f"{k}={v}" for k, v in vars(self).items() if k != "offload" or v)
+        """The candidate as text, every field named (offload only where some, the pipeline
+        only where not 1F1B): its key in a plan's journal (a journal written before
+        offloading or the pipeline was a choice still reads)."""
+        default = {"offload": 0, "pipeline": "1f1b"}
+        return ",".join(
+            f"{k}={v}" for k, v in vars(self).items() if k not in default or v != default[k]
+        )
 
     def screen_key(self) -> tuple:
         """What the memory model and the bound read: not the communication choices."""
@@ -78,6 +87,7 @@ class Candidate:
             self.recompute,
             self.fsdp,
             self.offload,
+            self.pipeline,
         )
 
     def label(self) -> str:
@@ -86,6 +96,7 @@ class Candidate:
         s += f" {self.dispatcher}" if self.dispatcher and self.ep > 1 else ""
         s += f" sms={self.comm_sms}" if self.comm_sms else ""
         s += f" offload={self.offload}" if self.offload else ""
+        s += f" {self.pipeline}" if self.pipeline != "1f1b" else ""
         return s + (" overlap" if self.ep_overlap else "") + f" recompute={self.recompute}"
 
 
@@ -108,6 +119,7 @@ def best_choices(c: Candidate) -> dict[str, Any]:
         "recompute": c.recompute,
         "pipeline_layout": "",
         "offload_layers": c.offload,
+        "pipeline": c.pipeline,
     }
     return {k: v for k, v in out.items() if v != "" or k == "pipeline_layout"}
 
@@ -123,6 +135,7 @@ GRID: dict[str, tuple] = {
     "dispatcher": DISPATCHER,
     "comm_sms": COMM_SMS,
     "offload": OFFLOAD,
+    "pipeline": PIPELINE,
 }
 
 
@@ -162,14 +175,16 @@ def candidates(
             overlaps = (False, True) if arch.moe and ep > 1 else (False,)
             shards = (False, True) if pp == 1 and dp > 1 else (False,)
             comms = comm_choices(g) if arch.moe and ep > 1 else [("", 0)]
-            for rc, fs, ov, (disp, sms) in itertools.product(
-                g["recompute"], shards, overlaps, comms
+            ga = req.gbs // (mbs * dp)
+            pipes = [k for k in g.get("pipeline", PIPELINE) if runs(k, pp, vp, ga)]
+            for rc, fs, ov, (disp, sms), pl in itertools.product(
+                g["recompute"], shards, overlaps, comms, pipes
             ):
                 # Megatron-Core offloads only without a pipeline and without recomputation
                 # (TransformerConfig.__post_init__), fewer layers than the model has
                 for off in offloads if pp == 1 and rc == "none" else (0,):
                     if off < arch.layers:
-                        yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off)
+                        yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off, pl)
 
 
 def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
@@ -192,6 +207,9 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers
         raise ConfigError(
             f"{req.where}: grid: comm_sms {over[0]}: expected fewer than the GPU's {sms} SMs"
         )
+    for pl in (grid or {}).get("pipeline", ()):
+        if pl not in PIPELINES:
+            raise ConfigError(f"{req.where}: grid: pipeline {pl!r}: expected one of {PIPELINES}")
     for d in (grid or {}).get("dispatcher", ()):
         if d not in DISPATCHER:
             raise ConfigError(
@@ -202,7 +220,7 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers
 
 def parse_layout(text: str, where: str = "--layout") -> Candidate:
     """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=none,fsdp=off,
-    dispatcher=deepep,sms=24,offload=0]` as a candidate."""
+    dispatcher=deepep,sms=24,offload=0,pipeline=1f1b]` as a candidate."""
     vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
     extra: dict[str, Any] = {}
     seen: set[str] = set()
@@ -236,6 +254,10 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
             if v not in DISPATCHER:
                 raise ConfigError(f"{where}: dispatcher: expected one of {DISPATCHER}, got {v!r}")
             extra["dispatcher"] = v
+        elif k == "pipeline":
+            if v not in PIPELINES:
+                raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {v!r}")
+            extra["pipeline"] = v
         elif k in ("sms", "offload"):
             if not v.isdigit():
                 raise ConfigError(f"{where}: {k}: expected an integer >= 0, got {v!r}")
@@ -243,7 +265,7 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
         else:
             raise ConfigError(
                 f"{where}: unknown key {k!r} (keys: {', '.join(LAYOUT_KEYS)}, overlap, "
-                "recompute, fsdp, dispatcher, sms, offload)"
+                "recompute, fsdp, dispatcher, sms, offload, pipeline)"
             )
     return Candidate(**vals, **extra)
 
@@ -251,7 +273,14 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
 def check_given(req: Request, c: Candidate, sms: int, layers: int) -> None:
     """One-line errors for a given layout's choices that mean nothing: SMs for a dispatcher
     that holds none (only DeepEP's kernels hold SMs), or not fewer than the GPU has; more
-    offloaded layers than the model has, or offloading where Megatron-Core refuses it."""
+    offloaded layers than the model has, or offloading where Megatron-Core refuses it; a
+    pipeline schedule the layout cannot run (`pipeline_kind.check_pipeline`)."""
+    if c.pipeline != "1f1b":
+        dp = req.gpus // (c.tp * c.cp * c.pp)
+        # a batch that does not split is the layout's own error (`Layout`), not this one
+        ga = req.gbs // (c.mbs * dp) if dp and req.gbs % (c.mbs * dp) == 0 else 1 << 30
+        fsdp = dp if c.fsdp else 0
+        check_pipeline(c.pipeline, c.pp, c.vp, ga, f"{req.where}: --layout", fsdp)
     if c.offload > layers:
         raise ConfigError(
             f"{req.where}: --layout: offload={c.offload}: the model has {layers} layers"
@@ -306,7 +335,7 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
             if min(grid[k]) < low:
                 raise ConfigError(f"{where}: {k}: expected integers >= {low}, got {v!r}")
         else:
-            allowed = {"recompute": RECOMPUTE, "dispatcher": DISPATCHER}[k]
+            allowed = {"recompute": RECOMPUTE, "dispatcher": DISPATCHER, "pipeline": PIPELINES}[k]
             bad = [x for x in vals if x not in allowed]
             if bad:
                 raise ConfigError(f"{where}: {k}: {bad[0]!r} is not one of {', '.join(allowed)}")

@@ -92,6 +92,7 @@ def choice_columns(c: Candidate) -> dict[str, Any]:
         "dispatcher": c.dispatcher,
         "comm_sms": c.comm_sms,
         "offload": c.offload,
+        "pipeline": c.pipeline,
     }
 
 

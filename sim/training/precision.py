@@ -4,6 +4,10 @@ inputs to it costs (`sim.training.ops` charges the casts as memory-bound kernels
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from sim.training.recipe import Recipe
 
 
 @dataclass(frozen=True)
@@ -43,3 +47,17 @@ PRECISIONS: dict[str, Precision] = {
     "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0),
     "NVFP4": Precision("NVFP4", "fp4", 2 * (0.5 + 1.0 / 16), 2.0),  # FP8 scale per 16 + amax
 }
+
+
+def precision_of(name: str, recipe: Recipe) -> Precision:
+    """The precision a row's name and its recipe's FP8 recipe (the scaling) make."""
+    by_recipe = {
+        "blockwise": "FP8-BLOCK",
+        "mxfp8": "MXFP8",
+        "tensorwise": "FP8-CS",
+        "nvfp4": "NVFP4",
+        "delayed": "FP8-CS",
+    }
+    if name != "BF16" and recipe.fp8_recipe in by_recipe:
+        return PRECISIONS[by_recipe[recipe.fp8_recipe]]
+    return PRECISIONS[name]

@@ -22,6 +22,7 @@ from typing import Any
 
 from sim.core.errors import ConfigError, MoesimError
 from sim.training.layout import Layout
+from sim.training.pipeline_kind import check_pipeline
 from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe, recipe_for
 from sim.training.row_cells import imbalance_cell, int_cell, parse_choices, with_choices
@@ -204,7 +205,7 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     """Everything a run's step needs, checked (one-line errors naming the row)."""
     from sim.training.comm import CommTimer
     from sim.training.kernels import GpuKernels
-    from sim.training.step import precision_of
+    from sim.training.precision import precision_of
     from sim.workload.architectures import architecture
 
     arch = architecture(_lookup(MODELS, run.model, "model", run.where))
@@ -226,6 +227,7 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
         raise ConfigError(f"{run.where}: routing_max_mean: {run.imbalance:g}, expected {bound}")
     if recipe.etp != lay.etp:
         lay = replace(lay, etp=recipe.etp)  # checked again by Layout
+    check_pipeline(recipe.pipeline, lay.pp, lay.vp, lay.ga, run.where, lay.fsdp)
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
     probe = _topology(preset, 1)
     spec = probe.gpu

@@ -42,6 +42,7 @@ class Recipe:
     etp: int = 1  # expert tensor parallelism
     mtp: int | None = None  # MTP modules; None: the architecture's
     pipeline_layout: str = ""  # Megatron-Core's layout string (sim.training.stages)
+    pipeline: str = "1f1b"  # 1f1b | dualpipe | dualpipev (sim.training.pipeline_kind)
     account_for_embedding: bool = False
     account_for_loss: bool = False
     source: str = "defaults"

@@ -8,12 +8,14 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.training.pipeline_kind import PIPELINES
 from sim.training.recipe import Recipe
 
 # optional columns over the row's recipe (empty: the recipe's): the EP dispatcher, EP overlap,
 # the SMs the dispatcher's kernels hold (0: its default), the recomputation (none, selective:
 # the recipe's modules or the default ones, full: every layer), the pipeline's stages (`even`,
-# or a Megatron-Core layout string), layers offloaded per stage, MTP modules
+# or a Megatron-Core layout string), layers offloaded per stage, MTP modules, the pipeline
+# schedule (1f1b, dualpipe, dualpipev: `sim.training.pipeline_kind`)
 CHOICES = (
     "dispatcher",
     "ep_overlap",
@@ -22,6 +24,7 @@ CHOICES = (
     "pipeline_layout",
     "offload_layers",
     "mtp",
+    "pipeline",
 )
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 RECOMPUTE = ("none", "selective", "full")
@@ -68,6 +71,10 @@ def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
             out[k] = raw
         elif k == "pipeline_layout":
             out[k] = "" if raw == "even" else raw
+        elif k == "pipeline":
+            if raw not in PIPELINES:
+                raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {raw!r}")
+            out[k] = raw
         else:  # comm_sms, offload_layers, mtp
             out[k] = int_cell(cols, k, where, low=0)
     return out
@@ -89,7 +96,7 @@ def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
             default = ("mla_up_proj",) if mla else ("layernorm", "moe_act")
             modules = recipe.recompute_modules or default
         kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
-    for k in ("pipeline_layout", "offload_layers", "mtp"):
+    for k in ("pipeline_layout", "offload_layers", "mtp", "pipeline"):
         if k in choices:
             kw[k] = choices[k]
     return replace(recipe, **kw) if kw else recipe

@@ -44,7 +44,8 @@ def parse(layout: str, stages: int, layers: int, where: str = "pipeline_layout")
         parts = parts[:-1]
     if len(parts) != stages:
         raise ConfigError(
-            f"{where}: {layout!r} has {len(parts)} stages, expected pp x vp = {stages}"
+            f"{where}: {layout!r} has {len(parts)} stages, expected {stages} (pp x vp; 2 pp for "
+            "dualpipev)"
         )
     n = sum(p.count("t") for p in parts)
     if n != layers:

@@ -23,7 +23,8 @@ from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
 from sim.training.ops import LayerWork, embedding_work, head_work, layer_work, mtp_work
 from sim.training.pipeline import Phase, StagePrograms, step_graph
-from sim.training.precision import PRECISIONS, Precision
+from sim.training.pipeline_kind import Placement, wgrad
+from sim.training.precision import Precision
 from sim.training.recipe import GRAPH_SCOPES, Recipe, comm_sms
 from sim.workload.architectures import Architecture
 
@@ -39,19 +40,6 @@ class StepResult:
     memory: MemoryReport
     breakdown: dict[str, float] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
-
-
-def precision_of(name: str, recipe: Recipe) -> Precision:
-    by_recipe = {
-        "blockwise": "FP8-BLOCK",
-        "mxfp8": "MXFP8",
-        "tensorwise": "FP8-CS",
-        "nvfp4": "NVFP4",
-        "delayed": "FP8-CS",
-    }
-    if name != "BF16" and recipe.fp8_recipe in by_recipe:
-        return PRECISIONS[by_recipe[recipe.fp8_recipe]]
-    return PRECISIONS[name]
 
 
 class StepModel:
@@ -77,6 +65,7 @@ class StepModel:
         self.graphed: set[str] = set()
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
+        self.place = Placement(recipe.pipeline, lay.pp, lay.vp)  # 1F1B or DualPipe's chunks
         self.vstages = self._layout()
         self.index_in_stage: dict[int, int] = {}
         first = 0
@@ -87,7 +76,7 @@ class StepModel:
             first += n
         self.vstage_layers = layer_of
         for s in range(lay.pp):
-            stage = [i for v in range(s, len(layer_of), lay.pp) for i in layer_of[v]]
+            stage = [i for v in self.place.held_by(s) for i in layer_of[v]]
             self.index_in_stage.update({layer: k for k, layer in enumerate(stage)})
         self.totals = {"compute_s": 0.0, "ep_comm_s": 0.0, "tp_comm_s": 0.0, "cp_comm_s": 0.0}
 
@@ -96,7 +85,7 @@ class StepModel:
         else the even split (with the embedding and loss counted where the recipe says)."""
         from sim.training import stages
 
-        n = self.lay.pp * self.lay.vp
+        n = self.place.vstages
         where = f"{self.lay.where}: pipeline layout"
         if self.r.pipeline_layout and n > 1:
             return stages.parse(self.r.pipeline_layout, n, self.a.layers, where)
@@ -195,9 +184,9 @@ class StepModel:
                         sec = sec / self.lay.tp + loss
                     self.totals["tp_comm_s"] += sec
                 t += sec
-            out.append(
-                Phase("compute", t, "+".join(names[:1]) + ("…" if len(names) > 1 else ""), lw.layer)
-            )
+            what = "+".join(names[:1]) + ("…" if len(names) > 1 else "")
+            wg = wgrad(self.gpu, lw, names) if backward else 0.0
+            out.append(Phase("compute", t, what, lw.layer, wgrad=wg))
         if backward:
             out.reverse()
         return [p for p in out if p.seconds > 0 or p.stream == "comm"]
@@ -215,17 +204,21 @@ class StepModel:
             from sim.hardware.costs.resources import Resources
 
             slowdown = 1.0 / Resources.build(topo.gpu, None).sm_speed(comm_sms(r))
-        g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
+        if self.place.dual:  # DualPipe's order (`sim.training.dualpipe_schedule`)
+            from sim.training.dualpipe_schedule import dualpipe_graph
+
+            pipe = self.place.pipe(lay.ga)
+            g = dualpipe_graph(progs, ranks, topo.world_size, pipe, p2p_s, overlap, slowdown)
+        else:
+            g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
         return g, ranks, p2p_s
 
     # -- per stage ---------------------------------------------------------------------------
     def chunk_work(self) -> list[list[list[LayerWork]]]:
         """Per stage, per chunk: the layer works of its virtual stage (embedding first, the
         LM head and MTP last)."""
-        lay = self.lay
-        out: list[list[list[LayerWork]]] = [[[] for _ in range(lay.vp)] for _ in range(lay.pp)]
-        for v, (sym, layers) in enumerate(zip(self.vstages, self.vstage_layers)):
-            s, c = v % lay.pp, v // lay.pp
+        per_vstage: list[list[LayerWork]] = []
+        for sym, layers in zip(self.vstages, self.vstage_layers):
             todo = iter(layers)
             works: list[LayerWork] = []
             for x in sym:
@@ -233,8 +226,8 @@ class StepModel:
                     works.append(self.layer_work(next(todo)))
                 else:
                     works += self.symbol_work(x)
-            out[s][c] = works
-        return out
+            per_vstage.append(works)
+        return [[per_vstage[v] for v in self.place.held_by(s)] for s in range(self.lay.pp)]
 
     def layer_work(self, layer: int) -> LayerWork:
         """One transformer layer's work (`sim.training.ops.layer_work`)."""
@@ -329,8 +322,7 @@ class StepModel:
         for s in range(self.lay.pp):
             fwd, bwd, gather, reduce = [], [], [], []
             shard = 0.0
-            for c in range(self.lay.vp):
-                lws = works[s][c]
+            for lws in works[s]:
                 fwd.append([ph for lw in lws for ph in self.phases(lw, False)])
                 bwd.append([ph for lw in reversed(lws) for ph in self.phases(lw, True)])
                 g_c: list[tuple[int, float, int, float]] = []
@@ -374,8 +366,9 @@ def run_step(
     from sim.engine.engine import simulate
     from sim.training.contention import build as contention
 
-    # every stage runs GA x VP forward and backward passes: bounded before anything is built
-    passes = 2 * lay.ga * lay.vp * lay.pp
+    # every stage runs GA x VP forward and backward passes (DualPipeV: 2 GA): bounded before
+    # anything is built
+    passes = 2 * lay.ga * (2 if recipe.pipeline == "dualpipev" else lay.vp) * lay.pp
     limits.active().check("max_tasks", passes, f"{lay.where}: pipeline passes (2 x ga x vp x pp)")
     model = StepModel(arch, lay, prec, recipe, gpu, comm, imbalance)
     model.contention = contention(recipe, lay, topo, comm.place)
@@ -390,7 +383,7 @@ def run_step(
     tokens = lay.gbs * lay.seq
     tps = tokens / step_s / lay.gpus
     mem = step_memory(model, works)
-    bubble = _bubble(progs, lay, step_s)
+    bubble = _bubble(progs, model.place.micro_per_chunk(lay.ga), step_s)
     return StepResult(
         step_s=step_s,
         tokens_per_s_per_gpu=tps,
@@ -410,9 +403,10 @@ def run_step(
     )
 
 
-def _bubble(progs: list[StagePrograms], lay: Layout, step_s: float) -> float:
-    """Share of the step the busiest stage's compute stream is not computing passes."""
+def _bubble(progs: list[StagePrograms], micro: int, step_s: float) -> float:
+    """Share of the step the busiest stage's compute stream is not computing passes;
+    `micro`: micro-batches per chunk."""
     busiest = max(
-        lay.ga * sum(sum(p.seconds for p in ph) for ph in prog.fwd + prog.bwd) for prog in progs
+        micro * sum(sum(p.seconds for p in ph) for ph in prog.fwd + prog.bwd) for prog in progs
     )
     return max(0.0, 1.0 - busiest / step_s) if step_s > 0 else 0.0
