@@ -1332,6 +1332,9 @@ def plan_cases() -> list[Case]:
         Case("plan_grid_sms_over", [*moe, "--grid", "comm_sms=100000"]),
         Case("plan_layout_sms_not_deepep", [*moe, "--layout", "ep=8,sms=24,dispatcher=alltoall"]),
         Case("plan_layout_sms_over", [*moe, "--layout", "ep=8,sms=132,dispatcher=deepep"]),
+        # Megatron-Core refuses its EP overlap with a plain 1F1B pipeline / full recomputation
+        Case("plan_layout_overlap_1f1b", [*moe, "--layout", "pp=2,ep=4,overlap=on"]),
+        Case("plan_layout_overlap_full", [*moe, "--layout", "ep=8,overlap=on,recompute=full"]),
         Case("plan_missing_seq_len", list(PLAN)),
         Case("plan_out_is_a_file", [*base, "--out", "f"], {"f": b"x"}),
         Case("plan_top_zero", [*base, "--top", "0"], expect="any"),

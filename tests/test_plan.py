@@ -516,3 +516,25 @@ def test_a_request_starts_from_its_release_s_recipe_else_the_newest():
     assert base_recipe(old).cuda_graph_scope == ("attn", "moe_router", "moe_preprocess")
     assert base_recipe(new).cuda_graph_scope == ("full_iteration",)
     assert candidate_row(old, Candidate(1, 1, 4, 4, 64, 1))["release"] == "26.02"
+
+
+def test_no_candidate_runs_the_ep_overlap_where_megatron_core_refuses_it():
+    """Megatron-Core asserts (TransformerConfig.__post_init__) that its EP all-to-all overlap
+    runs with a pipeline only interleaved, without full recomputation and without the moe
+    module recomputed: such candidates are not enumerated, and a given one is refused."""
+    from sim.training.plan_space import candidates, check_given, overlap_refusal
+    from sim.workload.architectures import architecture
+
+    req = Request("Qwen3_30B_A3B", "DGX-H100", 16, 64, 4096, "BF16")
+    arch = architecture("qwen3-30b-a3b")
+    grid = {"pp": (1, 2), "vp": (1, 2), "tp": (1,), "cp": (1,), "mbs": (1,)}
+    space = list(candidates(req, arch, 8, grid, ("moe", "layernorm")))
+    on = [c for c in space if c.ep_overlap]
+    assert on and any(c.pp == 2 for c in on)  # interleaved pipelines keep it
+    assert all(c.pp == 1 or c.vp > 1 for c in on if c.pipeline == "1f1b")
+    assert all(c.recompute == "none" for c in on if c.pipeline == "1f1b")
+    assert overlap_refusal(Candidate(1, 1, 2, 2, 8, 1, True, "selective"), ("moe_act",)) == ""
+    with pytest.raises(ConfigError, match=r"overlap=on: .* \(vp > 1\)"):
+        check_given(req, Candidate(1, 1, 2, 1, 8, 1, True), 132, arch.layers)
+    with pytest.raises(ConfigError, match="full recomputation"):
+        check_given(req, Candidate(1, 1, 1, 1, 8, 1, True, "full"), 132, arch.layers)

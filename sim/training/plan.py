@@ -4,7 +4,7 @@ memory, found by simulating the candidates that could win.
 1. Enumerate: every layout that divides the GPUs (TP inside a node and dividing the heads,
    CP, PP with the virtual stages the layers allow, EP dividing the experts, micro-batch
    sizes that divide the batch) times the MoE and memory choices (EP overlap on or off,
-   the EP dispatcher: NCCL's all-to-all or DeepEP's kernels, the SMs DeepEP's kernels hold,
+   where Megatron-Core runs it: `overlap_refusal`; the EP dispatcher: NCCL's all-to-all or DeepEP's kernels, the SMs DeepEP's kernels hold,
    recomputation none / the recipe's selective modules / full) and the pipeline schedule:
    Megatron-Core's 1F1B, or DualPipe / DualPipeV where the layout runs them (vp 1, pp >= 2,
    even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Not searched,
@@ -168,12 +168,13 @@ def plan(
     if given is not None and arch.moe and given.ep > 1 and not given.dispatcher:
         given = replace(given, dispatcher=base.dispatcher)
     if given is not None:
-        check_given(req, given, probe[0].sms, arch.layers)
+        check_given(req, given, probe[0].sms, arch.layers, base.recompute_modules)
     out_plan = Plan(req)
     state = Progress()
     tell = progress or (lambda s: None)
     pruned = state.pruned
-    space = list(candidates(req, arch, min(8, node.gpus_per_node), plan_grid(base, grid)))
+    gpn = min(8, node.gpus_per_node)
+    space = list(candidates(req, arch, gpn, plan_grid(base, grid), base.recompute_modules))
     if given is not None and given.key() not in {c.key() for c in space}:
         space.append(given)
     if not space:

@@ -150,10 +150,16 @@ def plan_grid(base: Recipe, grid: dict[str, tuple] | None) -> dict[str, tuple]:
 
 
 def candidates(
-    req: Request, arch: Any, gpus_per_node: int, grid: dict[str, tuple] | None = None
+    req: Request,
+    arch: Any,
+    gpus_per_node: int,
+    grid: dict[str, tuple] | None = None,
+    selective: tuple[str, ...] = (),
 ) -> Iterator[Candidate]:
-    """Every layout and choice the request's sizes allow (unchecked beyond divisibility), over
-    `grid` (the module's value lists, or narrower ones)."""
+    """Every layout and choice the request's sizes allow (unchecked beyond divisibility and
+    Megatron-Core's own refusals: `overlap_refusal`, offloading), over `grid` (the module's
+    value lists, or narrower ones); `selective`: the recipe's selectively recomputed
+    modules."""
     g = {**GRID, **(grid or {})}
     offloads = sorted(set(g.get("offload", OFFLOAD)) | {0})
     kv = arch.kv_heads if arch.mla is None else arch.heads
@@ -183,8 +189,26 @@ def candidates(
                 # Megatron-Core offloads only without a pipeline and without recomputation
                 # (TransformerConfig.__post_init__), fewer layers than the model has
                 for off in offloads if pp == 1 and rc == "none" else (0,):
-                    if off < arch.layers:
-                        yield Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off, pl)
+                    c = Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off, pl)
+                    if off < arch.layers and not overlap_refusal(c, selective):
+                        yield c
+
+
+def overlap_refusal(c: Candidate, selective: tuple[str, ...] = ()) -> str:
+    """Why Megatron-Core refuses its EP all-to-all overlap on this candidate ("": it runs it):
+    `TransformerConfig.__post_init__` asserts, with `overlap_moe_expert_parallel_comm`, a
+    virtual pipeline when pp > 1, no full recomputation and no recomputed `moe` module
+    (`selective`: the modules the recipe's selective recomputation names). DualPipe's
+    overlapped chunk pairs are its own schedule's, not Megatron-Core's."""
+    if not c.ep_overlap or c.pipeline != "1f1b":
+        return ""
+    if c.pp > 1 and c.vp == 1:
+        return "needs the interleaved schedule (vp > 1) with a pipeline (pp > 1)"
+    if c.recompute == "full":
+        return "refuses full recomputation"
+    if c.recompute == "selective" and "moe" in selective:
+        return "refuses the recomputed moe module"
+    return ""
 
 
 def comm_choices(g: dict[str, tuple]) -> list[tuple[str, int]]:
@@ -270,11 +294,19 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
     return Candidate(**vals, **extra)
 
 
-def check_given(req: Request, c: Candidate, sms: int, layers: int) -> None:
+def check_given(
+    req: Request, c: Candidate, sms: int, layers: int, selective: tuple[str, ...] = ()
+) -> None:
     """One-line errors for a given layout's choices that mean nothing: SMs for a dispatcher
     that holds none (only DeepEP's kernels hold SMs), or not fewer than the GPU has; more
-    offloaded layers than the model has, or offloading where Megatron-Core refuses it; a
-    pipeline schedule the layout cannot run (`pipeline_kind.check_pipeline`)."""
+    offloaded layers than the model has, or offloading or the EP overlap where Megatron-Core
+    refuses them (`overlap_refusal`); a pipeline schedule the layout cannot run
+    (`pipeline_kind.check_pipeline`)."""
+    why = overlap_refusal(c, selective)
+    if why:
+        raise ConfigError(
+            f"{req.where}: --layout: overlap=on: Megatron-Core's EP all-to-all overlap {why}"
+        )
     if c.pipeline != "1f1b":
         dp = req.gpus // (c.tp * c.cp * c.pp)
         # a batch that does not split is the layout's own error (`Layout`), not this one
