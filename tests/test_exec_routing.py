@@ -86,7 +86,15 @@ def _check_variant(run: MoERun, v: Variant) -> None:
         rel = run.max_rel_diff(v.label)
         assert rel["y"] <= 1e-5 and max(rel.values()) <= 1e-4, rel
     report = compare(run.ranks, v.label, LAYER, plan(LAYER), v.name, v.params, ("fwd", "bwd"))
+    if v.name == "deepep":  # dropless: its graph keeps what this layer's gate drops, and the
+        # report says so (its volumes on a dropless layer: tests/test_exec_deepep.py)
+        assert report["dropless_graph_vs_drops"] and report["dropped_choices"] > 0, report
+        return
     assert report["kept_equal_simulator"] and report["matches"], report
+    if v.name == "tutel":  # the padded [E, C, M] buffer, routing or not: equal all-to-alls
+        assert report["splits_checked"] == 0 and report["dropped_choices"] > 0
+        assert not any(r["variants"][v.label]["splits"] for r in run.ranks)
+        return
     assert report["splits_checked"] >= 4 and report["dropped_choices"] > 0
     sent = [
         n

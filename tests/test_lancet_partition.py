@@ -235,7 +235,7 @@ def test_skewed_routing_partitions_send_what_the_layer_keeps():
         routing=zipf,
     )
     blocks = BlockModel(n=2, heads=4, moe_every=2)
-    plain = build("tutel", layer, {"degree": 1}, ("fwd", "bwd"), cluster, blocks=blocks)
+    plain = build("sequential", layer, {}, ("fwd", "bwd"), cluster, blocks=blocks)
     lan = build("lancet", layer, {"partition": 3}, ("fwd", "bwd"), cluster, blocks=blocks)
     assert lan.meta["lancet"]["partitions"] == 3
     for step in ("dispatch", "combine"):

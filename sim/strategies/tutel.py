@@ -25,8 +25,9 @@ expert sliced over n = W/E GPUs (`parallel`):
   sends, since both compute the same GEMM work (Sec. 3.2, "Inline Parallelism Router").
 - `ep`: plain expert parallelism (E >= W); p1 and p2 are the same layer there (n = 1).
 
-P1 and P2 move Tutel's padded [E, C, M] buffers whatever the routing, so their graphs do not
-depend on the routing model (see sim.workload.slicing).
+Every path moves Tutel's padded [E, C, M] buffers whatever the routing (`MoELayer.padded`;
+P1 and P2: sim.workload.slicing), so its graphs do not depend on the routing model beyond the
+capacity.
 """
 
 from __future__ import annotations
@@ -83,9 +84,11 @@ def build(
         raise ConfigError(f"strategy.parallel: expected one of {PARALLEL}, got {parallel!r}")
     chosen = resolve(layer, params, passes, cluster).params["parallel"]
     if layer.expert_shards == 1 or chosen == "ep":
-        # n = 1: P1 and P2 are plain EP (Fig. 13); the graph is the EP layer's, unchanged
+        # n = 1: P1 and P2 are plain EP (Fig. 13); the graph is the EP layer's, with Tutel's
+        # padded [E, C, M] buffers whatever the routing (its all-to-all moves the capacity,
+        # not the kept tokens: skewed routing that drops choices sends no fewer bytes)
         return build_layer(
-            layer,
+            layer.padded(),
             degree=params["degree"],
             order="tutel",
             passes=passes,

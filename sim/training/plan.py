@@ -4,8 +4,9 @@ memory, found by simulating the candidates that could win.
 1. Enumerate: every layout that divides the GPUs (TP inside a node and dividing the heads,
    CP, PP with the virtual stages the layers allow, EP dividing the experts, micro-batch
    sizes that divide the batch) times the MoE and memory choices (EP overlap on or off,
-   where Megatron-Core runs it: `overlap_refusal`; the EP dispatcher: NCCL's all-to-all or DeepEP's kernels, the SMs DeepEP's kernels hold,
-   recomputation none / the recipe's selective modules / full) and the pipeline schedule:
+   where Megatron-Core runs it: `overlap_refusal`; the EP dispatcher: NCCL's all-to-all or
+   DeepEP's kernels; the SMs DeepEP's kernels hold; recomputation none / the recipe's
+   selective modules / full) and the pipeline schedule:
    Megatron-Core's 1F1B, or DualPipe / DualPipeV where the layout runs them (vp 1, pp >= 2,
    even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Not searched,
    because the training step model does not simulate them: the all-gather dispatcher and

@@ -10,7 +10,8 @@ Routing models (`sim.workload.routing`):
   buffer (Tutel/DeepSpeed style), so all peers exchange equal bytes.
 - zipf, lognormal, imbalance (W0-W7), replay (a recorded router map), matrix (tokens[p][e]
   given inline or as a CSV / .npy / JSON file): per-(GPU, expert) choices; only real tokens
-  move (all-to-allv) and each GPU's experts compute the rows they receive.
+  move (all-to-allv) and each GPU's experts compute the rows they receive, except in the
+  strategies that exchange the padded buffer whatever the routing (Tutel: `padded`).
 
 Capacity. A capacity-bound layer keeps at most C per (GPU, expert) and drops the rest. A
 dropless layer (`dropless: true`, as Megatron-Core, DeepSpeed and DeepSeek train) keeps
@@ -22,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,20 @@ class MoELayer:
     @property
     def tokens(self) -> int:
         return self.batch * self.seq_len
+
+    def padded(self) -> MoELayer:
+        """The layer as a padded [E, C, M] exchange moves it (Tutel, GShard): every (GPU,
+        expert) buffer full whatever the routing, the same C (a dropless layer's: the largest
+        load, Tutel's dynamic capacity), so that its all-to-alls and expert GEMMs are those
+        of uniform routing at that capacity (the gate still drops what it drops)."""
+        if self.uniform:
+            return self
+        C = self.capacity
+        k, T, E = self.top_k, self.tokens, self.experts
+        f = C * E / (k * T)  # the factor whose capacity is C (the formula's ceil of k*f*T/E)
+        while expert_capacity(T, E, k, f) > C:  # float rounding above C
+            f = math.nextafter(f, 0.0)
+        return replace(self, routing={"kind": "uniform"}, dropless=False, capacity_factor=f)
 
     @property
     def local_experts(self) -> int:
