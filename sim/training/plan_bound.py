@@ -136,7 +136,11 @@ class _ScreenModel(StepModel):
         return got
 
     def saved_bytes(self, lw: LayerWork) -> float:
-        key = (id(lw.work), lw.layer >= 0, self._whole(lw), self._rc_key)
+        from sim.training.memory import offloaded
+
+        # offloaded: the layer's activations go to the host (the first layers of a stage)
+        off = lw.layer >= 0 and self.index_in_stage.get(lw.layer, 0) < offloaded(self)
+        key = (id(lw.work), lw.layer >= 0, self._whole(lw), off, self._rc_key)
         got = self.s.saved.get(key)
         if got is None:
             got = self.s.saved[key] = super().saved_bytes(lw)
