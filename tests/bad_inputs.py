@@ -1308,6 +1308,12 @@ def plan_cases() -> list[Case]:
             "offload=-1",
             "offload=999",  # the model has 32 layers
             "offload=4,pp=2",  # Megatron-Core offloads only without a pipeline
+            "recompute=full,recompute_layers=0",  # N < 1
+            "recompute=full,recompute_layers=x",
+            "recompute_layers=2",  # N without recompute=full
+            "recompute=selective,recompute_layers=2",
+            "recompute=full,recompute_layers=33",  # a chunk of PP 1 holds the 32 layers
+            "recompute=full,pp=2,vp=2,recompute_layers=9",  # chunks of 8 layers
         ],
         "--grid": [
             "=",

@@ -170,8 +170,10 @@ def test_the_plan_searches_the_pipeline_and_its_bounds_hold_for_dualpipe():
         "pp=2,ep=4,recompute=full,dispatcher=alltoall,overlap=on,pipeline=dualpipe"
     )
     p = plan(req, given=given, grid=grid, prune=False)
-    # the pipelines x EP overlap, less 1F1B with the overlap (Megatron-Core refuses it at vp 1)
-    assert p.considered == 3 * 2 - 1
+    # the pipelines x EP overlap, less 1F1B with the overlap (Megatron-Core refuses it at vp 1),
+    # and 1F1B recomputing the fewest layers that fit (it does not fit recomputing none)
+    assert p.considered == 3 * 2 - 1 + 1
+    assert p.partial == {"searched": 2, "found": 1, "added": 1}
     assert {c["pipeline"] for c in p.candidates} == {"1f1b", "dualpipev"}
     assert p.pruned == {"memory": 1}  # DualPipe without overlap; the given one is simulated
     assert p.given is not None and p.given["pipeline"] == "dualpipe" and not p.given["fits"]

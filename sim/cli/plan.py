@@ -133,8 +133,10 @@ def add_parsers(sub: Any) -> None:
         "--layout",
         metavar="tp=1,pp=2,vp=12,ep=8,mbs=1",
         help="also score this layout (cp, overlap=on|off, recompute=none|selective|"
-        "full, fsdp=on|off, dispatcher, sms, offload=LAYERS, pipeline=1f1b|dualpipe|"
-        "dualpipev) and say its rank",
+        "full, recompute_layers=N with recompute=full: the first N layers of each model "
+        "chunk, as Megatron-Core's --recompute-method block --recompute-num-layers N, "
+        "fsdp=on|off, dispatcher, sms, offload=LAYERS, pipeline=1f1b|dualpipe|dualpipev) "
+        "and say its rank",
     )
     p.add_argument(
         "--grid",

@@ -14,7 +14,9 @@ memory, found by simulating the candidates that could win.
    nor the SMs of NCCL's all-to-all (its simulated time does not depend on them, so fewer
    would always win).
 2. Drop what cannot run: a candidate whose peak memory (`sim.training.memory`, no simulation
-   needed) exceeds the GPU's.
+   needed) exceeds the GPU's. Where full recomputation fits and recomputing nothing does
+   not, add the fewest layers per model chunk fully recomputed that fit (Megatron-Core's
+   block method; `sim.training.plan_partial`: a search on the memory model).
 3. Bound: a candidate's step is at least its busiest stage's kernel time over the step plus
    the pipeline's fill and drain (`lower_bound`; the simulated step adds communication and
    host time to that), and at least that with the EP all-to-alls its compute waits for and
@@ -65,7 +67,10 @@ from pathlib import Path
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.training.plan_gpu import mfu, precision_probe
 from sim.training.plan_order import WAIT, Entry, SimOrder
+from sim.training.plan_partial import Partial
+from sim.training.plan_partial import check_given as check_partial
 from sim.training.plan_space import (
     GRID,
     SCREEN_CHUNK,
@@ -100,6 +105,9 @@ class Plan:
     # or why they could not be
     timelines: list[Any] = field(default_factory=list)
     timeline_note: str = ""
+    # full recomputation of the fewest layers that fit (`sim.training.plan_partial`): layouts
+    # searched, found, candidates added
+    partial: dict[str, int] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -109,6 +117,7 @@ class Plan:
             "resumed": self.resumed,
             "outranked": self.outranked,
             "pruned": dict(self.pruned),
+            "partial_recompute": dict(self.partial),
             "candidates": self.candidates,
             "given": self.given,
         }
@@ -164,12 +173,13 @@ def plan(
     preset = _lookup(SYSTEMS, req.system, "system", req.where)
     node = _topology(preset, 1)
     base = base_recipe(req)
-    probe = _precision_probe(req, preset, node.gpu, base)
+    probe = precision_probe(req, preset, node.gpu, base)
     check_grid(req, grid, probe[0].sms, arch.layers)
     if given is not None and arch.moe and given.ep > 1 and not given.dispatcher:
         given = replace(given, dispatcher=base.dispatcher)
     if given is not None:
         check_given(req, given, probe[0].sms, arch.layers, base.recompute_modules)
+        check_partial(req, given, arch.layers, base)
     out_plan = Plan(req)
     state = Progress()
     tell = progress or (lambda s: None)
@@ -195,6 +205,7 @@ def plan(
     size = max(1, min(SCREEN_CHUNK, -(-len(firsts) // (4 * n))))
     chunks = [firsts[i : i + size] for i in range(0, len(firsts), size)]
     screened: dict[tuple, tuple[bool, float] | str] = {}  # screen_key -> (fits, bound) | why
+    part = Partial(space, share, screened)  # full recomputation of the fewest layers that fit
     entries: list[Entry] = []
     order = SimOrder([], given, prune)
     done: list[dict[str, Any]] = []
@@ -272,6 +283,11 @@ def plan(
             yield ("screen", i, req, base, chunk)
         while len(screened) < len(firsts):
             yield pool.WAIT
+        for i, ask in enumerate(part.chunks(size)):
+            yield ("partial", i, req, base, ask)
+        while part.waiting:
+            yield pool.WAIT
+        out_plan.partial = part.summary()
         rank_screened()
         state.phase = "simulating"
         tell(state)
@@ -319,6 +335,11 @@ def plan(
                 if item[0] == "floor":
                     order.floors(item[4], answer)
                     continue
+                if item[0] == "partial":
+                    added = part.took(item[4], answer)
+                    state.screened += added
+                    out_plan.considered = state.total = state.total + added
+                    continue
                 for k, v in (answer.pop("_collectives", None) or {}).items():
                     known.setdefault(k[1], {})[k] = v
                 if answer.get("_pruned"):  # its bound with communication lost
@@ -352,7 +373,7 @@ def plan(
     ran = [r for r in done if r.get("predicted_tokens_per_s_per_gpu")]
     for r in ran:
         r["fits"] = r["memory_margin_bytes"] >= 0
-        r["mfu"] = _mfu(r, probe)
+        r["mfu"] = mfu(r, probe)
     ok = sorted(
         (r for r in ran if r["fits"]),
         key=lambda r: (-r["predicted_tokens_per_s_per_gpu"], place(r)),
@@ -389,32 +410,3 @@ def plan(
 
         out_plan.files = write(out_plan, out)
     return out_plan
-
-
-def _precision_probe(req: Request, preset: str, gpu: dict[str, Any], base: Any) -> tuple[Any, Any]:
-    """The GPU's kernels and the request's precision, refused in one line where the
-    precision is unknown or the GPU has no GEMMs of it (before any candidate is built: else
-    every one of them is dropped as invalid, which names nothing)."""
-    from sim.training.kernels import GpuKernels
-    from sim.training.precision import PRECISIONS, precision_of
-
-    name = req.precision.upper()
-    if name not in PRECISIONS:
-        raise ConfigError(
-            f"{req.where}: precision: unknown {req.precision!r} (known: {', '.join(PRECISIONS)})"
-        )
-    kernels = GpuKernels.from_gpu(gpu, f"{req.where}: {preset}")
-    prec = precision_of(name, base)
-    try:
-        kernels.rate(prec.gemm)
-    except ConfigError as e:
-        raise ConfigError(f"{req.where}: precision {name}: {e}") from None
-    return kernels, prec
-
-
-def _mfu(r: dict[str, Any], probe: tuple[Any, Any]) -> float:
-    """Model FLOPs per second per GPU over the dense peak of the run's GEMM dtype;
-    `probe`: the GPU's kernels and the run's precision."""
-    gpu, prec = probe
-    peak = gpu.peak.get(prec.gemm) or gpu.peak["bf16"]
-    return float(r["predicted_tflops_per_gpu"]) * 1e12 / peak

@@ -77,17 +77,17 @@ class _ScreenModel(StepModel):
     (`FreeComm`), the layers' works, their passes and their weights shared through a
     `Screener` between the layers of a kind and between candidates. A layer's work depends
     on TP, CP, EP, ETP, the micro-batch, the sequence and the layer's kind (MoE, banded), not
-    on the pipeline; its phases on that and on the recomputation, which a plan's recipes set
-    for every layer or none (`recipe_of`: no `recompute_layers`; offloading changes only the
-    memory), so the phases of the first layer of a kind stand for the others (their `layer`
-    labels are that one's: the bound reads their seconds only)."""
+    on the pipeline; its phases on that and on the recomputation (the recipe's, and whether
+    full recomputation takes this layer: all, or the first `recompute_layers` of each model
+    chunk; offloading changes only the memory), so the phases of the first layer of a kind
+    and recomputation stand for the others (their `layer` labels are that one's: the bound
+    reads their seconds only)."""
 
     def __init__(self, screener: Screener, p: Any, comm: Any = None):
         super().__init__(
             p.arch, p.layout, p.precision, p.recipe, p.gpu, comm or FreeComm(), p.imbalance
         )
         r, lay = p.recipe, p.layout
-        assert r.recompute_layers is None, "a plan's recipe"
         self.s = screener
         self.phase_memo = screener.phases
         self._lay_key = (
@@ -119,11 +119,15 @@ class _ScreenModel(StepModel):
         return got
 
     def phases(self, lw: LayerWork, backward: bool) -> list[Phase]:
-        key = (id(lw.work), backward, lw.layer >= 0, self._phase_key)
+        key = (id(lw.work), backward, lw.layer >= 0, self._whole(lw), self._phase_key)
         got = self.phase_memo.get(key)
         if got is None:
             got = self.phase_memo[key] = super().phases(lw, backward)
         return got
+
+    def _whole(self, lw: LayerWork) -> bool:
+        """Whether full recomputation takes this layer (`StepModel.recomputed`)."""
+        return lw.layer >= 0 and self.r.recompute_full and self.recomputed("", lw.layer)
 
     def params(self, lw: LayerWork) -> tuple[float, float]:
         got = self.s.params.get(id(lw.work))
@@ -132,7 +136,11 @@ class _ScreenModel(StepModel):
         return got
 
     def saved_bytes(self, lw: LayerWork) -> float:
-        key = (id(lw.work), lw.layer >= 0, self._rc_key)
+        from sim.training.memory import offloaded
+
+        # offloaded: the layer's activations go to the host (the first layers of a stage)
+        off = lw.layer >= 0 and self.index_in_stage.get(lw.layer, 0) < offloaded(self)
+        key = (id(lw.work), lw.layer >= 0, self._whole(lw), off, self._rc_key)
         got = self.s.saved.get(key)
         if got is None:
             got = self.s.saved[key] = super().saved_bytes(lw)
@@ -297,6 +305,13 @@ class Screener:
         model = _ScreenModel(self, p)
         works = model.chunk_work()
         return step_memory(model, works).fits, lower_bound(model, works)
+
+    def fits(self, c: Candidate) -> bool:
+        """Whether the candidate's peak memory fits the GPU's (the memory model only)."""
+        from sim.training.memory import step_memory
+
+        model = _ScreenModel(self, self.prepared(c))
+        return step_memory(model, model.chunk_work()).fits
 
     def floor(self, c: Candidate) -> float:
         """The candidate's bound with its collectives at their floor (`comm_bound` over

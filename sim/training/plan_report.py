@@ -29,6 +29,7 @@ CANDIDATE_KEYS = (
     "dispatcher",
     "comm_sms",
     "recompute",
+    "recompute_layers",
     "offload",
     "pipeline",
 )
@@ -57,7 +58,9 @@ def _label(r: dict[str, Any]) -> str:
     s += f" sms={r['comm_sms']}" if r.get("comm_sms") else ""
     s += f" offload={r['offload']}" if r.get("offload") else ""
     s += f" {r['pipeline']}" if r.get("pipeline", "1f1b") != "1f1b" else ""
-    return s + (" +overlap" if r.get("ep_overlap") else "") + f" rc={r.get('recompute')}"
+    s += " +overlap" if r.get("ep_overlap") else ""
+    n = r.get("recompute_layers")
+    return s + f" rc={r.get('recompute')}" + (f":{n}" if n else "")
 
 
 def why(best: dict[str, Any], other: dict[str, Any]) -> str:
@@ -90,7 +93,7 @@ def text_plan(p: Plan, top: int = 10) -> str:
     lines = [
         f"plan: {r.model} on {r.gpus} GPUs of {r.system}, GBS {r.gbs}, sequence {r.seq_len}, "
         f"{r.precision}",
-        f"  candidates {p.considered}, simulated {p.simulated}"
+        f"  candidates {p.considered}{_partial(p)}, simulated {p.simulated}"
         + (f" ({p.resumed} from an earlier run's journal)" if p.resumed else "")
         + ", dropped "
         + (", ".join(f"{k} {v}" for k, v in sorted(p.pruned.items())) or "none"),
@@ -117,6 +120,17 @@ def text_plan(p: Plan, top: int = 10) -> str:
             if p.candidates and p.candidates[0] is not g:
                 lines.append("best vs given: " + why(p.candidates[0], g))
     return "\n".join(lines) + "\n"
+
+
+def _partial(p: Plan) -> str:
+    """The partial-recompute round in the counts: what it searched and added."""
+    got = p.partial
+    if not got.get("searched"):
+        return ""
+    return (
+        f" ({got['added']} recomputing the fewest layers per model chunk that fit: "
+        f"{got['found']} of {got['searched']} layouts fitting only with recomputation)"
+    )
 
 
 def table(p: Plan) -> list[dict[str, Any]]:
@@ -172,6 +186,7 @@ def predict_row(p: Plan, c: dict[str, Any]) -> dict[str, Any]:
         ep_overlap="on" if c.get("ep_overlap") else "off",
         comm_sms=c.get("comm_sms") or 0,
         recompute=c.get("recompute") or "none",
+        recompute_layers=c.get("recompute_layers") or 0,
         pipeline_layout="even",
         offload_layers=c.get("offload") or 0,
         mtp=arch.mtp,
@@ -189,7 +204,7 @@ def html_page(p: Plan) -> str:
     r = p.request
     blocks: list[Any] = [pareto_figure(p)]
     text = [
-        f"{p.simulated} of {p.considered} candidates simulated; dropped: "
+        f"{p.simulated} of {p.considered} candidates{_partial(p)} simulated; dropped: "
         + (", ".join(f"{k} {v}" for k, v in sorted(p.pruned.items())) or "none")
         + "."
     ]

@@ -62,15 +62,17 @@ class Candidate:
     comm_sms: int = 0  # SMs the dispatcher's kernels hold; 0: the dispatcher's default
     offload: int = 0  # layers whose activations are offloaded to the host
     pipeline: str = "1f1b"  # 1f1b | dualpipe | dualpipev
+    # with recompute full: the first N layers of each model chunk recomputed (0: every layer)
+    recompute_layers: int = 0
 
     def key(self) -> tuple:
         return tuple(vars(self).values())
 
     def canonical(self) -> str:
-        """The candidate as text, every field named (offload only where some, the pipeline
-        only where not 1F1B): its key in a plan's journal (a journal written before
-        offloading or the pipeline was a choice still reads)."""
-        default = {"offload": 0, "pipeline": "1f1b"}
+        """The candidate as text, every field named (offload and recompute_layers only where
+        some, the pipeline only where not 1F1B): its key in a plan's journal (a journal
+        written before those were choices still reads)."""
+        default = {"offload": 0, "pipeline": "1f1b", "recompute_layers": 0}
         return ",".join(
             f"{k}={v}" for k, v in vars(self).items() if k not in default or v != default[k]
         )
@@ -88,6 +90,7 @@ class Candidate:
             self.fsdp,
             self.offload,
             self.pipeline,
+            self.recompute_layers,
         )
 
     def label(self) -> str:
@@ -97,7 +100,9 @@ class Candidate:
         s += f" sms={self.comm_sms}" if self.comm_sms else ""
         s += f" offload={self.offload}" if self.offload else ""
         s += f" {self.pipeline}" if self.pipeline != "1f1b" else ""
-        return s + (" overlap" if self.ep_overlap else "") + f" recompute={self.recompute}"
+        s += " overlap" if self.ep_overlap else ""
+        n = self.recompute_layers
+        return s + f" recompute={self.recompute}" + (f":{n}" if n else "")
 
 
 def recipe_of(base: Recipe, c: Candidate, mla: bool) -> Recipe:
@@ -117,6 +122,7 @@ def best_choices(c: Candidate) -> dict[str, Any]:
         "ep_overlap": c.ep_overlap,
         "comm_sms": c.comm_sms,
         "recompute": c.recompute,
+        "recompute_layers": c.recompute_layers,
         "pipeline_layout": "",
         "offload_layers": c.offload,
         "pipeline": c.pipeline,
@@ -243,8 +249,8 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers
 
 
 def parse_layout(text: str, where: str = "--layout") -> Candidate:
-    """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=none,fsdp=off,
-    dispatcher=deepep,sms=24,offload=0,pipeline=1f1b]` as a candidate."""
+    """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=full,recompute_layers=2,
+    fsdp=off,dispatcher=deepep,sms=24,offload=0,pipeline=1f1b]` as a candidate."""
     vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
     extra: dict[str, Any] = {}
     seen: set[str] = set()
@@ -282,15 +288,18 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
             if v not in PIPELINES:
                 raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {v!r}")
             extra["pipeline"] = v
-        elif k in ("sms", "offload"):
-            if not v.isdigit():
-                raise ConfigError(f"{where}: {k}: expected an integer >= 0, got {v!r}")
+        elif k in ("sms", "offload", "recompute_layers"):
+            low = int(k == "recompute_layers")
+            if not v.isdigit() or int(v) < low:
+                raise ConfigError(f"{where}: {k}: expected an integer >= {low}, got {v!r}")
             extra["comm_sms" if k == "sms" else k] = int(v)
         else:
             raise ConfigError(
                 f"{where}: unknown key {k!r} (keys: {', '.join(LAYOUT_KEYS)}, overlap, "
-                "recompute, fsdp, dispatcher, sms, offload, pipeline)"
+                "recompute, recompute_layers, fsdp, dispatcher, sms, offload, pipeline)"
             )
+    if extra.get("recompute_layers") and extra.get("recompute") != "full":
+        raise ConfigError(f"{where}: recompute_layers: needs recompute=full (its first N layers)")
     return Candidate(**vals, **extra)
 
 

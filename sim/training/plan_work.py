@@ -16,30 +16,37 @@ from sim.training.recipe import Recipe
 
 # the pool's tasks: ("screen", chunk number, request, recipe, [candidate, ...]), each the
 # first of the candidates that share a memory-and-bound question; ("floor", number, request,
-# recipe, [candidate, ...]); and ("sim", request, candidate, recipe, the step to beat, the
+# recipe, [candidate, ...]); ("partial", number, request, recipe, [(candidate, whether it fits
+# recomputing nothing: None unknown), ...]), the fewest layers of full recomputation that fit
+# (`sim.training.plan_partial`); and ("sim", request, candidate, recipe, the step to beat, the
 # collectives known of its layout)
 Item = tuple[Any, ...]
+CHUNKS = ("screen", "floor", "partial")  # the tasks of a chunk of candidates
 
 
 def work(item: Item) -> Any:
     """A task of the pool (in a worker): a chunk of candidates screened (their answers),
     the floors of a chunk of candidates (`Screener.floor`), or one candidate simulated (its
     record)."""
-    if item[0] in ("screen", "floor"):
+    if item[0] in CHUNKS:
         _, _, req, base, cands = item
         s = screener(req, base)
+        if item[0] == "partial":
+            from sim.training.plan_partial import fewest_layers
+
+            return [fewest_layers(s, c, none_fits) for c, none_fits in cands]
         return [s.screen(c) if item[0] == "screen" else s.floor(c) for c in cands]
     return evaluate(item[1:])
 
 
 def item_name(item: Item) -> str:
-    if item[0] in ("screen", "floor"):
+    if item[0] in CHUNKS:
         return f"{item[0]}{item[1]}"
     return item[2].canonical().replace(",", "-").replace("=", "")
 
 
 def killed_item(item: Item, e: Exception) -> Any:
-    if item[0] in ("screen", "floor"):
+    if item[0] in CHUNKS:
         raise MoesimError(f"plan: bounding stopped: a worker killed ({e})")
     return killed(item[1:4], e)
 
@@ -89,6 +96,7 @@ def choice_columns(c: Candidate) -> dict[str, Any]:
     return {
         "ep_overlap": c.ep_overlap,
         "recompute": c.recompute,
+        "recompute_layers": c.recompute_layers,
         "dispatcher": c.dispatcher,
         "comm_sms": c.comm_sms,
         "offload": c.offload,

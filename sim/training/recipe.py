@@ -24,7 +24,7 @@ class Recipe:
     comm_sms: int | None = None  # SMs the EP dispatcher's kernels hold (None: its default)
     recompute_modules: tuple[str, ...] = ()  # --recompute-modules (selective)
     recompute_full: bool = False  # --recompute-granularity full
-    recompute_layers: int | None = None  # full recompute of this many layers per stage
+    recompute_layers: int | None = None  # full recompute of the first N layers per model chunk
     offload_layers: int = 0  # layers whose activations are offloaded to the host
     gpus_per_domain: int | None = None  # GPUs a job uses per NVLink domain (None: all)
     cuda_graph_scope: tuple[str, ...] = ()  # modules captured in CUDA graphs

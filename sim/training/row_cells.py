@@ -13,7 +13,8 @@ from sim.training.recipe import Recipe
 
 # optional columns over the row's recipe (empty: the recipe's): the EP dispatcher, EP overlap,
 # the SMs the dispatcher's kernels hold (0: its default), the recomputation (none, selective:
-# the recipe's modules or the default ones, full: every layer), the pipeline's stages (`even`,
+# the recipe's modules or the default ones, full: every layer, or with `recompute_layers` N
+# the first N of each model chunk; 0: every layer), the pipeline's stages (`even`,
 # or a Megatron-Core layout string), layers offloaded per stage, MTP modules, the pipeline
 # schedule (1f1b, dualpipe, dualpipev: `sim.training.pipeline_kind`)
 CHOICES = (
@@ -21,6 +22,7 @@ CHOICES = (
     "ep_overlap",
     "comm_sms",
     "recompute",
+    "recompute_layers",
     "pipeline_layout",
     "offload_layers",
     "mtp",
@@ -75,8 +77,13 @@ def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
             if raw not in PIPELINES:
                 raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {raw!r}")
             out[k] = raw
-        else:  # comm_sms, offload_layers, mtp
+        else:  # comm_sms, recompute_layers, offload_layers, mtp
             out[k] = int_cell(cols, k, where, low=0)
+    if out.get("recompute_layers") and out.get("recompute", "full") != "full":
+        raise ConfigError(
+            f"{where}: recompute_layers: {out['recompute_layers']} layers fully recomputed, "
+            f"but recompute is {out['recompute']!r} (expected full)"
+        )
     return out
 
 
@@ -96,6 +103,8 @@ def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
             default = ("mla_up_proj",) if mla else ("layernorm", "moe_act")
             modules = recipe.recompute_modules or default
         kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
+    if "recompute_layers" in choices:  # N: the first N layers of each model chunk; 0: all
+        kw["recompute_layers"] = choices["recompute_layers"] or None
     for k in ("pipeline_layout", "offload_layers", "mtp", "pipeline"):
         if k in choices:
             kw[k] = choices[k]

@@ -75,6 +75,8 @@ class StepModel:
             layer_of.append(list(range(first, first + n)))
             first += n
         self.vstage_layers = layer_of
+        # a layer's place in its model chunk: Megatron-Core's block recomputation counts there
+        self.index_in_chunk = {layer: k for ls in layer_of for k, layer in enumerate(ls)}
         for s in range(lay.pp):
             stage = [i for v in self.place.held_by(s) for i in layer_of[v]]
             self.index_in_stage.update({layer: k for k, layer in enumerate(stage)})
@@ -134,10 +136,12 @@ class StepModel:
 
     def recomputed(self, module: str, layer: int = -1) -> bool:
         """Whether the recipe recomputes this module of this layer in the backward (full
-        recomputation of `recompute_layers` layers per stage: the first ones of each)."""
+        recomputation of `recompute_layers` layers per model chunk, the first ones of each:
+        Megatron-Core's block method, `checkpointed_forward`, counts over the layers of one
+        chunk's TransformerBlock, so with VP each virtual stage recomputes N)."""
         if self.r.recompute_full and layer >= 0:
             n = self.r.recompute_layers
-            return n is None or self.index_in_stage.get(layer, 0) < n
+            return n is None or self.index_in_chunk.get(layer, 0) < n
         mods = self.r.recompute_modules
         return module in mods or ("moe" in mods and module.startswith("moe"))
 
