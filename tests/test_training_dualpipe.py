@@ -181,3 +181,21 @@ def test_the_plan_searches_the_pipeline_and_its_bounds_hold_for_dualpipe():
         assert c["lower_bound_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_floor_s"] <= c["comm_bound_s"] * (1 + 1e-9)
         assert c["comm_bound_s"] <= c["predicted_step_s"] * (1 + 1e-9), c["pipeline"]
+
+
+def test_a_v_of_more_stages_than_layers_is_neither_searched_nor_accepted():
+    """DualPipeV cuts the model into 2 x pp stages: on 32 devices DeepSeek-V3's 61 layers
+    cannot fill 64 (a plan on 256 GB200 once crashed on it); such layouts are not candidates
+    and a given one is refused in one line."""
+    from sim.training.pipeline_kind import runs
+    from sim.training.plan_space import candidates
+    from sim.workload.architectures import architecture
+
+    arch = architecture("deepseek-v3")
+    assert runs("dualpipev", 16, 1, 64, arch.layers) and not runs("dualpipev", 32, 1, 64, 61)
+    req = Request("DeepSeekV3", "DGX-GB200", 256, 4096, 4096, "MXFP8")
+    grid = {"tp": (1,), "cp": (1,), "pp": (32,), "vp": (1,), "ep": (8,), "mbs": (1,)}
+    kinds = {c.pipeline for c in candidates(req, arch, 8, grid)}
+    assert kinds == {"1f1b", "dualpipe"}
+    with pytest.raises(ConfigError, match="64 stages, more than its 61 layers"):
+        check_given(req, parse_layout("pp=32,ep=8,pipeline=dualpipev"), 148, arch.layers)

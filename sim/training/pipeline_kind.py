@@ -38,8 +38,11 @@ from sim.training.ops import LayerWork
 PIPELINES = ("1f1b", "dualpipe", "dualpipev")
 
 
-def check_pipeline(kind: str, pp: int, vp: int, ga: int, where: str, fsdp: int = 0) -> None:
-    """One-line errors where a layout cannot run `kind` (the field named)."""
+def check_pipeline(
+    kind: str, pp: int, vp: int, ga: int, where: str, fsdp: int = 0, layers: int = 0
+) -> None:
+    """One-line errors where a layout cannot run `kind` (the field named); `layers`: the
+    model's (0: unknown), which every stage needs one of."""
     if kind not in PIPELINES:
         raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {kind!r}")
     if kind == "1f1b":
@@ -57,6 +60,11 @@ def check_pipeline(kind: str, pp: int, vp: int, ga: int, where: str, fsdp: int =
     if fsdp:
         raise ConfigError(f"{where}: pipeline: {kind} with FSDP is not modelled (fsdp={fsdp})")
     stages = pp if kind == "dualpipe" else 2 * pp
+    if layers and stages > layers:
+        raise ConfigError(
+            f"{where}: pipeline: {kind} on pp={pp} cuts the model into {stages} stages, more "
+            f"than its {layers} layers"
+        )
     need = 2 * stages if kind == "dualpipe" else stages
     if ga < need or (kind == "dualpipe" and ga % 2):
         even = " and even" if kind == "dualpipe" else ""
@@ -76,10 +84,10 @@ def wgrad(gpu: Any, lw: LayerWork, names: list[str]) -> float:
     return sum(gpu.seconds(by_name[n], True) / 2 for n in names if by_name[n].kind in gemm)
 
 
-def runs(kind: str, pp: int, vp: int, ga: int) -> bool:
+def runs(kind: str, pp: int, vp: int, ga: int, layers: int = 0) -> bool:
     """Whether a layout can run `kind` (`check_pipeline` without the message)."""
     try:
-        check_pipeline(kind, pp, vp, ga, "")
+        check_pipeline(kind, pp, vp, ga, "", layers=layers)
     except ConfigError:
         return False
     return True

@@ -298,12 +298,12 @@ class Screener:
         """(fits, lower bound in seconds) of a candidate, or why it cannot be built."""
         from sim.training.memory import step_memory
 
-        try:
+        try:  # a layout the step model cannot lay out is dropped, the plan goes on
             p = self.prepared(c)
+            model = _ScreenModel(self, p)
+            works = model.chunk_work()
         except MoesimError as e:
             return str(e)
-        model = _ScreenModel(self, p)
-        works = model.chunk_work()
         return step_memory(model, works).fits, lower_bound(model, works)
 
     def fits(self, c: Candidate) -> bool:

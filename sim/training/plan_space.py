@@ -188,7 +188,7 @@ def candidates(
             shards = (False, True) if pp == 1 and dp > 1 else (False,)
             comms = comm_choices(g) if arch.moe and ep > 1 else [("", 0)]
             ga = req.gbs // (mbs * dp)
-            pipes = [k for k in g.get("pipeline", PIPELINE) if runs(k, pp, vp, ga)]
+            pipes = [k for k in g.get("pipeline", PIPELINE) if runs(k, pp, vp, ga, arch.layers)]
             for rc, fs, ov, (disp, sms), pl in itertools.product(
                 g["recompute"], shards, overlaps, comms, pipes
             ):
@@ -321,7 +321,7 @@ def check_given(
         # a batch that does not split is the layout's own error (`Layout`), not this one
         ga = req.gbs // (c.mbs * dp) if dp and req.gbs % (c.mbs * dp) == 0 else 1 << 30
         fsdp = dp if c.fsdp else 0
-        check_pipeline(c.pipeline, c.pp, c.vp, ga, f"{req.where}: --layout", fsdp)
+        check_pipeline(c.pipeline, c.pp, c.vp, ga, f"{req.where}: --layout", fsdp, layers)
     if c.offload > layers:
         raise ConfigError(
             f"{req.where}: --layout: offload={c.offload}: the model has {layers} layers"

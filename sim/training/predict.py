@@ -227,7 +227,7 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
         raise ConfigError(f"{run.where}: routing_max_mean: {run.imbalance:g}, expected {bound}")
     if recipe.etp != lay.etp:
         lay = replace(lay, etp=recipe.etp)  # checked again by Layout
-    check_pipeline(recipe.pipeline, lay.pp, lay.vp, lay.ga, run.where, lay.fsdp)
+    check_pipeline(recipe.pipeline, lay.pp, lay.vp, lay.ga, run.where, lay.fsdp, arch.layers)
     preset = _lookup(SYSTEMS, run.system, "system", run.where)
     probe = _topology(preset, 1)
     spec = probe.gpu
