@@ -1,4 +1,4 @@
-"""Configurations several test modules share (data only)."""
+"""Configurations and stubs several test modules share."""
 
 from __future__ import annotations
 
@@ -46,3 +46,16 @@ def switch_ports(n: int, port: dict) -> dict:
         "fabric": {"type": "switch", "class": "port", "attach": ["gpu0"]},
         "link_classes": {"port": port},
     }
+
+
+class NoComm:
+    """A step model's collective timer whose collectives are free (memory and compute-only
+    tests of `sim.training.step.StepModel`)."""
+
+    simulations = 0
+
+    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
+        return 0.0
+
+    def place(self, rank: int) -> int:
+        return rank

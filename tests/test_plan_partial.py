@@ -20,6 +20,7 @@ from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe
 from sim.training.step import StepModel
 from sim.workload.architectures import architecture
+from tests.configs import NoComm
 
 # Llama 3 8B on 8 H100, 8K sequences, micro-batch 2, no TP, CP or pipeline: over memory
 # without recomputation, within it recomputing every layer
@@ -27,21 +28,11 @@ REQ = Request("LLAMA3_8B", "DGX-H100", 8, 32, 8192, "BF16")
 GRID = {"tp": (1,), "cp": (1,), "pp": (1,), "mbs": (2,)}
 
 
-class _NoComm:
-    simulations = 0
-
-    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
-        return 0.0
-
-    def place(self, rank: int) -> int:
-        return rank
-
-
 def _model(lay: Layout, recipe: Recipe) -> StepModel:
     topo = Topology.load("dgx-h100", nodes=max(1, lay.gpus // 8))
     gpu = GpuKernels.from_gpu(topo.gpu, "test")
     arch = architecture("llama3-8b")
-    return StepModel(arch, lay, PRECISIONS["BF16"], recipe, gpu, _NoComm())  # type: ignore[arg-type]
+    return StepModel(arch, lay, PRECISIONS["BF16"], recipe, gpu, NoComm())  # type: ignore[arg-type]
 
 
 def _peak(lay: Layout, recipe: Recipe) -> float:
@@ -204,24 +195,9 @@ def test_a_published_row_with_num_layers_keeps_its_step():
 )
 def test_predicts_recompute_layers_column_fails_in_one_line(cols, needle):
     from sim.training.predict import parse_row
+    from tests.bad_inputs import PREDICT_ROW
 
-    row = {
-        "system": "DGX-H100",
-        "model": "LLAMA3_8B",
-        "gpus": "8",
-        "precision": "BF16",
-        "gbs": "16",
-        "mbs": "1",
-        "seq_len": "4096",
-        "fsdp": "0",
-        "tp": "1",
-        "pp": "1",
-        "cp": "1",
-        "vp": "",
-        "ep": "1",
-        "ga": "",
-        **cols,
-    }
+    row = {**PREDICT_ROW, **cols}
     with pytest.raises(ConfigError, match=needle) as e:
         parse_row(row, 1)
     assert "\n" not in str(e.value)
@@ -249,7 +225,7 @@ def test_the_screening_memory_is_the_step_models_whatever_was_screened_before(fi
     for c in (first, then):
         p = s.prepared(c)
         m = _ScreenModel(s, p)
-        plain = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, _NoComm(), p.imbalance)  # type: ignore[arg-type]
+        plain = StepModel(p.arch, p.layout, p.precision, p.recipe, p.gpu, NoComm(), p.imbalance)  # type: ignore[arg-type]
         got.append(step_memory(m, m.chunk_work()).peak_bytes)
         assert got[-1] == pytest.approx(step_memory(plain, plain.chunk_work()).peak_bytes)
     assert got[0] != got[1]

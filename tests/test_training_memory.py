@@ -13,22 +13,13 @@ from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe
 from sim.training.step import StepModel
 from sim.workload.architectures import architecture
-
-
-class _NoComm:
-    simulations = 0
-
-    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
-        return 0.0
-
-    def place(self, rank: int) -> int:
-        return rank
+from tests.configs import NoComm
 
 
 def _model(name: str, lay: Layout, precision: str, recipe: Recipe) -> StepModel:
     topo = Topology.load("dgx-h100", nodes=max(1, lay.gpus // 8))
     gpu = GpuKernels.from_gpu(topo.gpu, "test")
-    return StepModel(architecture(name), lay, PRECISIONS[precision], recipe, gpu, _NoComm())  # type: ignore[arg-type]
+    return StepModel(architecture(name), lay, PRECISIONS[precision], recipe, gpu, NoComm())  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("stage,held", [(0, 4), (1, 3), (3, 1)])
@@ -85,7 +76,7 @@ def test_moe_keeps_the_activation_input_and_probabilities_not_the_expert_outputs
 def _on(preset: str, name: str, lay: Layout, precision: str, recipe: Recipe) -> StepModel:
     topo = Topology.load(preset, nodes=max(1, lay.gpus // 8))
     gpu = GpuKernels.from_gpu(topo.gpu, "test")
-    return StepModel(architecture(name), lay, PRECISIONS[precision], recipe, gpu, _NoComm())  # type: ignore[arg-type]
+    return StepModel(architecture(name), lay, PRECISIONS[precision], recipe, gpu, NoComm())  # type: ignore[arg-type]
 
 
 def _sums(m: StepModel) -> tuple[float, float, float]:

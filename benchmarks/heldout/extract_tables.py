@@ -20,6 +20,10 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+
+from sim.training.predict import MEASURED, REQUIRED  # noqa: E402
+
 OUT = Path(__file__).with_name("megatron_bridge_later.csv")
 GIT_DIR = "/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo"
 HEAD = "067f987df03b8355b03192d88d70f1709fedf51a"  # snapshot of 2026-08-22
@@ -45,24 +49,13 @@ MODEL_NAMES = {
     "LLAMA3_70B": "LLAMA3_70B",
     "LLAMA3.1_405B": "LLAMA3.1_405B",
 }
+# the shared CSV's columns (`moesim predict`'s required ones in its order) and the source
 COLUMNS = [
     "release",
-    "system",
-    "model",
+    *REQUIRED[:2],
     "variant",
-    "gpus",
-    "precision",
-    "gbs",
-    "mbs",
-    "seq_len",
-    "fsdp",
-    "tp",
-    "pp",
-    "cp",
-    "vp",
-    "ep",
-    "ga",
-    "tokens_per_s_per_gpu",
+    *REQUIRED[2:],
+    MEASURED,
     "model_tflops_per_gpu",
     "alt_tokens_per_s_per_gpu",
     "alt_note",
