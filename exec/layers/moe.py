@@ -309,7 +309,8 @@ class DistMoE(torch.nn.Module):
         if getattr(fn, "token_level", False):  # DeepEP: moves tokens, not slots; decodes itself
             return fn(self, x, routing, full), routing
         buf = encode(x, routing, s.experts, s.capacity)
-        if self.choices is not None:  # all-to-allv: every rank learns what it will receive
+        # all-to-allv: every rank learns what it will receive (not a `padded` layer's)
+        if self.choices is not None and not getattr(fn, "padded", False):
             kept = routing.expert[routing.kept].cpu().numpy()
             send = np.bincount(kept, minlength=s.experts)
             self.fill = Fill(send, exchange_counts(self.comms, send, s.local_experts))

@@ -36,10 +36,8 @@ def pipemoe(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Te
 def tutel(moe: DistMoE, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
     """Tutel's pipelining at its chosen degree (the all-to-all algorithm changes how bytes
     travel, not what arrives: the real layer uses one all_to_all for either), on the padded
-    [E, C, M] buffer whatever the routing, as Tutel exchanges it (the simulator's graph:
-    `MoELayer.padded`)."""
-    if isinstance(moe, DistMoE):
-        moe.fill = None  # equal all-to-alls of the whole capacity, not the filled rows
+    [E, C, M] buffer whatever the routing, as Tutel exchanges it (`exec.layers.sliced`'s
+    entry is marked `padded`; the simulator's graph: `MoELayer.padded`)."""
     return pipelined(moe, buf, {**params, "order": "tutel"})
 
 

@@ -180,3 +180,8 @@ def tutel(moe: Any, buf: torch.Tensor, params: dict[str, Any]) -> torch.Tensor:
         f"strategy.parallel: {choice!r} on {moe.spec.experts} experts over {moe.spec.world} "
         f"ranks: sliced experts run 'p1', 'p2' or 'auto'"
     )
+
+
+# Tutel exchanges its padded [E, C, M] buffer whatever the routing: DistMoE.forward plans no
+# all-to-allv of the filled rows for it (equal all-to-alls of the whole capacity)
+tutel.padded = True  # type: ignore[attr-defined]

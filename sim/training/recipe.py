@@ -153,8 +153,8 @@ def recipe_for(model: str, system: str, precision: str, release: str = "") -> Re
     table = _recipes()
     if (model, system, precision, release) in table:
         return table[(model, system, precision, release)]
-    same = sorted(k for k in table if k[:3] == (model, system, precision))
-    return table[same[-1]] if same else Recipe()
+    same = releases(model, system, precision)
+    return table[(model, system, precision, same[-1])] if same else Recipe()
 
 
 # SMs the EP dispatcher's kernels hold while they run beside compute: HybridEP's
