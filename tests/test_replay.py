@@ -254,6 +254,34 @@ def test_kineto_gpu_path_on_a_synthetic_trace(tmp_path):
     assert abs(r.summary["replay"]["error"]) < 1e-9
 
 
+def test_kineto_step_is_the_hosts_not_its_gpu_projection(tmp_path):
+    """On a GPU, Kineto writes ProfilerStep#N twice; the device copy (`gpu_user_annotation`)
+    can end long before the step (H200: 5.0 of 13.1 ms). The step is the host's: the work
+    after the device copy's end is replayed."""
+    paths = []
+    for rank in (0, 1):
+        doc = _gpu_rank(rank, 30.0 * rank)
+        doc["traceEvents"].append(
+            {
+                "ph": "X",
+                "name": "ProfilerStep#3",
+                "cat": "gpu_user_annotation",
+                "ts": 40 + 30.0 * rank,
+                "dur": 15,
+                "pid": 0,
+                "tid": 7,
+                "args": {},
+            }
+        )
+        p = tmp_path / f"rank{rank}.json"
+        p.write_text(json.dumps(doc))
+        paths.append(p)
+    kinds = {t.kind for t in replay(paths).graph}
+    # the matmul's host op starts before the device copy (10 < 40 us), the copy's after its
+    # end (60 > 55 us)
+    assert {"gemm", "all_to_allv", "d2h"} <= kinds
+
+
 # -- bad input: one line, naming the file and what was expected -------------------------------
 
 

@@ -100,12 +100,17 @@ def overlapping(
 
 
 def steps(doc: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    """ProfilerStep#N -> its event, of one file."""
-    out = {}
+    """ProfilerStep#N -> its host-side event, of one file.
+
+    On a GPU, Kineto writes each step twice: the host's annotation (`user_annotation`,
+    the step as the program ran it) and its projection on the device (`gpu_user_annotation`,
+    from the step's first kernel to a point that need not be its last: on an H200 it covered
+    5.0 of the step's 13.1 ms, reports/gpu-h200-2026-11-27). The step is the host's."""
+    out: dict[int, dict[str, Any]] = {}
     for e in doc["traceEvents"]:
         if e.get("ph") == "X" and isinstance(e.get("name"), str):
             m = STEP.match(e["name"])
-            if m:
+            if m and not str(e.get("cat", "")).startswith("gpu_"):
                 out[int(m.group(1))] = e
     return out
 
