@@ -125,6 +125,37 @@ def test_dispatch_gaps_and_their_fit(tmp_path):
     assert (costs.dispatch.stream, costs.dispatch.cross) == pytest.approx((0.075, 0.3))
 
 
+def test_launch_costs_per_kind_fitted_saved_and_used(tmp_path):
+    """A GPU run's host seconds per issued task (exec.runtime.runner) become the launch
+    thread's cost per kind: the mean of the quiet ones (a 10x outlier left out), in the
+    file, and in the cost model (`costs.launch`; other kinds keep resources.launch_s)."""
+    from exec.measure.timings import issue_rows
+
+    g = TaskGraph(1)
+    for i in range(4):
+        g.add(Task(f"m{i}", 0, "compute", "gemm", flops=1.0))
+    g.add(Task("x", 0, "comm", "all_to_all", bytes=8.0, group=[0]))
+    issued = {"m0": 10e-6, "m1": 12e-6, "m2": 11e-6, "m3": 110e-6, "x": 60e-6}
+    cal = Calibration.fit(_rows(), issues=issue_rows(g, issued))
+    assert cal.launch["gemm"] == {
+        "mean": pytest.approx(11e-6),
+        "median": pytest.approx(11e-6),
+        "n": 3,
+    }
+    assert cal.launch["all_to_all"]["mean"] == pytest.approx(60e-6)
+    assert any("launch gemm" in line for line in cal.describe())
+    path = cal.save(tmp_path / "cal.yaml")
+    assert Calibration.load(path).launch == cal.launch
+    topo = Topology.load("flat-switch", nodes=2)
+    costs = CostModel.build(topo, {"calibration": str(path), "resources": {"launch_s": 1e-6}})
+    assert costs.launch.of(g.tasks["m0"]) == pytest.approx(11e-6)
+    assert costs.launch.of(Task("e", 0, "compute", "elementwise")) == pytest.approx(1e-6)
+    # a calibration without launch costs (a CPU one) leaves the thread as it was
+    assert CostModel.build(
+        topo, {"calibration": str(Calibration.fit(_rows()).save(tmp_path / "c.yaml"))}
+    ).launch.free
+
+
 def test_exact_gemm_shapes_override_alpha_beta(tmp_path):
     """A GEMM whose (batch, m, n, k) was profiled takes its measured median; any other shape,
     even of the same m*n*k, stays on the alpha-beta fit."""

@@ -90,6 +90,32 @@ def test_a_host_sync_that_waits_on_a_later_launch_is_a_deadlock_naming_it():
     assert "s (rank 0, compute): waits for ['y']" in str(e.value)
 
 
+def test_launch_cost_per_kind_spaces_the_issues_by_each_tasks_own_cost():
+    """costs.launch names a kind's host cost; the others cost resources.launch_s: independent
+    tasks start at the running sum of their predecessors' costs, in issue order."""
+    tasks = [
+        Task("a", 0, "comm", "all_to_all", bytes=8.0, group=[0]),
+        _work("b", "compute.1"),
+        _work("c", "compute.2"),
+    ]
+    times = _run(tasks, {"launch": {"all_to_all": 40e-6}, "resources": {"launch_s": L}})
+    assert [times[k][0] for k in "abc"] == pytest.approx([0.0, 40e-6, 40e-6 + L], abs=1e-15)
+
+
+@pytest.mark.parametrize(
+    "bad, where",
+    [
+        ({"nope": 1e-6}, "costs.launch.nope"),
+        ({"gemm": -1e-6}, "costs.launch.gemm"),
+        (3, "costs.launch"),
+    ],
+)
+def test_bad_launch_per_kind_is_a_one_line_error(bad, where):
+    with pytest.raises(ConfigError, match=where) as e:
+        CostModel.build(TOPO, {"launch": bad})
+    assert "\n" not in str(e.value)
+
+
 @pytest.mark.parametrize("bad", [-1e-6, math.inf, math.nan, "5us", True, 2.0])
 def test_bad_launch_s_is_a_one_line_error(bad):
     with pytest.raises(ConfigError, match=r"costs\.resources\.launch_s") as e:

@@ -35,8 +35,9 @@ from typing import Any
 import pandas as pd
 
 from exec.measure.environment import LoadProbe
+from exec.measure.sections import chain, run_sections
 from exec.measure.timings import dispatch_gaps, measurements
-from exec.runtime.launch import ExecResult, assemble, call_ranks, launch
+from exec.runtime.launch import launch
 from exec.runtime.ops import STAND_INS, run_dtype
 from sim.core.graph import Task, TaskGraph
 from sim.core.progress import Bar, echo
@@ -290,59 +291,6 @@ def _overlap_sizes(cal: Calibration, target_s: float, dtype: str) -> dict[str, d
     }
 
 
-def chain(sections: dict[str, TaskGraph]) -> TaskGraph:
-    """The benchmarks one after the other in one graph, so that one launch (a process start
-    per rank) measures them all: ids, collectives and buffers are prefixed by the section's
-    name, and each section's first task on a rank waits for the previous section's last one
-    there (each runs alone, as in its own graph)."""
-    out: TaskGraph | None = None
-    last: dict[int, str] = {}
-    for name, g in sections.items():
-        if out is None:
-            out = TaskGraph(g.world_size, meta={"benchmark": "+".join(sections)})
-        ends: dict[int, str] = {}
-        for t in g:
-            deps = [f"{name}:{d}" for d in t.deps]
-            if t.rank in last and t.rank not in ends:
-                deps.append(last[t.rank])  # the first of this section on its rank
-            tid = f"{name}:{t.id}"
-            out.add(
-                replace(
-                    t,
-                    id=tid,
-                    deps=deps,
-                    coll=None if t.coll is None else f"{name}:{t.coll}",
-                    allocs={f"{name}:{k}": v for k, v in t.allocs.items()},
-                    frees=[f"{name}:{k}" for k in t.frees],
-                )
-            )
-            ends[t.rank] = tid
-        last = {**last, **ends}
-    assert out is not None
-    out.validate()
-    return out
-
-
-def _env_job(rank: int, world: int, graph: TaskGraph, backend: str, timeout_s: float):
-    """A rank's run of `graph`, with where it ran (exec.measure.environment)."""
-    import torch
-
-    from exec.measure.environment import environment
-    from exec.runtime.runner import run_rank
-
-    res = run_rank(graph, rank, backend, None, timeout_s, 1)
-    res.extra["environment"] = environment(torch.device(res.device))
-    return res
-
-
-def _launch_with_env(
-    g: TaskGraph, nprocs: int, backend: str, timeout_s: float
-) -> tuple[ExecResult, dict[str, Any]]:
-    results = call_ranks(_env_job, (g, backend, timeout_s), nprocs, backend, timeout_s)
-    env = dict(results[0].extra.get("environment") or {})
-    return assemble(g, results, backend), env
-
-
 def calibrate(
     nprocs: int,
     backend: str = "gloo",
@@ -363,7 +311,7 @@ def calibrate(
             "comm": comm_graph(nprocs, plan),
         }
         g = chain(sections)
-        res, env = _launch_with_env(g, nprocs, backend, timeout_s)
+        res, env, issues = run_sections(g, nprocs, backend, timeout_s, MEMORY_KINDS)
         probe.sample()
         bar.update()
         bench = res.trace["id"].str.split(":", n=1).str[0]
@@ -417,4 +365,7 @@ def calibrate(
             "rows": len(allrows),
             "load": load,
         }
-        return Calibration.fit(fit_rows, meta=meta, gaps=gap_rows), allrows
+        cal = Calibration.fit(
+            fit_rows, meta=meta, gaps=gap_rows, issues=issues if len(issues) else None
+        )
+        return cal, allrows

@@ -93,3 +93,10 @@ def dispatch_gaps(graph: TaskGraph, trace: pd.DataFrame) -> pd.DataFrame:
                 )
             prev_end = end[t.id]
     return pd.DataFrame(rows, columns=["via", "gap", "rank", "id"])
+
+
+def issue_rows(graph: TaskGraph, issued: dict[str, float]) -> pd.DataFrame:
+    """Host seconds per issued task (`RankResult.extra["issue_s"]` of a GPU run: the
+    executor's one launching thread), as rows of op (the task's kind) and issue."""
+    rows = [{"op": graph.tasks[tid].kind, "issue": s} for tid, s in issued.items()]
+    return pd.DataFrame(rows, columns=["op", "issue"])

@@ -157,9 +157,10 @@ def run_rank(
         for tag in TAGS:
             row[tag] = t.tags.get(tag)
         rows.append({c: row[c] for c in COLUMNS})
-    return RankResult(
-        rank, rows, clock, str(dev), {"clocks": [(c.offset_ns, c.bound_ns) for c in clocks]}
-    )
+    extra: dict[str, Any] = {"clocks": [(c.offset_ns, c.bound_ns) for c in clocks]}
+    if isinstance(runner, _CudaExecutor):  # one host thread issues every task (not on CPU)
+        extra["issue_s"] = dict(runner.issue_s)
+    return RankResult(rank, rows, clock, str(dev), extra)
 
 
 def _control_group(backend: str):
@@ -343,7 +344,11 @@ class _CudaExecutor(_Executor):
         ref.synchronize()
         host_ref = time.perf_counter_ns()  # host clock at `ref`, within a few microseconds
         events: dict[str, tuple[Any, Any]] = {}
+        # host seconds spent issuing each task (its waits, events and launch), not its host
+        # sync: what the simulator's launch thread costs per task (sim.hardware.costs.launch)
+        self.issue_s: dict[str, float] = {}
         for op in self.ops:
+            began = time.perf_counter_ns()
             t = op.task
             stream = self.streams[t.stream]
             for d in t.deps:  # same rank, earlier in the issue order: already recorded
@@ -358,6 +363,7 @@ class _CudaExecutor(_Executor):
                     work.wait()  # the stream waits for the communicator's stream; host goes on
                 end.record(stream)
             events[t.id] = (start, end)
+            self.issue_s[t.id] = (time.perf_counter_ns() - began) * 1e-9
             if t.host_sync:  # the host reads its result (split sizes): nothing issues before
                 self._wait_for(op, events)
         for op in self.ops:

@@ -29,7 +29,9 @@ from sim.hardware.costs_schema import (
     Interference,
     Quantiles,
     ResourceParams,
+    Seconds,
     SharedCpu,
+    TaskKind,
     check_quantiles,
 )
 from sim.hardware.topology.schema import FABRIC_FIELDS
@@ -260,6 +262,12 @@ class CostsSpec(Strict):
         None,
         description="seconds from a task being ready to its start, replacing fields of the "
         "topology's gpu.dispatch; default 0",
+    )
+    launch: dict[TaskKind, Seconds] | None = Field(
+        None,
+        description="host seconds a rank's launch thread spends issuing one task of this "
+        "kind (sim.hardware.costs.launch; a GPU calibration measures the executor's); "
+        "kinds not named: resources.launch_s",
     )
     jitter: JitterSpec | None = Field(
         None,

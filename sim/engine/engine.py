@@ -126,7 +126,7 @@ class Engine(Comm):
         # the host thread issuing each rank's tasks (None: launches are free, nothing syncs)
         self.launch = LaunchThread.build(
             self.tasks,
-            costs.resources.launch_s,
+            costs.launch,
             lambda: self.env.now,
             self._after,
             lambda i: self._try_launch(self.stream_of[i]),

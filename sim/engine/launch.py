@@ -4,15 +4,16 @@ A rank's tasks reach the GPU through one host thread that launches them in host 
 (the order they were added to the graph, `sim.core.graph`; the same order the hardware queues
 of `sim.engine.queues` use). A task cannot start before the thread has issued it. Issuing one
 costs `costs.resources.launch_s` seconds of the thread's time (a CUDA kernel launch costs the
-host a few microseconds; see `sim.hardware.costs.resources`), so a rank issues its tasks at
-0, L, 2L, ... however idle its GPU is. A task with `Task.host_sync` makes the host wait for
+host a few microseconds; see `sim.hardware.costs.resources`; per task kind, an executor's
+measured cost: `sim.hardware.costs.launch`), so a rank issues its tasks at 0, L, 2L, ...
+however idle its GPU is. A task with `Task.host_sync` makes the host wait for
 it: the thread issues nothing after it until it finishes (Megatron's all-to-allv needs its
 split sizes on the host, a d2h of the token counts followed by a stream synchronize; DeepEP's
 notify step busy-waits on the received counts). Kernels issued before the sync keep running
 on the GPU; the ones after are launched late, which is the pitfall the overlap reference
 names ("model the CPU thread as a serial resource").
 
-With `launch_s = 0` and no host-sync task, nothing waits: `LaunchThread.build` returns None
+With every launch free and no host-sync task, nothing waits: `LaunchThread.build` returns None
 and the engine is exactly as without it.
 """
 
@@ -21,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from sim.core.graph import Task
+from sim.hardware.costs.launch import HostLaunch
 
 
 class LaunchThread:
@@ -30,12 +32,12 @@ class LaunchThread:
     def __init__(
         self,
         tasks: Sequence[Task],
-        launch_s: float,
+        launch: HostLaunch,
         clock: Callable[[], float],
         schedule: Callable[..., None],
         issued_cb: Callable[[int], None],
     ):
-        self.launch_s = launch_s
+        self.cost = [launch.of(t) for t in tasks]  # host seconds to issue each task
         self.clock = clock  # the engine's simulated time
         self.schedule = schedule  # schedule(delay, fn, *args): the engine's timer
         self.issued_cb = issued_cb  # told each task index as it is issued
@@ -52,15 +54,15 @@ class LaunchThread:
     def build(
         cls,
         tasks: Sequence[Task],
-        launch_s: float,
+        launch: HostLaunch,
         clock: Callable[[], float],
         schedule: Callable[..., None],
         issued_cb: Callable[[int], None],
     ) -> LaunchThread | None:
         """The launch threads, or None when nothing would ever wait for them."""
-        if launch_s <= 0 and not any(t.host_sync for t in tasks):
+        if launch.free and not any(t.host_sync for t in tasks):
             return None
-        return cls(tasks, launch_s, clock, schedule, issued_cb)
+        return cls(tasks, launch, clock, schedule, issued_cb)
 
     def start(self) -> None:
         for rank in self.order:
@@ -78,7 +80,7 @@ class LaunchThread:
             i = seq[self.pos[rank]]
             self.pos[rank] += 1
             self.issued[i] = True
-            self.free_at[rank] = max(self.free_at[rank], now) + self.launch_s
+            self.free_at[rank] = max(self.free_at[rank], now) + self.cost[i]
             if self.sync[i]:
                 self.blocked[rank] = i
             self.issued_cb(i)

@@ -24,6 +24,7 @@ from sim.hardware.costs_schema import (
     Layout,
     Quantiles,
     Seconds,
+    TaskKind,
     check_quantiles,
 )
 from sim.hardware.costs_schema import (
@@ -255,6 +256,11 @@ class CalibrationFile(Strict):
         {},
         description="seconds from ready to start: stream (after the stream's previous task) "
         "and cross (after a task of another stream)",
+    )
+    launch: dict[TaskKind, Gap] = Field(
+        {},
+        description="host seconds the executor spent issuing one task, per task kind "
+        "(measured on a GPU; costs.launch takes the mean)",
     )
     gemm_shapes: list[GemmShape] = Field(
         [], description="GEMMs profiled at their exact shapes (calibrate --shapes-from)"

@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     ComputeKind = str
     JitterKind = str
     Layout = str
+    TaskKind = str
 else:
     CollectiveKind = Literal[tuple(sorted(COLLECTIVE_KINDS))]
     Dtype = Literal[DTYPES]
@@ -45,6 +46,7 @@ else:
     # jitter quantiles: per task kind, or per stream kind as the fallback of its kinds
     JitterKind = Literal[tuple(sorted(ALL_KINDS | set(STREAM_KINDS)))]
     Layout = Literal[GEMM_LAYOUTS]
+    TaskKind = Literal[tuple(sorted(ALL_KINDS))]  # any task's kind (costs.launch)
 
 
 class RooflineParams(Strict):

@@ -21,6 +21,7 @@ from sim.hardware.costs.dispatch import Dispatch
 from sim.hardware.costs.host import HostCompute, SharedCpu
 from sim.hardware.costs.interference import Interference
 from sim.hardware.costs.jitter import Jitter
+from sim.hardware.costs.launch import HostLaunch
 from sim.hardware.costs.measured import MeasuredCompute, measured
 from sim.hardware.costs.network import CollectiveAlphaBeta
 from sim.hardware.costs.resources import Resources
@@ -50,6 +51,7 @@ class CostModel:
     finish_rtol: float = FINISH_RTOL  # flows ending this close (x now) end together
     symmetry: str = "auto"  # simulate representatives of equivalent ranks (sim.engine.symmetric)
     resources: Resources = Resources()  # SMs, HBM, hardware queues (costs.resources)
+    launch: HostLaunch = HostLaunch()  # host seconds per issued task (costs.launch)
     # where the compute model's parameters and the network mode came from (cost_sources)
     sources: dict[str, Any] = field(default_factory=dict)
 
@@ -150,6 +152,7 @@ class CostModel:
             dispatch = Dispatch(dispatch.stream * f, dispatch.cross * f)
         jitter = Jitter.from_spec(spec.pop("jitter", None))
         resources = Resources.build(gpu, spec.pop("resources", None))
+        launch = HostLaunch.from_spec(spec.pop("launch", None), resources.launch_s)
         rtol = spec.pop("finish_rtol", FINISH_RTOL)
         if isinstance(rtol, bool) or not isinstance(rtol, (int, float)) or not 0 <= rtol <= 0.05:
             raise ConfigError(
@@ -173,6 +176,7 @@ class CostModel:
             float(rtol),
             symmetry,
             resources,
+            launch,
         )
         model.sources = sources
         return model

@@ -32,6 +32,9 @@ recorded (`quiet`) and flagged below half.
 - dispatch latency (sim.hardware.costs.dispatch), from `gaps`
   (exec.measure.timings.dispatch_gaps): the mean same-stream and cross-stream wait between
   ready and start, over the quiet gaps.
+- host launch cost per task kind (sim.hardware.costs.launch), from `issues` (a GPU
+  executor's host seconds per issued task, exec.runtime.runner): the mean over the quiet
+  ones, as for the dispatch gaps.
 
 Rows with a time that is not a positive number (a collective whose whole duration was waiting
 for a peer) are left out, and counted in a warning.
@@ -41,7 +44,7 @@ read, by the same rules, so a file moesim writes is one it reads. `CostModel.bui
 {"calibration": FILE})` (and `moesim simulate --calibration FILE`) lays it under the config's
 explicit costs: compute becomes alpha-beta with the fitted kinds and profiled shapes,
 collectives are costed at collective level with the fitted alpha/beta, and interference,
-jitter and dispatch latency are replaced.
+jitter, dispatch latency and launch costs are replaced.
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ from sim.hardware.costs.calibration_file import (
     is_fit,
     read,
 )
+from sim.hardware.costs.launch import fit_launch
 from sim.hardware.costs.robust import (
     LEFT_OUT,
     MIN_JITTER_SAMPLES,
@@ -73,6 +77,7 @@ from sim.hardware.costs.robust import (
     QUIET,
     busy_warning,
     describe_load,
+    fit_alpha_beta,
     fit_quiet,
     quiet_gaps,
     quiet_ratios,
@@ -85,40 +90,6 @@ POOR_R2 = 0.9  # a fit below this, or off by more than POOR_ERROR on average, is
 POOR_ERROR = 0.2
 
 
-def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
-    """Least-squares t = alpha + beta * x with alpha, beta >= 0; returns (alpha, beta, r2).
-
-    The residuals are relative ((fit - t) / t): sizes span decades and timing noise scales
-    with the time, so plain least squares would let the largest size set alpha and miss the
-    small operations (a pipeline's chunks) by tens of percent.
-    """
-    x, t = np.asarray(x, dtype=float), np.asarray(t, dtype=float)
-    if len(x) == 0:
-        raise ConfigError("calibration: no measurements to fit")
-    w = 1.0 / t if (t > 0).all() else np.ones_like(t)
-    w2 = w * w
-    if len(np.unique(x)) < 2:  # one size says nothing about the slope: a constant cost
-        return max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0, 1.0
-    candidates = []
-    A = np.stack([np.ones_like(x), x], axis=1)
-    (a, b), *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
-    if a >= 0 and b >= 0:
-        candidates.append((float(a), float(b)))
-    # boundary solutions of the constrained problem: through the origin, or constant
-    xx = float((w2 * x * x).sum())
-    if xx > 0:
-        candidates.append((0.0, max(float((w2 * x * t).sum()) / xx, 0.0)))
-    candidates.append((max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0))
-
-    def sse(p: tuple[float, float], weights: np.ndarray = w2) -> float:
-        return float((weights * (p[0] + p[1] * x - t) ** 2).sum())
-
-    a, b = min(candidates, key=sse)
-    total = float(((t - t.mean()) ** 2).sum())
-    r2 = 1.0 - sse((a, b), np.ones_like(t)) / total if total > 0 else 1.0
-    return float(a), float(b), float(r2)
-
-
 @dataclass
 class Calibration:
     compute: dict[str, dict[str, Any]] = field(default_factory=dict)
@@ -126,6 +97,7 @@ class Calibration:
     interference: dict[str, dict[str, float]] = field(default_factory=dict)
     meta: dict[str, Any] = field(default_factory=dict)
     dispatch: dict[str, dict[str, float]] = field(default_factory=dict)
+    launch: dict[str, dict[str, float]] = field(default_factory=dict)  # host s per task kind
     gemm_shapes: list[dict[str, Any]] = field(default_factory=list)
     jitter: dict[str, list[float]] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
@@ -138,9 +110,11 @@ class Calibration:
         meta: dict[str, Any] | None = None,
         gaps: pd.DataFrame | None = None,
         local_collectives: bool = False,
+        issues: pd.DataFrame | None = None,
     ) -> Calibration:
         """`gaps` (exec.measure.timings.dispatch_gaps: via, gap) gives the dispatch latencies;
-        `local_collectives` also fits one-rank collectives (only to size other measurements)."""
+        `local_collectives` also fits one-rank collectives (only to size other measurements);
+        `issues` (op, issue: host seconds per issued task) the launch costs per kind."""
         missing = set(COLUMNS) - set(rows.columns)
         if missing:
             raise ConfigError(f"calibration: measurements lack column(s) {sorted(missing)}")
@@ -210,6 +184,8 @@ class Calibration:
                     "median": float(np.median(q)),
                     "n": len(q),
                 }
+        if issues is not None:
+            cal.launch = fit_launch(issues)
         return cal
 
     def _judge(self, what: str, f: dict[str, Any]) -> None:
@@ -353,6 +329,11 @@ class Calibration:
                 f"  dispatch {via:9s} mean {d['mean'] * 1e6:8.1f} us  median "
                 f"{d['median'] * 1e6:8.1f} us  ({d['n']} gaps)"
             )
+        for kind, d in sorted(self.launch.items()):
+            lines.append(
+                f"  launch {kind:11s} mean {d['mean'] * 1e6:8.1f} us  median "
+                f"{d['median'] * 1e6:8.1f} us  ({d['n']} tasks issued)"
+            )
         stand = self.meta.get("stand_ins")
         if stand:
             lines.append(
@@ -375,6 +356,7 @@ class Calibration:
             "collectives": self.collectives,
             "interference": self.interference,
             "dispatch": self.dispatch,
+            **({"launch": self.launch} if self.launch else {}),
             "gemm_shapes": self.gemm_shapes,
             "jitter": self.jitter,
         }
@@ -409,6 +391,7 @@ class Calibration:
             raw.get("interference") or {},
             meta,
             raw.get("dispatch") or {},
+            raw.get("launch") or {},
             raw.get("gemm_shapes") or [],
             raw.get("jitter") or {},
         )

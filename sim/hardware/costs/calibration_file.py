@@ -276,6 +276,8 @@ def cost_spec(raw: dict[str, Any]) -> dict[str, Any]:
         spec["jitter"] = {"quantiles": raw["jitter"]}
     if raw.get("dispatch"):
         spec["dispatch"] = {k: v["mean"] for k, v in raw["dispatch"].items()}
+    if raw.get("launch"):
+        spec["launch"] = {k: v["mean"] for k, v in raw["launch"].items()}
     return spec
 
 

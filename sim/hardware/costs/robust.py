@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from sim.core.errors import ConfigError
+
 QUIET = 2.0  # a repetition within this factor of its group's fastest is quiet
 MIN_QUIET = 0.5  # a fit whose quiet share of repetitions is below this is flagged
 MIN_JITTER_SAMPLES = 6  # quiet ratios needed for a jitter distribution
@@ -151,3 +153,37 @@ def busy_warning(load: Any) -> str | None:
         f"the host was busy while calibrating ({describe_load(load)}): the fits rest on the "
         f"quiet repetitions only (see each fit's `quiet` share)"
     )
+
+
+def fit_alpha_beta(x: np.ndarray, t: np.ndarray) -> tuple[float, float, float]:
+    """Least-squares t = alpha + beta * x with alpha, beta >= 0; returns (alpha, beta, r2).
+
+    The residuals are relative ((fit - t) / t): sizes span decades and timing noise scales
+    with the time, so plain least squares would let the largest size set alpha and miss the
+    small operations (a pipeline's chunks) by tens of percent.
+    """
+    x, t = np.asarray(x, dtype=float), np.asarray(t, dtype=float)
+    if len(x) == 0:
+        raise ConfigError("calibration: no measurements to fit")
+    w = 1.0 / t if (t > 0).all() else np.ones_like(t)
+    w2 = w * w
+    if len(np.unique(x)) < 2:  # one size says nothing about the slope: a constant cost
+        return max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0, 1.0
+    candidates = []
+    A = np.stack([np.ones_like(x), x], axis=1)
+    (a, b), *_ = np.linalg.lstsq(A * w[:, None], t * w, rcond=None)
+    if a >= 0 and b >= 0:
+        candidates.append((float(a), float(b)))
+    # boundary solutions of the constrained problem: through the origin, or constant
+    xx = float((w2 * x * x).sum())
+    if xx > 0:
+        candidates.append((0.0, max(float((w2 * x * t).sum()) / xx, 0.0)))
+    candidates.append((max(float((w2 * t).sum() / w2.sum()), 0.0), 0.0))
+
+    def sse(p: tuple[float, float], weights: np.ndarray = w2) -> float:
+        return float((weights * (p[0] + p[1] * x - t) ** 2).sum())
+
+    a, b = min(candidates, key=sse)
+    total = float(((t - t.mean()) ** 2).sum())
+    r2 = 1.0 - sse((a, b), np.ones_like(t)) / total if total > 0 else 1.0
+    return float(a), float(b), float(r2)
