@@ -66,9 +66,9 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     Measured on an H200 (reports/gpu-h200-2026-11-27, run 2) the means are above what the
     layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task
     92 against 38-60): a calibration GEMM that fills the GPU's launch queue blocks the host
-    inside its launch. A lower estimator was tried offline against that run and was worse
-    (10% lower costs everywhere: MAPE 7.1% -> 8.3%; 40% lower: 12.3%), because the layers'
-    forward passes are short enough for the launches to decide them."""
+    inside its launch. Lower estimators were tried offline against that run and were worse
+    (the medians: validation MAPE 7.1% -> 8.3%; 0.6 x the medians: 12.3%): the layers'
+    forward passes are short enough for their launches to decide them."""
     from sim.hardware.costs.robust import quiet_gaps
 
     out = {}
