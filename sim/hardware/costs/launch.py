@@ -67,8 +67,9 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task
     92 against 38-60): a calibration GEMM that fills the GPU's launch queue blocks the host
     inside its launch. Lower estimators were tried offline against that run and were worse
-    (the medians: validation MAPE 7.1% -> 8.3%; 0.6 x the medians: 12.3%): the layers'
-    forward passes are short enough for their launches to decide them."""
+    (benchmarks/results/twin_resim_run2.md: the medians, validation MAPE 7.1% -> 8.3%; 0.6 x
+    the medians, 12.3%): the layers' forward passes are short enough for their launches to
+    decide them."""
     from sim.hardware.costs.robust import quiet_gaps
 
     out = {}
