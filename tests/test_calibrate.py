@@ -156,21 +156,6 @@ def test_launch_costs_per_kind_fitted_saved_and_used(tmp_path):
     ).launch.free
 
 
-def test_launch_costs_count_only_the_issues_the_gpu_caught_up_with():
-    """Issued behind a full launch queue, a task waits in its launch for the GPU: where a
-    kind has MIN_IDLE issues the GPU caught up with, only those count; else all do."""
-    from sim.hardware.costs.launch import MIN_IDLE, fit_launch
-
-    blocked = [("gemm", 60e-6, False)] * 20
-    idle = [("gemm", t, True) for t in (9e-6, 10e-6, 11e-6, 10e-6, 10e-6)]
-    few = [("d2h", 40e-6, False), ("d2h", 20e-6, True)]
-    rows = pd.DataFrame(blocked + idle + few, columns=["op", "issue", "idle"])
-    assert len(idle) == MIN_IDLE
-    fit = fit_launch(rows)
-    assert fit["gemm"]["mean"] == pytest.approx(10e-6) and fit["gemm"]["n"] == MIN_IDLE
-    assert fit["d2h"]["mean"] == pytest.approx(30e-6) and fit["d2h"]["n"] == 2
-
-
 def test_exact_gemm_shapes_override_alpha_beta(tmp_path):
     """A GEMM whose (batch, m, n, k) was profiled takes its measured median; any other shape,
     even of the same m*n*k, stays on the alpha-beta fit."""

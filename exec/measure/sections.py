@@ -67,8 +67,7 @@ def run_sections(
     results = call_ranks(_job, (g, backend, timeout_s), nprocs, backend, timeout_s)
     env = dict(results[0].extra.get("environment") or {})
     issued = {k: v for r in results for k, v in (r.extra.get("issue_s") or {}).items()}
-    idle = {k: v for r in results for k, v in (r.extra.get("issue_idle") or {}).items()}
-    issues = issue_rows(g, issued, idle)
+    issues = issue_rows(g, issued)
     mem = issues[issues["op"] == memory_kinds[0]]
     issues = pd.concat([issues, *(mem.assign(op=k) for k in memory_kinds[1:])])
     return assemble(g, results, backend), env, issues.reset_index(drop=True)

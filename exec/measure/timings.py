@@ -95,15 +95,8 @@ def dispatch_gaps(graph: TaskGraph, trace: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=["via", "gap", "rank", "id"])
 
 
-def issue_rows(
-    graph: TaskGraph, issued: dict[str, float], idle: dict[str, bool] | None = None
-) -> pd.DataFrame:
+def issue_rows(graph: TaskGraph, issued: dict[str, float]) -> pd.DataFrame:
     """Host seconds per issued task (`RankResult.extra["issue_s"]` of a GPU run: the
-    executor's one launching thread), as rows of op (the task's kind), issue, and idle
-    (`extra["issue_idle"]`: the GPU reached the task before its issue ended)."""
-    idle = idle or {}
-    rows = [
-        {"op": graph.tasks[tid].kind, "issue": s, "idle": bool(idle.get(tid, False))}
-        for tid, s in issued.items()
-    ]
-    return pd.DataFrame(rows, columns=["op", "issue", "idle"])
+    executor's one launching thread), as rows of op (the task's kind) and issue."""
+    rows = [{"op": graph.tasks[tid].kind, "issue": s} for tid, s in issued.items()]
+    return pd.DataFrame(rows, columns=["op", "issue"])

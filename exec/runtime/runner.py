@@ -160,7 +160,6 @@ def run_rank(
     extra: dict[str, Any] = {"clocks": [(c.offset_ns, c.bound_ns) for c in clocks]}
     if isinstance(runner, _CudaExecutor):  # one host thread issues every task (not on CPU)
         extra["issue_s"] = dict(runner.issue_s)
-        extra["issue_idle"] = dict(runner.issue_idle)
     return RankResult(rank, rows, clock, str(dev), extra)
 
 
@@ -348,8 +347,6 @@ class _CudaExecutor(_Executor):
         # host seconds spent issuing each task (its waits, events and launch), not its host
         # sync: what the simulator's launch thread costs per task (sim.hardware.costs.launch)
         self.issue_s: dict[str, float] = {}
-        self.issue_idle: dict[str, bool] = {}
-        issued: dict[str, tuple[int, int]] = {}  # host clock: each task's issue, begin and end
         for op in self.ops:
             began = time.perf_counter_ns()
             t = op.task
@@ -366,20 +363,15 @@ class _CudaExecutor(_Executor):
                     work.wait()  # the stream waits for the communicator's stream; host goes on
                 end.record(stream)
             events[t.id] = (start, end)
-            issued[t.id] = (began, time.perf_counter_ns())
-            self.issue_s[t.id] = (issued[t.id][1] - began) * 1e-9
+            self.issue_s[t.id] = (time.perf_counter_ns() - began) * 1e-9
             if t.host_sync:  # the host reads its result (split sizes): nothing issues before
                 self._wait_for(op, events)
         for op in self.ops:
             self._wait_for(op, events)
-        stamps = {
+        return {
             tid: (
                 host_ref + int(ref.elapsed_time(s) * 1e6),
                 host_ref + int(ref.elapsed_time(e) * 1e6),
             )
             for tid, (s, e) in events.items()
         }
-        # the GPU reached the task before the host had issued it: the launch queue was short,
-        # so the issue time is the host's own, not a wait for room in a full queue
-        self.issue_idle = {tid: stamps[tid][0] <= end for tid, (_, end) in issued.items()}
-        return stamps

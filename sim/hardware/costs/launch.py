@@ -27,8 +27,6 @@ from sim.core.kinds import ALL_KINDS
 if TYPE_CHECKING:
     import pandas as pd
 
-MIN_IDLE = 5  # issues the GPU caught up with, per kind, before only those count (fit_launch)
-
 
 @dataclass(frozen=True)
 class HostLaunch:
@@ -61,23 +59,24 @@ class HostLaunch:
 
 
 def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
-    """Per task kind (rows: op, issue seconds, and optionally idle): the mean, median and
-    count of its quiet issue times (`robust.quiet_gaps`: a busy host's slow ones left out).
-    The mean is what a run uses, as for the dispatch gaps: a makespan adds up every launch.
+    """Per task kind (rows: op, issue seconds): the mean, median and count of its quiet issue
+    times (`robust.quiet_gaps`: a busy host's slow ones left out). The mean is what a run
+    uses, as for the dispatch gaps: a makespan adds up every launch.
 
-    Only the issues the GPU caught up with (`idle`: the task started before its issue ended)
-    count, where a kind has at least MIN_IDLE of them: a task issued behind a full launch
-    queue waits in its launch for the GPU, and that wait is the GPU's time, not the host's.
-    On an H200 (reports/gpu-h200-2026-11-27, run 2, every issue counted) the means came out
-    above what the layers' own tasks cost the host (all_to_all 106 us against 56-121; a
-    memory-bound task 92 against 38-60), and a lower estimator over all the issues was worse
-    (benchmarks/results/twin_resim_run2.md: the medians, validation MAPE 7.1% -> 8.3%)."""
+    Measured on an H200 (reports/gpu-h200-2026-11-27, run 2) the means are above what the
+    layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task
+    92 against 38-60): a calibration GEMM that fills the GPU's launch queue blocks the host
+    inside its launch. Lower estimators were worse against the measurements of both runs
+    that validated it: over all the issues, the medians (benchmarks/results/twin_resim_big.md:
+    validation MAPE 7.1% -> 8.3%); over only the issues the GPU caught up with (run 3, whose
+    calibration measured that way: 8.6% on run 2's measurements, 10.9% on run 3's, against
+    7.1% and 9.0% for these means). Those estimators fit the pipelined layer's backward
+    better and its forward worse: what the means make up for is something else the forward
+    passes lose (reports/gpu-h200-2026-11-27/README.md)."""
     from sim.hardware.costs.robust import quiet_gaps
 
-    out: dict[str, dict[str, float]] = {}
+    out = {}
     for op, g in issues.groupby("op"):
-        if "idle" in g.columns and int(g["idle"].sum()) >= MIN_IDLE:
-            g = g[g["idle"].astype(bool)]
         q = quiet_gaps(g["issue"].to_numpy(dtype=float))
         if len(q):
             out[str(op)] = {"mean": float(q.mean()), "median": float(np.median(q)), "n": len(q)}
