@@ -65,8 +65,8 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
 
     Measured on an H200 (reports/gpu-h200-2026-11-27, run 2) the means are above what the
     layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task
-    92 against 38-60): a calibration GEMM that fills the GPU's launch queue blocks the host
-    inside its launch. Lower estimators were worse against the measurements of both runs
+    92 against 38-60); a full launch queue is not the cause (run 3: counting only the issues
+    the GPU caught up with left the GEMMs' 62 us as it was). Lower estimators were worse against the measurements of both runs
     that validated it: over all the issues, the medians (benchmarks/results/twin_resim_big.md:
     validation MAPE 7.1% -> 8.3%); over only the issues the GPU caught up with (run 3, whose
     calibration measured that way: 8.6% on run 2's measurements, 10.9% on run 3's, against
