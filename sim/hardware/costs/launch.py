@@ -63,14 +63,14 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     times (`robust.quiet_gaps`: a busy host's slow ones left out). The mean is what a run
     uses, as for the dispatch gaps: a makespan adds up every launch.
 
-    Measured on an H200 (reports/gpu-h200-2026-11-27, run 2) the means are above what the
-    layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task
-    92 against 38-60); a full launch queue is not the cause (run 3: counting only the issues
-    the GPU caught up with left the GEMMs' 62 us as it was). Lower estimators were worse against the measurements of both runs
-    that validated it: over all the issues, the medians (benchmarks/results/twin_resim_big.md:
-    validation MAPE 7.1% -> 8.3%); over only the issues the GPU caught up with (run 3, whose
-    calibration measured that way: 8.6% on run 2's measurements, 10.9% on run 3's, against
-    7.1% and 9.0% for these means). Those estimators fit the pipelined layer's backward
+    Measured on an H200 (reports/gpu-h200-2026-11-27, run 2), the means are above what the
+    layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task 92
+    against 38-60). A full launch queue is not the cause: counting only the issues the GPU
+    caught up with (run 3) left the GEMMs' 62 us as it was. Lower estimators were worse
+    against the measurements of both runs that validated them
+    (benchmarks/results/twin_resim_big.md): the medians, validation MAPE 7.1% -> 8.3%; only
+    the caught-up issues (run 3's calibration), 8.6% on run 2's measurements and 10.9% on run
+    3's, against 7.1% and 9.0% for these means. Those fit the pipelined layer's backward
     better and its forward worse: what the means make up for is something else the forward
     passes lose (reports/gpu-h200-2026-11-27/README.md)."""
     from sim.hardware.costs.robust import quiet_gaps
