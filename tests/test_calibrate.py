@@ -143,6 +143,8 @@ def test_launch_costs_per_kind_fitted_saved_and_used(tmp_path):
         "n": 3,
     }
     assert cal.launch["all_to_all"]["mean"] == pytest.approx(60e-6)
+    assert cal.launch["all_to_allv"] == cal.launch["all_to_all"]  # its stand-in's
+    assert "broadcast" not in cal.launch  # all_reduce, its stand-in, was not issued
     assert any("launch gemm" in line for line in cal.describe())
     path = cal.save(tmp_path / "cal.yaml")
     assert Calibration.load(path).launch == cal.launch

@@ -27,6 +27,16 @@ from sim.core.kinds import ALL_KINDS
 if TYPE_CHECKING:
     import pandas as pd
 
+# kinds a calibration does not issue, and the measured kind whose host cost they take: the
+# same torch.distributed or copy call with other arguments (fit_launch)
+STAND_INS = {
+    "all_to_allv": "all_to_all",
+    "broadcast": "all_reduce",
+    "send": "all_to_all",
+    "recv": "all_to_all",
+    "d2d": "d2h",
+}
+
 
 @dataclass(frozen=True)
 class HostLaunch:
@@ -61,7 +71,8 @@ class HostLaunch:
 def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per task kind (rows: op, issue seconds): the mean, median and count of its quiet issue
     times (`robust.quiet_gaps`: a busy host's slow ones left out). The mean is what a run
-    uses, as for the dispatch gaps: a makespan adds up every launch.
+    uses, as for the dispatch gaps: a makespan adds up every launch. A kind not issued takes
+    its stand-in's figures (STAND_INS: an all_to_allv those of the all_to_all).
 
     Measured on an H200 (reports/gpu-h200-2026-11-27, run 2), the means are above what the
     layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task 92
@@ -80,4 +91,7 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
         q = quiet_gaps(g["issue"].to_numpy(dtype=float))
         if len(q):
             out[str(op)] = {"mean": float(q.mean()), "median": float(np.median(q)), "n": len(q)}
+    for kind, like in STAND_INS.items():
+        if kind not in out and like in out:
+            out[kind] = dict(out[like])
     return out
