@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import pandas as pd
 
 # kinds a calibration does not issue, and the measured kind whose host cost they take: the
-# same torch.distributed or copy call with other arguments (fit_launch)
+# same torch.distributed or copy call with other arguments (HostLaunch.of)
 STAND_INS = {
     "all_to_allv": "all_to_all",
     "broadcast": "all_reduce",
@@ -61,7 +61,9 @@ class HostLaunch:
         return cls(default, out)
 
     def of(self, task: Task) -> float:
-        return self.by_kind.get(task.kind, self.default)
+        """The task's kind's figure, else its stand-in's (STAND_INS), else `default`."""
+        k = task.kind if task.kind in self.by_kind else STAND_INS.get(task.kind, task.kind)
+        return self.by_kind.get(k, self.default)
 
     @property
     def free(self) -> bool:
@@ -71,8 +73,7 @@ class HostLaunch:
 def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     """Per task kind (rows: op, issue seconds): the mean, median and count of its quiet issue
     times (`robust.quiet_gaps`: a busy host's slow ones left out). The mean is what a run
-    uses, as for the dispatch gaps: a makespan adds up every launch. A kind not issued takes
-    its stand-in's figures (STAND_INS: an all_to_allv those of the all_to_all).
+    uses, as for the dispatch gaps: a makespan adds up every launch.
 
     Measured on an H200 (reports/gpu-h200-2026-11-27, run 2), the means are above what the
     layers' own tasks cost the host (all_to_all 106 us against 56-121; a memory-bound task 92
@@ -91,7 +92,4 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
         q = quiet_gaps(g["issue"].to_numpy(dtype=float))
         if len(q):
             out[str(op)] = {"mean": float(q.mean()), "median": float(np.median(q)), "n": len(q)}
-    for kind, like in STAND_INS.items():
-        if kind not in out and like in out:
-            out[kind] = dict(out[like])
     return out
