@@ -1,7 +1,9 @@
 """Everything a lent GPU can tell the project, in one command (issue 27): the machine, the
 kernels the cost models need (attention, grouped expert GEMMs, FP8, memory-bound kernels,
 copies, the host's time per eager op), the twin calibrated and validated on the bf16 layer
-set and one transformer block, and a Kineto trace of the executor's block step replayed.
+set, on a larger GPU-bound layer (its own calibration) and on one transformer block, a Kineto
+trace of the executor's block step replayed, and the GPU's SM / memory clocks, power and
+temperature sampled every 100 ms while the twin and GEMM parts run (clocks.csv).
 
     python benchmarks/gpu_suite.py --out DIR [--budget 480] [--parts a,b] [--dry-run]
 
@@ -34,6 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from benchmarks.gpu_suite_parts import clocks  # noqa: E402 - no torch: --help needs none
 from benchmarks.gpu_suite_parts import plan as P  # noqa: E402
 
 # what runs each part: (module in gpu_suite_parts, function)
@@ -41,6 +44,7 @@ RUNNERS = {
     "env": ("env", "run"),
     "calibrate": ("twin", "run_calibrate"),
     "validate": ("twin", "run_validate"),
+    "validate_big": ("twin_big", "run"),
     "block": ("twin", "run_block"),
     "replay": ("replay", "run"),
     "attention": ("attention", "run"),
@@ -51,7 +55,8 @@ RUNNERS = {
     "copy": ("memory", "run_copy"),
     "launch": ("memory", "run_launch"),
 }
-NEEDS_SIM = {"calibrate", "validate", "block", "replay"}  # run `moesim` / import exec
+# run `moesim` / import exec
+NEEDS_SIM = {"calibrate", "validate", "validate_big", "block", "replay"}
 ENV_ALLOWANCE_S = 120.0  # env runs whatever the budget; torch's import and CUDA start bound it
 
 
@@ -88,15 +93,19 @@ def _parts(text: str) -> list[str]:
 def parts_table() -> str:
     lines = [
         "parts, in priority order (a budget drops them from the bottom up; env always runs):",
-        f"  {'#':>2}  {'part':<10} {'group':<8} {'expected s on an H100':>21}  what",
+        f"  {'#':>2}  {'part':<12} {'group':<8} {'expected s on an H100':>21}  what",
     ]
     for i, p in enumerate(P.PARTS, 1):
-        lines.append(f"  {i:>2}  {p.name:<10} {p.group:<8} {p.expected_s:>21}  {p.what}")
+        lines.append(f"  {i:>2}  {p.name:<12} {p.group:<8} {p.expected_s:>21}  {p.what}")
     total = sum(p.expected_s for p in P.PARTS)
-    lines.append(f"      {'total':<19} {total:>21}  (target <= {P.TARGET_S} s)")
+    lines.append(f"      {'total':<21} {total:>21}  (target <= {P.TARGET_S} s)")
     lines.append(
         "expected seconds: estimated from the shared H100 figures (../shared/reference/"
-        "measurements/h100-sxm-2026-11-23/); see benchmarks/gpu_suite_parts/plan.py"
+        "measurements/h100-sxm-2026-11-23/), validate_big's from the H200 runs "
+        "(reports/gpu-h200-2026-11-27/); see benchmarks/gpu_suite_parts/plan.py"
+    )
+    lines.append(
+        "clocks: sampled while " + ", ".join(clocks.SAMPLED) + " run (clocks.csv; summary.md)"
     )
     return "\n".join(lines)
 
@@ -171,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"budget {args.budget:g} s:")
         for p in selected:
             state = "run" if p in run_set else "drop"
-            print(f"  {state:<4} {p.name:<10} {p.expected_s:>4} s")
+            print(f"  {state:<4} {p.name:<12} {p.expected_s:>4} s")
         return 0
     if not args.out:
         parser().error("--out DIR is required")
@@ -195,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     status: dict[str, str] = {}
     interrupted = ""
     runtime_drop = ""
+    sampler = clocks.Sampler(t0)
     log(
         f"gpu suite{' (dry run)' if args.dry_run else ''}: budget {args.budget:g} s, parts "
         f"{', '.join(p.name for p in run_set)}"
@@ -261,6 +271,10 @@ def main(argv: list[str] | None = None) -> int:
             log(f"[{order[p.name]:>2}] {p.name}: expected {p.expected_s} s on an H100 ...")
             start = time.monotonic()
             try:
+                if p.name in clocks.SAMPLED:
+                    sampler.start(ctx, p.name)
+                if news := sampler.news():  # once: why the clocks are not (or no more) sampled
+                    log(f"     clocks {news}")
                 res = _run_part(p.name, ctx, args)
             except KeyboardInterrupt as e:
                 interrupted = str(e) or "interrupted"
@@ -271,6 +285,8 @@ def main(argv: list[str] | None = None) -> int:
                 with open(oset.stage / "suite.log", "a") as f:
                     f.write(traceback.format_exc())
                 res = {"status": "failed", "reason": f"{type(e).__name__}: {common.first_line(e)}"}
+            finally:  # the part's sampling ends with it, whatever ended the part
+                sampler.stop()
             rec["wall_s"] = time.monotonic() - start
             rec["status"] = res.pop("status")
             rec["reason"] = res.pop("reason", "")
@@ -296,6 +312,7 @@ def main(argv: list[str] | None = None) -> int:
         }
         from benchmarks.gpu_suite_parts import summary
 
+        ctx.shared["clocks"] = clocks.result(ctx, sampler)
         summary.write(ctx, records, meta)
         common.write_rows(
             ctx,
@@ -310,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
         oset.abort()
         raise
     finally:
+        sampler.close()
         signal.signal(signal.SIGTERM, old)
     print(f"wrote {Path(args.out) / 'summary.md'}")
     if interrupted:

@@ -1,7 +1,9 @@
 """benchmarks/gpu_suite.py cannot rot between lent GPUs: its dry run (CPU, gloo, tiny shapes)
 goes through every part's code path and writes the whole output set; a budget drops parts in
 the priority order `--help` lists; the parts' expected seconds on an H100 add up to at most 8
-minutes; bad options are one line and exit 2. No timings are asserted (issue 27)."""
+minutes; bad options are one line and exit 2; the clock sampler says why a CPU gave it nothing,
+reads NVML or nvidia-smi (both faked here) and stops at a part's end or allowance, and its
+per-part summary is the closed form. No timings are asserted (issue 27)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,15 @@ import json
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
+import yaml
+
+from benchmarks.gpu_suite_parts import clocks
+from benchmarks.gpu_suite_parts.common import Ctx
 
 pytest.importorskip("torch", reason="the suite's kernels and the executor need torch")
 
@@ -76,7 +84,16 @@ def test_help_lists_every_part_within_eight_minutes():
     parts = _help_parts()
     names = [n for n, _ in parts]
     assert names[0] == "env" and len(names) == len(set(names)) >= 10
-    assert {"calibrate", "validate", "attention", "grouped", "replay", "block"} <= set(names)
+    assert {
+        "calibrate",
+        "validate",
+        "validate_big",
+        "attention",
+        "grouped",
+        "replay",
+        "block",
+    } <= set(names)
+    assert names.index("validate_big") == names.index("validate") + 1
     assert all(s > 0 for _, s in parts)
     assert sum(s for _, s in parts) <= 480
 
@@ -93,6 +110,12 @@ def test_dry_run_writes_the_whole_set(dry):
         "twin/calibration.yaml",
         "twin/validate/validation.json",
         "twin/validate.csv",
+        "twin/big/layer.yaml",
+        "twin/big/calibration.yaml",
+        "twin/big/calibration.csv",
+        "twin/validate_big/validation.json",
+        "twin/validate_big.csv",
+        "clocks.csv",
         "twin/block.csv",
         "replay/kineto/rank0.json.gz",
         "replay/replay.csv",
@@ -177,3 +200,145 @@ def test_bad_options_are_one_line_and_exit_2(args, tmp_path):
     assert len(lines) == 1 and "error" in lines[0], r.stderr
     assert "Traceback" not in r.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_validate_big_ran_on_its_own_calibration(dry):
+    status = {r["name"]: r for r in _parts_csv(dry)}["validate_big"]
+    assert status["status"] == "ran", status
+    with open(dry / "twin" / "validate_big.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert {r["graph"] for r in rows} == {"sequential fwd", "sequential fwd+bwd"}
+    assert all(float(r["measured_s"]) > 0 and float(r["simulated_s"]) > 0 for r in rows)
+    summary = json.loads((dry / "summary.json").read_text())
+    assert summary["validate_big"]["mape_pct"] is not None
+    assert "validation of the larger bf16 layer" in (dry / "summary.md").read_text()
+    # its own layer and calibration: not the layer set's shapes, a calibrate of its own layer
+    big = yaml.safe_load((dry / "twin" / "big" / "layer.yaml").read_text())["model"]
+    small = yaml.safe_load((dry / "twin" / "layer.yaml").read_text())["model"]
+    assert (big["model_dim"], big["hidden_dim"]) != (small["model_dim"], small["hidden_dim"])
+    log = (dry / "twin" / "big" / "calibrate.log").read_text()
+    assert "--shapes-from" in log and "twin/big/layer.yaml" in log
+
+
+def test_clock_sampler_says_why_a_cpu_gave_it_nothing(dry):
+    with open(dry / "clocks.csv", newline="") as f:
+        reader = csv.DictReader(f)
+        assert reader.fieldnames == clocks.COLUMNS and not list(reader)
+    c = json.loads((dry / "summary.json").read_text())["clocks"]
+    assert c["samples"] == 0 and not c["parts"] and "CPU" in c["note"]
+    told = [ln for ln in (dry / "suite.log").read_text().splitlines() if "clocks " in ln]
+    assert len(told) == 1 and "not sampled" in told[0], told  # one line, once
+    assert f"clocks {c['note']}" in (dry / "summary.md").read_text()
+
+
+def test_clock_summary_is_min_median_max_per_part():
+    def r(part, sm, power, util="", throttle=""):
+        return dict(
+            time_s=0.0,
+            part=part,
+            sm_mhz=sm,
+            mem_mhz=2619,
+            power_w=power,
+            temp_c=50,
+            util_pct=util,
+            throttle=throttle,
+        )
+
+    rows = [
+        r("gemm", 1980, 700, 100, "0x4"),
+        r("gemm", 1755, 650, 100, "0x4"),
+        r("gemm", 1830, 690, 100, "0x0"),
+        r("gemm", 1980, 700, 100, ""),
+        r("gemm", 1500, 400, 0, "0x1"),
+        r("block", 1200, ""),
+        r("block", 1400, 300),
+    ]
+    s = clocks.summarise(rows)
+    assert list(s) == ["gemm", "block"]  # in the order the parts ran
+    g, b = s["gemm"], s["block"]
+    assert (g["samples"], g["sm_mhz_min"], g["sm_mhz_median"], g["sm_mhz_max"]) == (
+        5,
+        1500,
+        1830,
+        1980,
+    )
+    assert g["power_w_median"] == 690 and g["power_w_max"] == 700
+    assert g["sm_mhz_median_busy"] == (1830 + 1980) / 2 and g["busy_samples"] == 4
+    assert g["reasons"] == {"power cap": 0.5}  # 2 of the 4 samples with a mask
+    assert (b["sm_mhz_min"], b["sm_mhz_median"], b["sm_mhz_max"]) == (1200, 1300, 1400)
+    assert b["power_w_median"] == 300 and b["sm_mhz_median_busy"] is None and not b["reasons"]
+    assert clocks.summarise([]) == {}
+
+
+class _FakeNvml:
+    NVML_CLOCK_SM, NVML_CLOCK_MEM, NVML_TEMPERATURE_GPU = 1, 2, 0
+    shut = False
+
+    def nvmlInit(self):
+        pass
+
+    def nvmlShutdown(self):
+        self.shut = True
+
+    def nvmlDeviceGetHandleByIndex(self, i):
+        return i
+
+    def nvmlDeviceGetClockInfo(self, h, which):
+        return 1980 if which == 1 else 2619
+
+    def nvmlDeviceGetPowerUsage(self, h):
+        return 650_000
+
+    def nvmlDeviceGetTemperature(self, h, which):
+        return 55
+
+    def nvmlDeviceGetUtilizationRates(self, h):
+        return SimpleNamespace(gpu=100)
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h):
+        return 0x4
+
+
+def _sample(tmp_path, sampler):
+    """gemm until stopped; then block, whose allowance ends before it does."""
+    ctx = Ctx(dry=False, out=tmp_path, preset={}, device=SimpleNamespace(type="cuda"))
+    sampler.start(ctx, "gemm")
+    time.sleep(0.45)
+    sampler.stop()
+    ctx.deadline = time.monotonic() + 0.3
+    sampler.start(ctx, "block")
+    time.sleep(0.9)  # past the allowance: its sampling has ended without a stop()
+    n = len(sampler.rows)
+    time.sleep(0.3)
+    assert len(sampler.rows) == n
+    sampler.stop()
+    sampler.close()
+    return clocks.summarise(sampler.rows)
+
+
+def test_clock_sampler_reads_nvml_and_stops_at_the_allowance(tmp_path, monkeypatch):
+    nv = _FakeNvml()
+    monkeypatch.setitem(sys.modules, "pynvml", nv)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    sampler = clocks.Sampler(time.monotonic(), period_s=0.05)
+    s = _sample(tmp_path, sampler)
+    assert sampler.source == "nvml" and not sampler.why and nv.shut
+    assert set(s) == {"gemm", "block"} and s["gemm"]["samples"] >= 3
+    assert s["gemm"]["sm_mhz_median"] == 1980 and s["gemm"]["power_w_median"] == 650
+    assert s["block"]["reasons"] == {"power cap": 1.0}
+
+
+def test_clock_sampler_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "pynvml", None)  # no NVML: its import fails
+    fake = tmp_path / "bin" / "nvidia-smi"
+    fake.parent.mkdir()
+    fake.write_text(
+        "#!/bin/sh\nwhile true; do echo '1755, 2619, [N/A], 61, 99'; sleep 0.05; done\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}:/usr/bin:/bin")
+    sampler = clocks.Sampler(time.monotonic(), period_s=0.05)
+    s = _sample(tmp_path, sampler)
+    assert sampler.source.startswith("nvidia-smi (NVML: ") and not sampler.why
+    assert s["gemm"]["samples"] >= 3 and s["block"]["sm_mhz_max"] == 1755
+    assert s["gemm"]["power_w_median"] is None and s["gemm"]["temp_c_max"] == 61

@@ -41,10 +41,18 @@ LAYER_STRATEGIES = (  # the bf16 layer set of issue 27, fwd and fwd+bwd each
     "mpipemoe:degree=2,reuse=S1",  # offload
     "mpipemoe:degree=2,reuse=S4",  # recompute
 )
-# the dry run measures two of them (the plain layer and the offload's host copies) to stay
-# within a minute on a busy 2-core machine; its calibration still builds every graph of the
-# set (`--shapes-from` with `--strategies`), so a strategy the set names cannot rot unseen
-LAYER_STRATEGIES_DRY = ("sequential", "mpipemoe:degree=2,reuse=S1")
+# the dry run measures one of them (the offload's host copies; validate_big's dry run measures
+# the plain layer) to stay within a minute on a busy 2-core machine; its calibration still
+# builds every graph of the set (`--shapes-from` with `--strategies`), so a strategy the set
+# names cannot rot unseen
+LAYER_STRATEGIES_DRY = ("mpipemoe:degree=2,reuse=S1",)
+# validate_big: the larger, GPU-bound layer of the H200's run 3 (twin_big.py), as run 3 ran it;
+# the dry run measures its plain layer alone (its own calibration still builds all three)
+BIG_STRATEGIES = ("sequential", "pipelined:degree=4", "pipelined:degree=8")
+BIG_STRATEGIES_DRY = ("sequential",)
+# one validation run (a fresh launch, its warm-ups, the graph) on the H200: the layer set's
+# validate took 107.6, 109.7 and 117.1 s for 24 runs (reports/gpu-h200-2026-11-27/)
+VALIDATE_RUN_S = 4.9
 
 
 def runs(dry: bool) -> tuple[int, int]:
@@ -294,6 +302,12 @@ def _validate_s() -> float:
     return CLI_S + graphs * VALIDATE_REPEATS * (STARTUP_S + 0.2) + graphs * 0.5
 
 
+def _validate_big_s() -> float:
+    """Its own calibrate, then 3 runs of each graph. Run 3 (H200): about 25 s and 90 s."""
+    graphs = 2 * len(BIG_STRATEGIES)  # fwd, fwd+bwd
+    return _calibrate_s() + CLI_S + graphs * VALIDATE_REPEATS * VALIDATE_RUN_S
+
+
 def _block_s() -> float:
     return CLI_S + BLOCK_REPEATS * (CLI_S + STARTUP_S + 0.5) + CLI_S  # graph, exec xN, simulate
 
@@ -335,6 +349,12 @@ PARTS: list[Part] = [
         "moesim validate of the bf16 layer set: MAPE, worst, best",
         _validate_s,
         ("calibrate",),
+    ),
+    Part(
+        "validate_big",
+        "twin",
+        "a larger, GPU-bound bf16 layer: its own calibrate; moesim validate",
+        _validate_big_s,
     ),
     Part("attention", "kernels", "SDPA causal fwd + bwd, flash / cuDNN / efficient", _attention_s),
     Part(

@@ -9,6 +9,7 @@ import json
 import statistics
 from typing import Any
 
+from . import clocks
 from .common import Ctx, write_text
 
 
@@ -222,7 +223,8 @@ def write(ctx: Ctx, parts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[s
             for p in parts
         ],
     )
-    L += _twin_md(ctx) + _replay_md(ctx) + _kernels_md(ctx)
+    L += _twin_md(ctx) + clocks.markdown(ctx.shared.get("clocks"))
+    L += _replay_md(ctx) + _kernels_md(ctx)
     L += ["", "## Proposed gpu.kernels", "", "```yaml", ytext.rstrip(), "```", ""]
     write_text(ctx, "summary.md", "\n".join(L) + "\n")
     doc = {
@@ -232,38 +234,45 @@ def write(ctx: Ctx, parts: list[dict[str, Any]], meta: dict[str, Any]) -> dict[s
         "preset": {k: preset.get(k) for k in ("file", "model", "peak_flops", "mem_bw")},
         "parts": parts,
         "proposed_kernels": {k: {"value": v, "source": s} for k, (v, s) in props.items()},
-        "validate": {k: v for k, v in (ctx.shared.get("validate") or {}).items() if k != "rows"},
+        **{
+            k: {x: y for x, y in (ctx.shared.get(k) or {}).items() if x != "rows"}
+            for k in ("validate", "validate_big")
+        },
         "block": ctx.shared.get("block"),
         "replay": {k: v for k, v in (ctx.shared.get("replay") or {}).items() if k != "job"},
+        "clocks": ctx.shared.get("clocks"),
     }
     write_text(ctx, "summary.json", json.dumps(doc, indent=2, default=str) + "\n")
     return doc
 
 
-def _twin_md(ctx: Ctx) -> list[str]:
-    sh = ctx.shared
-    L: list[str] = []
-    v = sh.get("validate")
-    if v:
-        mape = v.get("mape_pct")
-        met = "met" if mape is not None and mape <= 10 else "NOT met"
-        L += [
-            "",
-            "## Twin: validation of the bf16 layer set",
-            "",
-            f"- MAPE **{_f(mape, '.1f')}%** (target <= 10%: {met}); worst "
-            f"{_f(v['worst_pct'], '.1f')}% ({v['worst_graph']}), best "
-            f"{_f(v['best_pct'], '.1f')}% ({v['best_graph']}); against each graph's fastest "
-            f"run {_f(v.get('mape_fastest_run_pct'), '.1f')}%",
-            f"- fastest graph measured: {v.get('best_measured')}; simulated: "
-            f"{v.get('best_simulated')} (same: {v.get('same_best')})",
-        ]
-        if v.get("trust_warning"):
-            L.append(f"- warning: {v['trust_warning']}")
-        ctxd = v.get("context") or {}
-        if ctxd:
-            L.append(f"- layer: {ctxd.get('layer')}; {ctxd.get('measured')}")
-        L += [""] + _md_table(
+def _validation_md(v: dict[str, Any] | None, title: str) -> list[str]:
+    if not v:
+        return []
+    mape = v.get("mape_pct")
+    met = "met" if mape is not None and mape <= 10 else "NOT met"
+    L = [
+        "",
+        f"## Twin: validation of {title}",
+        "",
+        f"- MAPE **{_f(mape, '.1f')}%** (target <= 10%: {met}); worst "
+        f"{_f(v['worst_pct'], '.1f')}% ({v['worst_graph']}), best "
+        f"{_f(v['best_pct'], '.1f')}% ({v['best_graph']}); against each graph's fastest "
+        f"run {_f(v.get('mape_fastest_run_pct'), '.1f')}%",
+        f"- fastest graph measured: {v.get('best_measured')}; simulated: "
+        f"{v.get('best_simulated')} (same: {v.get('same_best')})",
+    ]
+    if v.get("trust_warning"):
+        L.append(f"- warning: {v['trust_warning']}")
+    ctxd = v.get("context") or {}
+    if ctxd:
+        L.append(f"- layer: {ctxd.get('layer')}; {ctxd.get('measured')}")
+    if v.get("gemm_bf16_tflops"):
+        L.append(f"- its own calibration's bf16 GEMM rate: {v['gemm_bf16_tflops']:.4g} TFLOP/s")
+    return (
+        L
+        + [""]
+        + _md_table(
             ["graph", "measured ms", "simulated ms", "error %"],
             [
                 [
@@ -275,6 +284,12 @@ def _twin_md(ctx: Ctx) -> list[str]:
                 for r in v["rows"]
             ],
         )
+    )
+
+
+def _twin_md(ctx: Ctx) -> list[str]:
+    sh = ctx.shared
+    L = _validation_md(sh.get("validate"), "the bf16 layer set")
     b = sh.get("block")
     if b:
         L += [
@@ -299,7 +314,8 @@ def _twin_md(ctx: Ctx) -> list[str]:
                 for r in c["gemm"]
             ],
         )
-    return L
+    big = "the larger bf16 layer (GPU-bound; twin/big/layer.yaml)"
+    return L + _validation_md(sh.get("validate_big"), big)
 
 
 def _replay_md(ctx: Ctx) -> list[str]:

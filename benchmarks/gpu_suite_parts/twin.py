@@ -10,8 +10,10 @@ imported here).
 - validate: `moesim validate` of the bf16 layer set (sequential, pipelined r=4, MPipeMoE S1
   offload and S4 recompute; fwd and fwd+bwd) on a one-GPU topology made from the device's
   preset (its gpu section, a host behind its PCIe link class, for the offload's copies):
-  MAPE, worst and best graph, measured vs simulated. The dry run measures two graphs of the
-  set (plan.LAYER_STRATEGIES_DRY); its calibration builds them all.
+  MAPE, worst and best graph, measured vs simulated. The dry run measures the offload's two
+  graphs (plan.LAYER_STRATEGIES_DRY); its calibration builds them all.
+- validate_big (twin_big.py): the same two commands, `calibrate` and `validate` here, on a
+  larger GPU-bound layer with its own calibration.
 - block: one transformer block (attention + MoE) as the executor runs it: `moesim graph`
   of the block config, `moesim exec` of that graph (median of BLOCK_REPEATS runs) and
   `moesim simulate` of it with the calibration (`moesim validate` runs MoE layers only).
@@ -46,8 +48,9 @@ def backend(ctx: Ctx) -> str:
     return "gloo" if ctx.device.type != "cuda" else "nccl"
 
 
-def _config(ctx: Ctx, blocks: bool) -> dict[str, Any]:
-    model: dict[str, Any] = dict(LAYER_DRY if ctx.dry else LAYER)
+def config(ctx: Ctx, blocks: bool, layer: dict[str, int] | None = None) -> dict[str, Any]:
+    """The run config of `layer` (default: the layer set's), bf16, top-2, f=1.2."""
+    model: dict[str, Any] = dict(layer or (LAYER_DRY if ctx.dry else LAYER))
     model.update(top_k=2, capacity_factor=1.2, dtype="bf16")
     if blocks:
         model["blocks"] = dict(BLOCKS_DRY if ctx.dry else BLOCKS)
@@ -91,7 +94,7 @@ def one_gpu_topology(ctx: Ctx) -> dict[str, Any]:
     }
 
 
-def _files(ctx: Ctx) -> dict[str, Path]:
+def files(ctx: Ctx) -> dict[str, Path]:
     twin = ctx.out / "twin"
     twin.mkdir(parents=True, exist_ok=True)
     f = {
@@ -101,23 +104,26 @@ def _files(ctx: Ctx) -> dict[str, Path]:
         "calibration": twin / "calibration.yaml",
     }
     if not f["layer"].exists():
-        write_text(ctx, "twin/layer.yaml", yaml.safe_dump(_config(ctx, False), sort_keys=False))
-        write_text(ctx, "twin/block.yaml", yaml.safe_dump(_config(ctx, True), sort_keys=False))
+        write_text(ctx, "twin/layer.yaml", yaml.safe_dump(config(ctx, False), sort_keys=False))
+        write_text(ctx, "twin/block.yaml", yaml.safe_dump(config(ctx, True), sort_keys=False))
         if ctx.preset.get("gpu"):
             topo = yaml.safe_dump(one_gpu_topology(ctx), sort_keys=False)
             write_text(ctx, "twin/topology.yaml", topo)
     return f
 
 
-def _no_topology(ctx: Ctx, f: dict[str, Path]) -> dict[str, Any] | None:
+def no_topology(ctx: Ctx, f: dict[str, Path]) -> dict[str, Any] | None:
     if f["topology"].is_file():
         return None
     why = ctx.preset.get("note") or "no topology preset for this device"
     return {"status": "skipped", "reason": f"nothing to simulate on: {why}"}
 
 
-def run_calibrate(ctx: Ctx) -> dict[str, Any]:
-    f = _files(ctx)
+def calibrate(
+    ctx: Ctx, layer: Path, out: Path, strategies: tuple[str, ...], log: Path, csv: str
+) -> tuple[dict[str, Any] | None, str]:
+    """`moesim calibrate --shapes-from layer --strategies ...` into `out`; each dtype's fitted
+    GEMM rate to `csv`. ({path, meta, gemm rows}, "") or (None, why it failed)."""
     cmd = moesim(
         "calibrate",
         "--nprocs",
@@ -125,19 +131,19 @@ def run_calibrate(ctx: Ctx) -> dict[str, Any]:
         "--backend",
         backend(ctx),
         "--shapes-from",
-        str(f["layer"]),
+        str(layer),
         "--strategies",
-        *LAYER_STRATEGIES,
+        *strategies,
         "--timeout",
         "60",
         "--out",
-        str(f["calibration"]),
+        str(out),
         *(["--quick"] if ctx.dry else []),
     )
-    rc, last = run_cmd(ctx, cmd, ctx.out / "twin" / "calibrate.log")
-    if rc != 0 or not f["calibration"].is_file():
-        return {"status": "failed", "reason": f"moesim calibrate exit {rc}: {last}"}
-    cal = read_yaml(f["calibration"])
+    rc, last = run_cmd(ctx, cmd, log)
+    if rc != 0 or not out.is_file():
+        return None, f"moesim calibrate exit {rc}: {last}"
+    cal = read_yaml(out)
     meta = cal.get("meta") or {}
     rows = []
     for dtype, fit in sorted(((cal.get("compute") or {}).get("gemm") or {}).items()):
@@ -158,10 +164,26 @@ def run_calibrate(ctx: Ctx) -> dict[str, Any]:
                 "note": f"{dtype} runs as {stand}" if stand else "",
             }
         )
-    write_rows(ctx, "twin/calibration.csv", rows, CAL_COLUMNS)
-    ctx.shared["calibration"] = {"path": f["calibration"], "meta": meta, "gemm": rows}
-    dtypes = ", ".join(f"{r['dtype']} {r['tflops']:.4g} TFLOP/s" for r in rows)
-    return {"status": "ran", "gemm fits": dtypes, "device": meta.get("device_name")}
+    write_rows(ctx, csv, rows, CAL_COLUMNS)
+    return {"path": out, "meta": meta, "gemm": rows}, ""
+
+
+def run_calibrate(ctx: Ctx) -> dict[str, Any]:
+    f = files(ctx)
+    twin = ctx.out / "twin"
+    cal, why = calibrate(
+        ctx,
+        f["layer"],
+        f["calibration"],
+        LAYER_STRATEGIES,
+        twin / "calibrate.log",
+        "twin/calibration.csv",
+    )
+    if cal is None:
+        return {"status": "failed", "reason": why}
+    ctx.shared["calibration"] = cal
+    dtypes = ", ".join(f"{r['dtype']} {r['tflops']:.4g} TFLOP/s" for r in cal["gemm"])
+    return {"status": "ran", "gemm fits": dtypes, "device": cal["meta"].get("device_name")}
 
 
 def _need_calibration(ctx: Ctx) -> Path | None:
@@ -173,13 +195,23 @@ def run_validate(ctx: Ctx) -> dict[str, Any]:
     cal = _need_calibration(ctx)
     if cal is None:
         return {"status": "skipped", "reason": "no calibration (the calibrate part did not run)"}
-    f = _files(ctx)
-    if skip := _no_topology(ctx, f):
+    f = files(ctx)
+    if skip := no_topology(ctx, f):
         return skip
-    out = ctx.out / "twin" / "validate"
+    strategies = LAYER_STRATEGIES_DRY if ctx.dry else LAYER_STRATEGIES
+    twin = ctx.out / "twin"
+    return validate(ctx, f["layer"], cal, strategies, twin / "validate", "validate")
+
+
+def validate(
+    ctx: Ctx, layer: Path, cal: Path, strategies: tuple[str, ...], out: Path, name: str
+) -> dict[str, Any]:
+    """`moesim validate` of `layer` (fwd and fwd+bwd of each strategy) with calibration `cal`
+    on the one-GPU topology into `out`; its log twin/<name>.log, rows twin/<name>.csv, the
+    summary's numbers ctx.shared[name]. The part's result."""
     cmd = moesim(
         "validate",
-        str(f["layer"]),
+        str(layer),
         "--nprocs",
         "1",
         "--backend",
@@ -187,17 +219,17 @@ def run_validate(ctx: Ctx) -> dict[str, Any]:
         "--calibration",
         str(cal),
         "--topology",
-        str(f["topology"]),
+        str(files(ctx)["topology"]),
         "--repeats",
         str(1 if ctx.dry else VALIDATE_REPEATS),
         "--strategies",
-        *(LAYER_STRATEGIES_DRY if ctx.dry else LAYER_STRATEGIES),
+        *strategies,
         "--timeout",
         "60",
         "--out",
         str(out),
     )
-    rc, last = run_cmd(ctx, cmd, ctx.out / "twin" / "validate.log")
+    rc, last = run_cmd(ctx, cmd, ctx.out / "twin" / f"{name}.log")
     vj = out / "validation.json"
     if rc != 0 or not vj.is_file():
         return {"status": "failed", "reason": f"moesim validate exit {rc}: {last}"}
@@ -214,7 +246,7 @@ def run_validate(ctx: Ctx) -> dict[str, Any]:
         }
         for r in doc.get("results") or []
     ]
-    write_rows(ctx, "twin/validate.csv", rows, VAL_COLUMNS)
+    write_rows(ctx, f"twin/{name}.csv", rows, VAL_COLUMNS)
     errs = [(abs(float(r["error_pct"])), r["graph"]) for r in rows if r["error_pct"] is not None]
     best = min(errs) if errs else (None, None)
     worst = max(errs) if errs else (None, None)
@@ -231,7 +263,7 @@ def run_validate(ctx: Ctx) -> dict[str, Any]:
         "trust_warning": (s.get("trust") or {}).get("warning"),
         "context": doc.get("context"),
     }
-    ctx.shared["validate"] = {**res, "rows": rows}
+    ctx.shared[name] = {**res, "rows": rows}
     return {"status": "ran", **{k: res[k] for k in ("mape_pct", "worst_pct", "best_pct")}}
 
 
@@ -239,8 +271,8 @@ def run_block(ctx: Ctx) -> dict[str, Any]:
     cal = _need_calibration(ctx)
     if cal is None:
         return {"status": "skipped", "reason": "no calibration (the calibrate part did not run)"}
-    f = _files(ctx)
-    if skip := _no_topology(ctx, f):
+    f = files(ctx)
+    if skip := no_topology(ctx, f):
         return skip
     d = ctx.out / "twin" / "block"
     log = ctx.out / "twin" / "block.log"
