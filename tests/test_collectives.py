@@ -99,6 +99,19 @@ def _stride_copy_s(topo: Topology, S: float) -> float:
     return roof["launch_s"] + 2 * S / (gpu["mem_bw"] * roof["mem_efficiency"])
 
 
+@pytest.mark.parametrize("kind", ["all_to_all", "all_gather", "reduce_scatter", "all_reduce"])
+def test_a_one_rank_collective_is_a_local_copy_where_its_output_is_another_buffer(kind):
+    """NCCL with one rank copies an out-of-place collective's input into its output: the
+    roofline's copy of the payload, read and written; an in-place all-reduce costs nothing."""
+    topo = Topology.load("dgx-h100", nodes=1)
+    S = 64 * 2**20
+    g = TaskGraph(topo.world_size)
+    g.add(Task("c", 0, "comm", kind, bytes=S, group=[0], coll="x"))
+    res = simulate(g, topo, CostModel.build(topo, {"fidelity": "flow"}))
+    want = _stride_copy_s(topo, S) if kind != "all_reduce" else 0.0
+    assert math.isclose(res.makespan, want, rel_tol=1e-9, abs_tol=1e-15)
+
+
 @pytest.mark.parametrize("fidelity", ["flow", "bundled"])
 def test_2dh_is_the_sum_of_its_phases_on_2_nodes_x_2_gpus(fidelity):
     """Tutel Fig. 15 / Alg. 3 on the smallest 2D case (GPUs 0, 1 of two dgx-a100 nodes): no two

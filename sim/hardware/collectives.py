@@ -330,9 +330,20 @@ def algorithms(kind: str) -> list[str]:
     return sorted(a for k, a in ALGORITHMS if k == kind)
 
 
+# collectives whose output is another buffer than their input (torch's all_to_all_single,
+# all_gather_into_tensor, reduce_scatter_tensor): with one rank, NCCL copies the one into the
+# other (an H200 measured a one-rank all_to_all end with the full-GPU GEMM beside it,
+# reports/gpu-h200-2026-11-27). torch's all_reduce and broadcast work in place: nothing.
+OUT_OF_PLACE = frozenset({"all_to_all", "all_to_allv", "all_gather", "reduce_scatter"})
+
+
 def phases(tasks: list[Task], topo: Topology) -> list[Phase]:
-    """Decompose a collective (its member tasks) into flow phases."""
+    """Decompose a collective (its member tasks) into flow phases; a one-rank collective is
+    a local copy of its payload where its output is another buffer (OUT_OF_PLACE), else
+    nothing."""
     t = tasks[0]
+    if t.group is not None and len(t.group) == 1:
+        return [LocalPhase(payload(t))] if t.kind in OUT_OF_PLACE and payload(t) > 0 else []
     algo = t.algo or DEFAULT_ALGO[t.kind]
     fn = ALGORITHMS.get((t.kind, algo))
     if fn is None:

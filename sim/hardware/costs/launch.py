@@ -80,11 +80,11 @@ def fit_launch(issues: pd.DataFrame) -> dict[str, dict[str, float]]:
     against 38-60). A full launch queue is not the cause: counting only the issues the GPU
     caught up with (run 3) left the GEMMs' 62 us as it was. Lower estimators were worse
     against the measurements of both runs that validated them
-    (benchmarks/results/twin_resim_big.md): the medians, validation MAPE 7.1% -> 8.3%; only
-    the caught-up issues (run 3's calibration), 8.6% on run 2's measurements and 10.9% on run
-    3's, against 7.1% and 9.0% for these means. Those fit the pipelined layer's backward
-    better and its forward worse: what the means make up for is something else the forward
-    passes lose (reports/gpu-h200-2026-11-27/README.md)."""
+    (benchmarks/results/twin_resim_big.md, re-simulated offline): the medians, validation
+    MAPE 6.8% -> 7.5% on run 2; only the caught-up issues (run 3's calibration), 7.8% on run
+    2's measurements and 10.1% on run 3's, against 6.8% and 8.8% for these means. Those fit
+    the pipelined layer's backward better and its forward worse: what the means make up for
+    is something else the forward passes lose (reports/gpu-h200-2026-11-27/README.md)."""
     from sim.hardware.costs.robust import quiet_gaps
 
     out = {}
