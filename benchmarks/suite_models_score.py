@@ -170,10 +170,9 @@ def _charge(gpu: GpuKernels, w: Work, kernels: int, backward: bool) -> tuple[flo
     core = gpu.seconds(w, backward)
     scale = w.bwd if backward else 1.0
     mem = w.bytes * scale / (gpu.mem_bw * gpu.memory_bound)
-    t = core + kernels * gpu.kernel_s
-    host = kernels * gpu.launch_s
-    if host > t:
-        return host, "host"
+    t = gpu.stretch(core, kernels, kernels, synced=True)
+    if t > gpu.stretch(core, kernels, kernels, synced=False):
+        return t, "host"
     return t, "memory" if w.kind == "memory" or core <= mem else "compute"
 
 

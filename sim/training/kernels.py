@@ -118,6 +118,13 @@ class GpuKernels:
             return 1.0
         return tiles / (math.ceil(tiles / self.sms) * self.sms)
 
+    def stretch(self, gpu_s: float, kernels: int, launches: int, synced: bool) -> float:
+        """A stretch of `kernels` kernels taking `gpu_s` of GPU work, `launches` of them
+        issued by the host: plus each kernel's floor (`kernel_s`); after a host sync the
+        host cannot run ahead, so the longer of that and the launches (`launch_s` each)."""
+        t = gpu_s + kernels * self.kernel_s
+        return max(t, launches * self.launch_s) if synced else t
+
     def launches(self, w: Work, backward: bool = False) -> int:
         if backward and w.bwd_launches is not None:
             return w.bwd_launches

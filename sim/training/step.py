@@ -113,11 +113,11 @@ class StepModel:
             kernels += k
             if w.module not in self.graphed:
                 launches += k
-        t += kernels * self.gpu.kernel_s  # the GPU's own floor per kernel, graphed or not
-        # the host launches ahead of the GPU, except after a host sync (a dropless dispatcher
-        # reads the token counts before its all-to-all): then each stretch between syncs
-        # takes the longer of its kernels and their launches (the CPU thread is serial)
-        return max(t, launches * self.gpu.launch_s) if self.syncs(lw) else t
+        # the GPU's own floor per kernel, graphed or not; the host launches ahead of the GPU,
+        # except after a host sync (a dropless dispatcher reads the token counts before its
+        # all-to-all): then each stretch between syncs takes the longer of its kernels and
+        # their launches (the CPU thread is serial)
+        return self.gpu.stretch(t, kernels, launches, self.syncs(lw))
 
     def syncs(self, lw: LayerWork) -> bool:
         """Whether the layer's dispatcher waits on the host for the token counts: dropless
