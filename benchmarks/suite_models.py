@@ -30,6 +30,7 @@ one-line error and exit 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import re
@@ -151,6 +152,9 @@ def score_folder(folder: Path, preset: str | None = None) -> dict[str, Any]:
             "grouped_gemm": gpu.grouped_gemm,
             "attention_fwd": gpu.attention_fwd,
             "attention_bwd": gpu.attention_bwd,
+            "attention_shape": (
+                dataclasses.asdict(gpu.attention_shape) if gpu.attention_shape else None
+            ),
             "memory_bound": gpu.memory_bound,
             "launch_s": gpu.launch_s,
             "kernel_s": gpu.kernel_s,
@@ -264,7 +268,15 @@ def report(r: dict[str, Any]) -> str:
         "gemm "
         + ", ".join(f"{d} {v}" for d, v in f["gemm"].items())
         + f", grouped_gemm {f['grouped_gemm']}, attention_fwd "
-        f"{f['attention_fwd']}, attention_bwd {f['attention_bwd']}, memory_bound "
+        f"{f['attention_fwd']}, attention_bwd {f['attention_bwd']}"
+        + (
+            f" at head dim 128 and L {f['attention_shape']['ref_len']:g}, carried to each "
+            f"row's L and head dim by attention_shape (len0 {f['attention_shape']['len0']}; "
+            "fitted to this sweep's attention rows: in-sample, benchmarks/attention_shape.py)"
+            if f.get("attention_shape")
+            else ""
+        )
+        + f", memory_bound "
         f"{f['memory_bound']}, launch_s {f['launch_s'] * 1e6:.1f} us, kernel_s "
         f"{f['kernel_s'] * 1e6:.2f} us. Error = charged / measured - 1.",
         "",

@@ -162,7 +162,7 @@ def _attention_work(r: Any) -> Work:
     T, heads, kv, d = r.B * r.L, r.heads, r.kv, r.d_qk + r.d_v
     flops = 2.0 * T * (r.L / 2) * heads * d
     io = ACT * T * (heads * d + kv * d)
-    return Work("core_attn", "attention", flops, io, bwd=2.5)
+    return Work("core_attn", "attention", flops, io, bwd=2.5, span=float(r.L), head_dim=int(r.d_qk))
 
 
 def _charge(gpu: GpuKernels, w: Work, kernels: int, backward: bool) -> tuple[float, str]:
@@ -185,8 +185,10 @@ def _implied(gpu: GpuKernels, w: Work, kernels: int, backward: bool, t: float) -
         return float("nan")
     if w.kind == "memory":
         return w.bytes * scale / (gpu.mem_bw * left)
-    if w.kind == "attention":
-        return w.flops * scale / (gpu.peak["bf16"] * left)
+    if w.kind == "attention":  # the preset's figure, at head dim 128 and its ref_len
+        law = gpu.attention_shape
+        shape = law.factor(w.span, w.head_dim, backward) if law else 1.0
+        return w.flops * scale / (gpu.peak["bf16"] * shape * left)
     wave = gpu.wave_share(w)
     if w.kind == "grouped_gemm":  # a share of the dtype's GEMM rate
         return w.flops * scale / (gpu.rate(w.dtype) * wave * left)

@@ -77,7 +77,8 @@ def _suite(folder: Path, models: tuple[GemmModel, GpuKernels], env: dict) -> Pat
         ],
     )
     # measured = what the training model charges: B / (mem_bw x memory_bound) + one kernel's
-    # floor, and the attention's FLOPs at attention_fwd of the bf16 peak (+ the floor)
+    # floor, and the attention's FLOPs at attention_fwd of the bf16 peak carried to the row's
+    # shape by the preset's attention_shape (+ the floor)
     mem = B_MEM / (gpu.mem_bw * gpu.memory_bound) + gpu.kernel_s
     _write(
         folder,
@@ -96,7 +97,8 @@ def _suite(folder: Path, models: tuple[GemmModel, GpuKernels], env: dict) -> Pat
     )
     b, L, h, d = 2, 4096, 64, 128
     flops = b * L * L * h * 2 * d  # causal: half of 4 L^2 d per head
-    att = flops / (gpu.peak["bf16"] * gpu.attention_fwd) + gpu.kernel_s
+    shape = gpu.attention_shape.factor(L, d, False) if gpu.attention_shape else 1.0
+    att = flops / (gpu.peak["bf16"] * gpu.attention_fwd * shape) + gpu.kernel_s
     _write(
         folder,
         "attention",

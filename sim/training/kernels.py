@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.training.attention_shape import AttentionShape
 from sim.training.ops import Work
 
 TILE = (128, 256)  # rows x columns of a GEMM's output tile
@@ -43,6 +44,7 @@ class GpuKernels:
     sms: int = 0
     kernel_s: float = 0.0
     compute_capability: tuple[int, int] = (0, 0)  # (0, 0): not given
+    attention_shape: AttentionShape | None = None  # None: one attention share for every shape
 
     @property
     def fp8_any_layout(self) -> bool:
@@ -67,6 +69,7 @@ class GpuKernels:
         if missing:
             raise ConfigError(f"{where}: gpu.kernels lacks {', '.join(missing)}")
         cc = gpu.get("compute_capability") or (0, 0)
+        shape = k.get("attention_shape")
         return cls(
             name=str(gpu.get("model", where)),
             peak={str(d): float(v) for d, v in gpu["peak_flops"].items()},
@@ -81,6 +84,7 @@ class GpuKernels:
             sms=int(gpu.get("sms") or 0),
             kernel_s=float(k.get("kernel_s") or 0.0),
             compute_capability=(int(cc[0]), int(cc[1])),
+            attention_shape=AttentionShape.from_spec(shape) if shape else None,
         )
 
     def rate(self, dtype: str) -> float:
@@ -102,6 +106,8 @@ class GpuKernels:
             return mem
         if w.kind == "attention":
             share = self.attention_bwd if backward else self.attention_fwd
+            if self.attention_shape is not None:
+                share *= self.attention_shape.factor(w.span, w.head_dim, backward)
             return max(w.flops * scale / (self.peak["bf16"] * share), mem)
         rate = self.rate(w.dtype) * self.wave_share(w)
         if w.kind == "grouped_gemm":

@@ -51,6 +51,8 @@ class Work:
     shape: tuple[float, int, int] | None = None  # a GEMM's (rows per expert, n, k)
     saved_min: float = 0.0  # what it keeps when the kernels making its inputs are recomputed
     bwd_launches: int | None = None  # its backward's host ops where not `bwd` x `launches`
+    span: float = 0.0  # attention: the causal sequence its key loop equals (0: unknown)
+    head_dim: int = 0  # attention: the query/key head dim (0: unknown)
 
     @property
     def kept(self) -> float:
@@ -209,6 +211,9 @@ class _Builder:
         if a.is_banded(layer):
             keys = min(float(a.sliding_window or lay.seq), lay.seq / 2)
         flops = 2.0 * T * keys * heads * (a.qk_dim + a.v_dim)
+        # the key loop's length as the causal sequence that loops as far (twice the keys a
+        # query sees); CP's ring runs the kernel on chunks of seq / cp
+        span = min(2.0 * keys, lay.seq / lay.cp)
         # reads Q, K, V and writes O; keeps all four and the log-sum-exp for its backward
         io = ACT * T * (heads * (a.qk_dim + a.v_dim) + kv * (a.qk_dim + a.v_dim))
         out_lse = ACT * T * heads * a.v_dim + 4.0 * T * heads  # O and the log-sum-exp
@@ -223,6 +228,8 @@ class _Builder:
                 module="core_attn",
                 saved=io + 4.0 * T * heads,
                 saved_min=out_lse,
+                span=span,
+                head_dim=a.qk_dim,
             )
         )
         if lay.cp > 1:  # ring attention: every step passes a K/V chunk to the next rank

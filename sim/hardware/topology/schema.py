@@ -72,6 +72,41 @@ class LinkClassSpec(Strict):
     )
 
 
+Factor = Annotated[float, Field(gt=0, le=4, allow_inf_nan=False)]
+Tokens = Annotated[float, Field(gt=0, le=2.0**30, allow_inf_nan=False)]
+
+
+class AttentionPass(Strict):
+    fwd: Factor = Field(description="the forward kernel's factor")
+    bwd: Factor = Field(description="the backward kernel's factor")
+
+
+class AttentionLen0(Strict):
+    fwd: Tokens = Field(description="the forward kernel's len0, tokens")
+    bwd: Tokens = Field(description="the backward kernel's len0, tokens")
+
+
+class AttentionShape(Strict):
+    """How the attention kernels' share of peak moves with the kernel's shape (`gpu.kernels.
+    attention_shape`): share(L, d) = attention_fwd|bwd x head_dim[d] / (1 + len0 / L) x (1 +
+    len0 / ref_len), L the causal-equivalent sequence the kernel loops over."""
+
+    len0: AttentionLen0 = Field(
+        description="tokens: the causal sequence length at which a pass reaches half its "
+        "long-sequence share (its per-tile fixed work against the key loop)"
+    )
+    head_dim: dict[PosInt, AttentionPass] = Field(
+        min_length=1,
+        description="query/key head dim -> the share relative to head dim 128 (linear between "
+        "the dims given, the nearest beyond them)",
+    )
+    ref_len: Tokens = Field(
+        6144.0,
+        description="the sequence length at which attention_fwd / attention_bwd hold (the "
+        "middle of the 4K-8K their sources measured)",
+    )
+
+
 class KernelParams(Strict):
     """What a training step's kernels reach on this GPU, as shares of the datasheet peaks
     (`gpu.kernels`). Each field is optional: None (omitted) means unknown, and a cost model
@@ -105,6 +140,11 @@ class KernelParams(Strict):
         "reaches, same kernels and shapes as attention_fwd, in (0, 1]. FLOPs as FlashAttention "
         "counts them: 2.5x the forward's (five GEMMs to the forward's two), causal halved, so "
         "5 * L^2 * d per head for a causal backward",
+    )
+    attention_shape: AttentionShape | None = Field(
+        None,
+        description="the attention shares' dependence on sequence length and head dim; "
+        "omitted: one share whatever the shape",
     )
     memory_bound: Fraction | None = Field(
         None,
