@@ -31,7 +31,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.common import machine, record  # noqa: E402
 from sim.training.plan import plan  # noqa: E402
 from sim.training.plan_report import why  # noqa: E402
-from sim.training.plan_space import Candidate, Request  # noqa: E402
+from sim.training.plan_space import DISPATCHER, Candidate, Request  # noqa: E402
 from sim.training.predict import read_table  # noqa: E402
 
 TABLE = ROOT.parent / "shared" / "reference" / "published-runs" / "megatron_bridge_perf.csv"
@@ -58,9 +58,9 @@ def published(row: dict[str, str]) -> Candidate:
         ep_overlap=rec.ep_overlap and _int(row["ep"]) > 1,
         recompute=recompute,
         fsdp=_int(row["fsdp"], 0) > 0,
-        dispatcher=""
-        if _int(row["ep"]) <= 1
-        else (rec.dispatcher if rec.dispatcher in ("alltoall", "deepep") else "alltoall"),
+        # "": the recipe's own (HybridEP, allgather: scored with their own dispatch, as
+        # `moesim predict` scores the row, not as the plan's alltoall candidates)
+        dispatcher=rec.dispatcher if rec.dispatcher in DISPATCHER and _int(row["ep"]) > 1 else "",
         offload=rec.offload_layers if _int(row["pp"]) == 1 and recompute == "none" else 0,
     )
 
@@ -70,7 +70,7 @@ def _label(c: dict) -> str:
         f"TP{c.get('tp')} CP{c.get('cp')} PP{c.get('pp')} VP{c.get('vp')} "
         f"EP{c.get('ep')} MBS{c.get('mbs')}"
         + (" FSDP" if c.get("fsdp") else "")
-        + (f" {c.get('dispatcher')}" if int(c.get("ep") or 1) > 1 else "")
+        + (f" {c.get('dispatcher') or 'recipe'}" if int(c.get("ep") or 1) > 1 else "")
         + (f" offload {c.get('offload')}" if c.get("offload") else "")
         + (f" {c.get('pipeline')}" if c.get("pipeline", "1f1b") != "1f1b" else "")
     )

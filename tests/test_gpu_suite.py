@@ -342,3 +342,31 @@ def test_clock_sampler_falls_back_to_nvidia_smi(tmp_path, monkeypatch):
     assert sampler.source.startswith("nvidia-smi (NVML: ") and not sampler.why
     assert s["gemm"]["samples"] >= 3 and s["block"]["sm_mhz_max"] == 1755
     assert s["gemm"]["power_w_median"] is None and s["gemm"]["temp_c_max"] == 61
+
+
+def test_the_grouped_share_is_counted_against_gemm_bf16s_run(tmp_path):
+    """The step model multiplies grouped_gemm by gemm.bf16's rate, so the proposal counts
+    each grouped case against the large GEMM of gemm.csv, not the grouped part's own reference
+    run of the same shape (on the H200 the two ran at 781.8 and 739.8 TFLOP/s)."""
+    from benchmarks.gpu_suite_parts.common import Ctx
+    from benchmarks.gpu_suite_parts.summary import proposed
+
+    big = dict(part="gemm", name="square 8192^3", layout="fwd", dtype="bf16", status="ok")
+    gemm = [{**big, "flops": 1.0, "tflops": 800.0, "peak_share": 0.8, "shape": "8192^3"}]
+    grouped = [
+        dict(name="reference", status="ok", tflops=760.0),
+        dict(
+            name="fc1", layout="fwd", impl="bmm", tokens_per_expert=4096, tflops=760.0, status="ok"
+        ),
+        dict(
+            name="fc1", layout="fwd", impl="loop", tokens_per_expert=4096, tflops=700.0, status="ok"
+        ),
+        dict(
+            name="fc2", layout="fwd", impl="bmm", tokens_per_expert=512, tflops=100.0, status="ok"
+        ),
+    ]
+    ctx = Ctx(dry=False, out=tmp_path, preset={"peak_flops": {"bf16": 1e15}})
+    ctx.shared.update(gemm=gemm, grouped=grouped)
+    value, why = proposed(ctx, "here")["grouped_gemm"]
+    assert value == pytest.approx(760.0 / 800.0)  # the best impl of the one case >= 2048 tokens
+    assert "800 TFLOP/s" in why
