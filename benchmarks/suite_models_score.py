@@ -190,6 +190,8 @@ def _implied(gpu: GpuKernels, w: Work, kernels: int, backward: bool, t: float) -
         shape = law.factor(w.span, w.head_dim, backward) if law else 1.0
         return w.flops * scale / (gpu.peak["bf16"] * shape * left)
     wave = gpu.wave_share(w)
+    if w.shape is not None:  # the share at 8192 of K, as the preset's (gemm_k0)
+        wave *= gpu.k_share(w.dtype, w.shape[2])
     if w.kind == "grouped_gemm":  # a share of the dtype's GEMM rate
         return w.flops * scale / (gpu.rate(w.dtype) * wave * left)
     gpu.rate(w.dtype)  # refuses a dtype the model has no GEMMs for

@@ -54,3 +54,29 @@ def test_the_all_to_all_dispatcher_sorts_received_rows_by_local_expert(
     dispatch = next(c for c in lw.comm if c.name == "dispatch")
     assert names.index("sort_chunks") == names.index(dispatch.after) + 1
     assert combine.after == "unsort_chunks"
+
+
+def test_a_gemms_share_follows_its_reduction_length() -> None:
+    """k_share = (1 + k0 / 8192) / (1 + k0 / K): 1 at K = 8192 and without k0; a forward
+    reduces over k, the backward's data gradient over n and its weight gradient over the rows
+    (each the forward's FLOPs)."""
+    from sim.training.ops import Work
+
+    lay = Layout(gpus=8, tp=1, pp=1, ep=8, gbs=8, seq=4096)
+    gpu = replace(
+        _model("qwen3-30b-a3b", lay, "BF16", Recipe()).gpu,
+        gemm_k0={"bf16": 1000.0},
+        kernel_s=0.0,
+    )
+    assert gpu.k_share("bf16", 8192) == pytest.approx(1.0)
+    assert gpu.k_share("bf16", 1000) == pytest.approx((1 + 1000 / 8192) / 2)
+    assert gpu.k_share("fp8", 1000) == 1.0  # no k0 for the dtype: one share
+    m, n, k = 8192, 4096, 2048
+    flops = 2.0 * m * n * k
+    w = Work("fc", "gemm", flops, 1.0, "bf16", shape=(m, n, k))
+    rate = gpu.rate("bf16") * gpu.wave_share(w)
+    assert gpu.seconds(w) == pytest.approx(flops / (rate * gpu.k_share("bf16", k)))
+    bwd = flops / (rate * gpu.k_share("bf16", n)) + flops / (rate * gpu.k_share("bf16", m))
+    assert gpu.seconds(w, backward=True) == pytest.approx(bwd)
+    plain = replace(gpu, gemm_k0={})
+    assert plain.seconds(w, backward=True) == pytest.approx(2 * flops / rate)

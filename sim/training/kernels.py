@@ -19,7 +19,7 @@ Hopper and Blackwell libraries favour for large GEMMs (the first of `dgx-h100`'s
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from sim.core.errors import ConfigError
@@ -27,6 +27,7 @@ from sim.training.attention_shape import AttentionShape
 from sim.training.ops import Work
 
 TILE = (128, 256)  # rows x columns of a GEMM's output tile
+K_REF = 8192.0  # the reduction length of the GEMMs the gemm shares were measured on (8192^3)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class GpuKernels:
     kernel_s: float = 0.0
     compute_capability: tuple[int, int] = (0, 0)  # (0, 0): not given
     attention_shape: AttentionShape | None = None  # None: one attention share for every shape
+    gemm_k0: dict[str, float] = field(default_factory=dict)  # dtype -> K at half the share
 
     @property
     def fp8_any_layout(self) -> bool:
@@ -85,6 +87,7 @@ class GpuKernels:
             kernel_s=float(k.get("kernel_s") or 0.0),
             compute_capability=(int(cc[0]), int(cc[1])),
             attention_shape=AttentionShape.from_spec(shape) if shape else None,
+            gemm_k0={str(d): float(v) for d, v in (k.get("gemm_k0") or {}).items()},
         )
 
     def rate(self, dtype: str) -> float:
@@ -112,7 +115,26 @@ class GpuKernels:
         rate = self.rate(w.dtype) * self.wave_share(w)
         if w.kind == "grouped_gemm":
             rate *= self.grouped_gemm
-        return max(w.flops * scale / rate, mem)
+        if w.shape is None or w.dtype not in self.gemm_k0:
+            return max(w.flops * scale / rate, mem)
+        m, n, k = w.shape
+        if not backward:
+            return max(w.flops / (rate * self.k_share(w.dtype, k)), mem)
+        # the data gradient reduces over the output width n, the weight gradient over the
+        # rows (tokens per expert): each does the forward's FLOPs (bwd = 2)
+        half = w.flops * scale / 2
+        return max(
+            half / (rate * self.k_share(w.dtype, n)) + half / (rate * self.k_share(w.dtype, m)),
+            mem,
+        )
+
+    def k_share(self, dtype: str, k: float) -> float:
+        """A GEMM's share at reduction length `k` over its share at 8192 (`gemm_k0`): each
+        output tile's fixed work (prologue, epilogue) against its K loop; 1 where no k0."""
+        k0 = self.gemm_k0.get(dtype, 0.0)
+        if k0 <= 0 or k <= 0:
+            return 1.0
+        return (1.0 + k0 / K_REF) / (1.0 + k0 / k)
 
     def wave_share(self, w: Work) -> float:
         """Share of the SM-waves a GEMM's tiles fill (1: no idle SMs in its last wave)."""

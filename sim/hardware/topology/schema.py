@@ -120,6 +120,13 @@ class KernelParams(Strict):
         "Llama / DeepSeek projection and FFN shapes, thousands of tokens), in (0, 1]; fp8 "
         "covers FP8 and MXFP8, fp4 NVFP4",
     )
+    gemm_k0: dict[Dtype, Tokens] | None = Field(
+        None,
+        description="dtype -> the reduction length K at which a GEMM reaches half its long-K "
+        "share: share(K) = gemm[dtype] x (1 + k0 / 8192) / (1 + k0 / K), each output tile's "
+        "fixed work against its K loop (the gemm shares hold at 8192^3); omitted: one share "
+        "whatever K",
+    )
     grouped_gemm: Fraction | None = Field(
         None,
         description="share of the large-GEMM rate (gemm[dtype] x peak) that a grouped expert "
