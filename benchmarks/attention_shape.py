@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import re
 import sys
 from pathlib import Path
@@ -26,7 +27,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine, record  # noqa: E402
+from benchmarks.common import device_tag, machine, record  # noqa: E402
 
 LEN0_GRID = np.arange(20.0, 8000.0, 5.0)
 
@@ -86,13 +87,11 @@ def main(argv: list[str] | None = None) -> int:
     data = rows(args.folder)
     if not data:
         raise SystemExit(f"attention_shape: {args.folder}: no attention rows with L and d_qk")
-    device = "device"
     env = args.folder / "env.json"
-    if env.is_file():
-        import json
-
-        device = str(json.loads(env.read_text()).get("device") or device)
-    tag = re.sub(r"[^a-z0-9]+", "", device.lower().replace("nvidia", "")) or "device"
+    device = (
+        str(json.loads(env.read_text()).get("device") or "device") if env.is_file() else "device"
+    )
+    tag = device_tag(device)
     result: dict = {"source": str(args.folder), "device": device, "passes": {}, "rows": []}
     lines = [
         f"# Attention's share of peak against its shape: {device}",

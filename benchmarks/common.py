@@ -31,6 +31,13 @@ def machine(cores: str = "cores") -> str:
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def device_tag(device: str) -> str:
+    """A results-file suffix for a device name: 'NVIDIA H200' -> 'h200'."""
+    import re
+
+    return re.sub(r"[^a-z0-9]+", "", device.lower().replace("nvidia", "")) or "device"
+
+
 def record(name: str, data: dict, lines: list[str]) -> None:
     """Write `results/NAME.json` (the data) and `results/NAME.md` (the lines), each replaced
     atomically, and print the markdown."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import statistics
 import sys
 from pathlib import Path
@@ -30,7 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.common import machine, record  # noqa: E402
+from benchmarks.common import device_tag, machine, record  # noqa: E402
 from benchmarks.suite_models_score import kernel_cases, read_kernels  # noqa: E402
 from sim.training.kernels import K_REF, TILE  # noqa: E402
 
@@ -74,7 +73,7 @@ def fit(rows: list[dict]) -> tuple[float, dict[str, float]]:
     best: tuple[float, float, dict[str, float]] = (np.inf, 0.0, {})
     for k0 in GRID:
         implied = logs + np.log1p(k0 / k)
-        s = {p: float(implied[parts == p].mean()) for p in set(parts.tolist())}
+        s = {p: float(implied[parts == p].mean()) for p in sorted(set(parts.tolist()))}
         err = float(sum(((implied[parts == p] - s[p]) ** 2).sum() for p in s))
         if err < best[0]:
             best = (err, float(k0), s)
@@ -100,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     if not rows:
         raise SystemExit(f"gemm_k: {a.folder}: no GEMM rows with a shape")
     device = str(env.get("device") or "device")
-    tag = re.sub(r"[^a-z0-9]+", "", device.lower().replace("nvidia", "")) or "device"
+    tag = device_tag(device)
     result: dict = {"source": str(a.folder), "device": device, "sms": sms, "dtypes": {}}
     lines = [
         f"# A GEMM's share of peak against its reduction length K: {device}",

@@ -3,11 +3,14 @@ preset: dense peaks per dtype (`gpu.peak_flops`), HBM bandwidth (`gpu.mem_bw`) a
 them the training kernels reach (`gpu.kernels`, each with its source in the preset).
 
 A GEMM takes the longer of its FLOPs at the dtype's GEMM rate and its bytes at the memory rate
-(a roofline: the small MoE GEMMs of fine-grained experts are bound by their weights); grouped
+(a roofline: the small MoE GEMMs of fine-grained experts are bound by their weights), the rate
+falling with a short reduction length where the GPU has a `gemm_k0` (`k_share`); grouped
 expert GEMMs reach `grouped_gemm` of that rate; fused attention its forward and backward
-shares of the bf16 peak; everything else is memory-bound. Every kernel pays `launch_s` of host
-time unless the recipe captures it in a CUDA graph, and `kernel_s` of GPU time whatever the
-host does (the GPU's own per-kernel floor: an empty kernel and the gap to the next one).
+shares of the bf16 peak, carried to the kernel's sequence and head dim by `attention_shape`
+(sim.training.attention_shape); everything else is memory-bound. Every kernel pays `launch_s`
+of host time unless the recipe captures it in a CUDA graph, and `kernel_s` of GPU time
+whatever the host does (the GPU's own per-kernel floor: an empty kernel and the gap to the
+next one).
 
 A GEMM's output is computed in tiles, a wave of them per SM at a time: one whose tiles
 leave SMs idle in its last wave runs at the share of the waves it fills (`wave_share`; a
