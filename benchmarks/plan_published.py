@@ -35,6 +35,8 @@ from sim.training.plan_space import DISPATCHER, Candidate, Request  # noqa: E402
 from sim.training.predict import read_table  # noqa: E402
 
 TABLE = ROOT.parent / "shared" / "reference" / "published-runs" / "megatron_bridge_perf.csv"
+LATER = ROOT / "benchmarks" / "heldout" / "megatron_bridge_later.csv"  # later releases' runs
+FIELDS = ("tp", "cp", "pp", "vp", "ep", "mbs", "fsdp", "gbs")
 
 
 def _int(v: str, default: int = 1) -> int:
@@ -76,8 +78,39 @@ def _label(c: dict) -> str:
     )
 
 
-def row_lines(rec: dict, r: dict[str, str]) -> list[str]:
-    """A recorded row's lines of the table (`r`: its row of the published table)."""
+def _precision(name: str) -> str:
+    """The releases' names for one precision as one (25.11's FP8-MX is 26.02's MXFP8)."""
+    p = name.strip().upper()
+    return {"FP8-MX": "MXFP8"}.get(p, p)
+
+
+def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[str]:
+    """What later releases ran for the row's model, system, GPU count and variant with another
+    layout, and how that measured against the row: a check, from NVIDIA's own retuning, of
+    what the plan proposes (the later tables are issue 23's held-out rows)."""
+    out = []
+    key = ("system", "model", "gpus", "variant")
+    for x in later:
+        if any(str(x.get(k, "")).strip() != str(r.get(k, "")).strip() for k in key):
+            continue
+        if _precision(x["precision"]) != _precision(r["precision"]):
+            continue  # another precision's throughput says nothing about the layout
+        # an empty vp / ep is 1 (no virtual pipeline, a dense model), an empty fsdp 0
+        was = {f: _int(r.get(f, ""), 0 if f == "fsdp" else 1) for f in FIELDS}
+        now = {f: _int(x.get(f, ""), 0 if f == "fsdp" else 1) for f in FIELDS}
+        changed = [f"{f} {was[f]} -> {now[f]}" for f in FIELDS if was[f] != now[f]]
+        mine, theirs = float(r["tokens_per_s_per_gpu"]), float(x["tokens_per_s_per_gpu"])
+        if changed and mine > 0:
+            out.append(
+                f"{x['release']} {x['precision']}: {', '.join(changed)}, measured {theirs:,.0f} "
+                f"({theirs / mine:.2f}x this row's {mine:,.0f})"
+            )
+    return out
+
+
+def row_lines(rec: dict, r: dict[str, str], later: list[dict[str, str]] | None = None) -> list[str]:
+    """A recorded row's lines of the table (`r`: its row of the published table; `later`: the
+    later releases' runs, `later_runs`)."""
     g, best, pr = rec["given"] or {}, rec["best"] or {}, rec["pruned"]
     gt = g.get("predicted_tokens_per_s_per_gpu")
     bt = best.get("predicted_tokens_per_s_per_gpu")
@@ -98,12 +131,20 @@ def row_lines(rec: dict, r: dict[str, str]) -> list[str]:
         out.append(f"|  | published layout not built: {g['reason']} |" + " |" * 12)
     if gt and bt and ahead is not None and ahead > 0.10:
         out.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
+    for line in later_runs(r, later or []):
+        out.append(f"|  | a later release ran another layout: {line} |" + " |" * 12)
     return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rows", type=int, nargs="+", required=True, help="1-based table rows")
+    ap.add_argument(
+        "--rows",
+        type=int,
+        nargs="*",
+        default=[],
+        help="1-based table rows (none with --merge: the report again from NAME.json)",
+    )
     ap.add_argument("--workers", type=int, default=1)
     ap.add_argument("--scheduler", help="a Dask scheduler address or dask-local")
     ap.add_argument("--budget-s", type=float, default=None, help="start no row after this")
@@ -119,14 +160,18 @@ def main() -> None:
         help="keep the rows NAME.json has recorded that are not planned again",
     )
     a = ap.parse_args()
+    if not a.rows and not a.merge:
+        ap.error("--rows: give rows to plan, or none with --merge to write the report again")
     rows = read_table(TABLE)
     start = time.time()
     load0 = os.getloadavg()[0]
     kept: dict[int, dict] = {}
     runs: list[str] = []
     path = ROOT / "benchmarks" / "results" / f"{a.out}.json"
+    old_load = None
     if a.merge and path.exists():
         old = json.loads(path.read_text())
+        old_load = old.get("load_start")
         kept = {rec["row"]: rec for rec in old.get("rows", []) if rec["row"] not in a.rows}
         runs = list(old.get("runs", [])) or [
             f"{old.get('machine')}; load average {old.get('load_start', 0):.1f} at the start; "
@@ -161,13 +206,14 @@ def main() -> None:
             "given": p.given or {},
             "best": p.candidates[0] if p.candidates else {},
         }
-    runs.append(
-        f"{machine()} (shared with other work); load average {load0:.1f} at the start, "
-        f"{os.getloadavg()[0]:.1f} at the end; {a.workers} worker(s)"
-        + (f" on Dask ({a.scheduler})" if a.scheduler else "")
-        + f"; rows {' '.join(map(str, a.rows))} in {time.time() - start:.0f} s"
-        + (f" (not run, over the time budget: {skipped})" if skipped else "")
-    )
+    if a.rows:
+        runs.append(
+            f"{machine()} (shared with other work); load average {load0:.1f} at the start, "
+            f"{os.getloadavg()[0]:.1f} at the end; {a.workers} worker(s)"
+            + (f" on Dask ({a.scheduler})" if a.scheduler else "")
+            + f"; rows {' '.join(map(str, a.rows))} in {time.time() - start:.0f} s"
+            + (f" (not run, over the time budget: {skipped})" if skipped else "")
+        )
     out = [kept[n] for n in sorted(kept)]
     lines = [
         "# `moesim plan` on published runs",
@@ -180,15 +226,21 @@ def main() -> None:
         "",
         "Pruned: dropped before simulation for memory / compute bound / bound with the "
         "collectives at their floor (no simulation) / bound with the collectives simulated "
-        "(in the workers).",
+        "(in the workers). 'A later release ran another layout': what a later release's "
+        "published run (`benchmarks/heldout/megatron_bridge_later.csv`) changed for the same "
+        "model, system and GPUs, and what it measured: NVIDIA's own retuning, a check of the "
+        "plan's proposals.",
         "",
         "| row | run | candidates | simulated | pruned mem / bound / floor / comm | wall s | "
         "published layout | its tok/s/GPU | rank | fits | best | best tok/s/GPU | "
         "best ahead by | within 10% |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    later = read_table(LATER) if LATER.is_file() else []
     for rec in out:
-        lines += row_lines(rec, rows[rec["row"] - 1])
+        lines += row_lines(rec, rows[rec["row"] - 1], later)
+    if not a.rows and old_load is not None:  # the report again: the planning run's load
+        load0 = old_load
     record(
         a.out,
         {"machine": machine(), "load_start": load0, "runs": runs, "rows": out, "skipped": skipped},

@@ -98,3 +98,37 @@ def test_a_published_layout_keeps_its_recipes_dispatcher(line: str, dispatcher: 
     from benchmarks.plan_published import published
 
     assert published(_row(line)).dispatcher == dispatcher
+
+
+def test_a_later_releases_other_layout_is_reported_with_its_measured_ratio() -> None:
+    """plan_published sets beside a row what a later release ran for the same model, system,
+    GPUs and precision (25.11's FP8-MX is 26.02's MXFP8); an empty vp or ep is 1, another
+    precision or the same layout says nothing."""
+    from benchmarks.plan_published import later_runs
+
+    row = {
+        **_row("25.11,DGX-B200,Qwen3_30B_A3B,,8,FP8-MX,512,1,4096,0,1,1,1,1,8,64"),
+        "tokens_per_s_per_gpu": "9299",
+    }
+    later = [
+        {
+            **row,
+            "release": "26.04",
+            "precision": "MXFP8",
+            "mbs": "4",
+            "vp": "",
+            "ga": "",
+            "tokens_per_s_per_gpu": "26859",
+        },
+        {
+            **row,
+            "release": "26.04",
+            "precision": "BF16",
+            "mbs": "4",
+            "tokens_per_s_per_gpu": "20000",
+        },
+        {**row, "release": "26.06", "precision": "MXFP8", "vp": "", "tokens_per_s_per_gpu": "9500"},
+    ]
+    assert later_runs(row, later) == [
+        "26.04 MXFP8: mbs 1 -> 4, measured 26,859 (2.89x this row's 9,299)"
+    ]
