@@ -12,7 +12,9 @@ The published layout is scored as the plan scores every candidate: the request's
 overlap, dispatcher, recomputation and offloaded layers (PP 1 only: Megatron-Core offloads
 nothing with a pipeline), the pipeline split evenly; it can differ from `moesim predict` of
 the row (its release's recipe and layout string). `--budget-s`: no new row is started after
-that many seconds.
+that many seconds. Beside each row, the report sets what a later release ran for the same
+model, system, GPUs and precision with another layout (benchmarks/heldout/, issue 23's held-out
+rows) and what it measured. `--merge` without `--rows` writes the report again from NAME.json.
 """
 
 from __future__ import annotations
