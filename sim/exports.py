@@ -226,11 +226,16 @@ def replay(
     return run_replay(trace, graph=graph, topology=topology)
 
 
-def predict(table: str | Path | list[dict[str, Any]], rows: list[int] | None = None) -> dict:
+def predict(
+    table: str | Path | list[dict[str, Any]],
+    rows: list[int] | None = None,
+    sensitivity: bool = False,
+) -> dict:
     """Whole training steps of a table of runs (a CSV path, or rows as mappings with the
     columns of `moesim predict`): `{"rows": [...], "mape": {...}}`, each row its columns plus
     the predictions, or a `reason` where it could not be built. `rows`: 1-based row numbers
-    to predict (default all)."""
+    to predict (default all). `sensitivity`: each row's `sensitivity` to the GPU, the host
+    and the links too, and the resource it is `bound_by` (`moesim predict --sensitivity`)."""
     from sim.training.predict import predict_rows, read_table
 
     table_rows = read_table(table) if isinstance(table, (str, Path)) else [dict(r) for r in table]
@@ -238,7 +243,7 @@ def predict(table: str | Path | list[dict[str, Any]], rows: list[int] | None = N
     for n in picked:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= len(table_rows):
             raise ConfigError(f"rows: {n!r} is not a row of the table (1..{len(table_rows)})")
-    return predict_rows([{**table_rows[n - 1], "_row": n} for n in picked])
+    return predict_rows([{**table_rows[n - 1], "_row": n} for n in picked], sensitivity=sensitivity)
 
 
 def plan(

@@ -31,7 +31,11 @@ def cmd_predict(a: argparse.Namespace) -> int:
         rows = [{**rows[n - 1], "_row": n} for n in picked]
     with progress.Bar(total=len(rows), desc="predict", unit="row") as bar:
         result = predict_rows(
-            rows, progress=lambda i, n: bar.set(i), workers=a.workers, kernels=kernels
+            rows,
+            progress=lambda i, n: bar.set(i),
+            workers=a.workers,
+            kernels=kernels,
+            sensitivity=a.sensitivity,
         )
     files = write(result, a.out) if a.out is not None else {}
     if a.json:
@@ -75,6 +79,12 @@ def add_parsers(sub: Any) -> None:
         metavar="SYSTEM=FILE",
         help="repeatable: measured gpu.kernels (a GPU suite's proposed_kernels.yaml) over the "
         "preset's for that system's rows",
+    )
+    p.add_argument(
+        "--sensitivity",
+        action="store_true",
+        help="also each step's sensitivity to the GPU, the host and the links, and the one "
+        "that paces it (three more steps simulated per row)",
     )
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "mape": ...}')
     p.set_defaults(fn=cmd_predict)

@@ -263,8 +263,12 @@ def _costs(topo: Any, network: str) -> Any:
     return CostModel.build(topo, {} if network == "flow" else {"network": network})
 
 
-def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
-    """Simulate one run; the prediction fields of its output row."""
+def predict_run(
+    run: Run, recipe: Recipe | None = None, sensitivity: bool = False
+) -> dict[str, Any]:
+    """Simulate one run; the prediction fields of its output row. `sensitivity`: also the
+    step's sensitivity to the GPU, the host and the links (`sim.training.sensitivity`: three
+    more steps simulated)."""
     from sim.training.step import run_step
 
     p = prepare(run, recipe)
@@ -272,6 +276,13 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
     res = run_step(
         p.arch, p.layout, p.precision, p.recipe, p.gpu, p.comm, p.topo, p.costs, p.imbalance
     )
+    cpu_s = time.process_time() - t0  # the step's own, without the sensitivities' steps
+    extra: dict[str, Any] = {}
+    if sensitivity:
+        from sim.training.sensitivity import bound_by, sensitivities
+
+        sens = sensitivities(p, res.step_s)
+        extra = {"sensitivity": sens, "bound_by": bound_by(sens)}
     return {
         "predicted_step_s": res.step_s,
         "predicted_tokens_per_s_per_gpu": res.tokens_per_s_per_gpu,
@@ -281,19 +292,22 @@ def predict_run(run: Run, recipe: Recipe | None = None) -> dict[str, Any]:
         "memory_parts": res.memory.parts,
         "breakdown": res.breakdown,
         "recipe": p.recipe.source,
-        "cpu_s": time.process_time() - t0,
+        **extra,
+        "cpu_s": cpu_s,
         **res.meta,
     }
 
 
-def predict_one(item: tuple[int, dict[str, Any]]) -> dict[str, Any]:
-    """One row (its 1-based number, its columns): its columns plus the predictions and the
-    error, or its reason."""
-    i, cols = item
+def predict_one(
+    item: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], bool],
+) -> dict[str, Any]:
+    """One row (its 1-based number, its columns, and optionally whether to add the step's
+    sensitivities): its columns plus the predictions and the error, or its reason."""
+    i, cols = item[0], item[1]
     rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
     try:
         run = parse_row(rec, int(cols.get("_row", i)))
-        rec.update(predict_run(run))
+        rec.update(predict_run(run, sensitivity=len(item) > 2 and bool(item[2])))
         measured = _measured(cols.get(MEASURED))
         if measured:
             rec["error"] = rec["predicted_tokens_per_s_per_gpu"] / measured - 1.0
@@ -307,13 +321,15 @@ def predict_rows(
     progress: Any = None,
     workers: int = 1,
     kernels: dict[str, dict[str, Any]] | None = None,
+    sensitivity: bool = False,
 ) -> dict[str, Any]:
     """Every row predicted (or given its reason), on `workers` local processes; the MAPE per
     system and overall where measured. Rows keep their order. `kernels`: measured
-    `gpu.kernels` per system (`load_kernels`), over the presets'."""
+    `gpu.kernels` per system (`load_kernels`), over the presets'. `sensitivity`: each row's
+    sensitivity to the GPU, the host and the links too (`sim.training.sensitivity`)."""
     KERNELS.clear()
     KERNELS.update(kernels or {})
-    items = list(enumerate(rows, start=1))
+    items = [(i, r, sensitivity) for i, r in enumerate(rows, start=1)]
     out: list[dict[str, Any]] = []
     if workers > 1 and len(items) > 1:
         from concurrent.futures import ProcessPoolExecutor

@@ -13,6 +13,7 @@ from typing import Any
 from sim.training.predict import MEASURED, OUTPUT_FIELDS
 
 DETAIL_FIELDS = ("memory_parts", "breakdown")  # nested: JSON only
+SENSITIVITY = "sensitivity"  # nested, written flat in the CSV and text (`--sensitivity`)
 
 
 def _fmt(v: Any, digits: int = 0) -> str:
@@ -22,10 +23,13 @@ def _fmt(v: Any, digits: int = 0) -> str:
 
 
 def text_table(result: dict[str, Any]) -> str:
-    """One line per row and the MAPE lines, for a person."""
+    """One line per row and the MAPE lines, for a person; with the rows' sensitivities, the
+    resource that paces each step and its elasticity to each (1: the step scales with it)."""
+    sens = any(SENSITIVITY in r for r in result["rows"])
     lines = [
         f"{'row':>3}  {'system':10} {'model':16} {'prec':7} {'GPUs':>5} {'step s':>8} "
         f"{'tok/s/GPU':>9} {'published':>9} {'error':>7} {'TFLOP/s':>7} {'mem GB':>7} {'margin':>7}"
+        + (f" {'bound by':8} {'gpu':>5} {'host':>5} {'links':>5}" if sens else "")
     ]
     for i, r in enumerate(result["rows"], start=1):
         head = (
@@ -41,7 +45,7 @@ def text_table(result: dict[str, Any]) -> str:
             head + f"{r['predicted_step_s']:8.2f} {_fmt(r['predicted_tokens_per_s_per_gpu']):>9} "
             f"{_fmt(_num(r.get(MEASURED))):>9} {shown:>7} "
             f"{_fmt(r['predicted_tflops_per_gpu']):>7} {r['peak_memory_bytes'] / 1e9:7.1f} "
-            f"{r['memory_margin_bytes'] / 1e9:7.1f}"
+            f"{r['memory_margin_bytes'] / 1e9:7.1f}" + _sensitivity_cells(r)
         )
     for k, m in result["mape"].items():
         lines.append(
@@ -49,6 +53,21 @@ def text_table(result: dict[str, Any]) -> str:
             f"(worst {100 * m['worst']:.1f}%)"
         )
     return "\n".join(lines) + "\n"
+
+
+def _sensitivity_cells(r: dict[str, Any]) -> str:
+    e = r.get(SENSITIVITY)
+    if not e:
+        return ""
+    return f" {r.get('bound_by', ''):8} {e['gpu']:5.2f} {e['host']:5.2f} {e['links']:5.2f}"
+
+
+def _flat(r: dict[str, Any]) -> dict[str, Any]:
+    """A row for the CSV: its sensitivities as `sensitivity_<resource>` columns."""
+    out = {k: v for k, v in r.items() if k != SENSITIVITY}
+    for k, v in (r.get(SENSITIVITY) or {}).items():
+        out[f"{SENSITIVITY}_{k}"] = v
+    return out
 
 
 def _num(v: Any) -> float | None:
@@ -59,7 +78,7 @@ def _num(v: Any) -> float | None:
 
 
 def csv_text(result: dict[str, Any]) -> str:
-    rows = result["rows"]
+    rows = [_flat(r) for r in result["rows"]]
     cols: list[str] = []
     for r in rows:
         for k in r:
