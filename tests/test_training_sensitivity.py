@@ -11,25 +11,19 @@ from pathlib import Path
 import pytest
 
 from sim.training.predict import predict_rows
+from tests.bad_inputs import PREDICT_ROW
 
 ROOT = Path(__file__).resolve().parents[1]
 # one GPU, a dense model: no collective and no host sync, so every second of the step is a
 # GPU kernel's or the optimizer's (HBM-bound)
 ONE_GPU = {
-    "system": "DGX-H100",
-    "model": "LLAMA3_8B",
+    **PREDICT_ROW,
+    "release": "",
     "gpus": "1",
     "precision": "BF16",
     "gbs": "4",
-    "mbs": "1",
     "seq_len": "4096",
-    "fsdp": "0",
-    "tp": "1",
-    "pp": "1",
-    "cp": "1",
-    "vp": "",
-    "ep": "1",
-    "ga": "",
+    "tokens_per_s_per_gpu": "",
 }
 # dropless MoE layers of small experts at one sequence per micro-batch: the host's launches
 # after the dispatcher's sync pace them (the layout of the published B200 run of 26.02, with
