@@ -32,10 +32,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def device_tag(device: str) -> str:
-    """A results-file suffix for a device name: 'NVIDIA H200' -> 'h200'."""
+    """A results-file suffix for a device name, its model's first word: 'NVIDIA H200' -> 'h200',
+    'NVIDIA H100 80GB HBM3' -> 'h100'."""
     import re
 
-    return re.sub(r"[^a-z0-9]+", "", device.lower().replace("nvidia", "")) or "device"
+    words = re.sub(r"^nvidia\s+", "", device.strip().lower()).split()
+    return re.sub(r"[^a-z0-9]+", "-", words[0]).strip("-") if words else "device"
 
 
 def record(name: str, data: dict, lines: list[str]) -> None:

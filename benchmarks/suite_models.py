@@ -44,6 +44,7 @@ if str(ROOT) not in sys.path:
 
 import pandas as pd  # noqa: E402
 
+from benchmarks.common import device_tag  # noqa: E402
 from benchmarks.suite_models_score import (  # noqa: E402
     TILE_GROUPS,
     implied_by,
@@ -72,8 +73,7 @@ def device_slug(env: dict[str, Any]) -> str:
     """'h200' of 'NVIDIA H200', 'h100' of 'NVIDIA H100 80GB HBM3', 'cpu' of a CPU."""
     if env.get("device_type") not in (None, "cuda") or env.get("dry_run"):
         return "cpu"
-    name = re.sub(r"^nvidia\s+", "", str(env.get("device") or "gpu").lower())
-    return re.sub(r"[^a-z0-9]+", "-", name.split()[0] if name.split() else "gpu").strip("-")
+    return device_tag(str(env.get("device") or "gpu"))
 
 
 def _rel(p: Path) -> str:
