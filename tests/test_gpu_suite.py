@@ -370,3 +370,30 @@ def test_the_grouped_share_is_counted_against_gemm_bf16s_run(tmp_path):
     value, why = proposed(ctx, "here")["grouped_gemm"]
     assert value == pytest.approx(760.0 / 800.0)  # the best impl of the one case >= 2048 tokens
     assert "800 TFLOP/s" in why
+
+
+def test_gemm_shares_are_proposed_over_the_sm_waves_they_fill(tmp_path):
+    """The step model multiplies gemm[dtype] by the share of SM waves a GEMM's tiles fill
+    (sim.training.kernels.wave_share), so 8192^3 on 132 SMs (2,048 tiles of 128 x 256 in 16
+    waves, the last one 52% full) proposes its share over 2048 / 2112."""
+    from benchmarks.gpu_suite_parts import summary
+    from benchmarks.gpu_suite_parts.common import Ctx
+    from sim.training.kernels import TILE
+
+    assert summary.TILE == TILE
+    shape = "m=8192 n=8192 k=8192"
+    big = dict(part="gemm", name="square 8192^3", layout="fwd", dtype="bf16", status="ok")
+    gemm = [{**big, "flops": 1.0, "tflops": 730.0, "peak_share": 0.73, "shape": shape}]
+    ref = dict(name="reference", status="ok", tflops=730.0, shape=shape)
+    # 8 experts of 2048 x 4096: 16 x 16 x 8 = 2,048 tiles, the same waves as 8192^3
+    fc1 = dict(name="fc1", layout="fwd", impl="bmm", tokens_per_expert=2048, status="ok")
+    grouped = [ref, {**fc1, "tflops": 700.0, "shape": "E=8 m=2048 n=4096 k=7168"}]
+    ctx = Ctx(dry=False, out=tmp_path, preset={"peak_flops": {"bf16": 1e15}})
+    ctx.shared.update(gemm=gemm, grouped=grouped, env={"sms": 132})
+    props = summary.proposed(ctx, "here")
+    assert props["gemm.bf16"][0] == pytest.approx(0.73 * 2112 / 2048)
+    assert props["grouped_gemm"][0] == pytest.approx(700.0 / 730.0)  # the same waves
+    # 3 experts of 1024 x 2048: 3 x 8 x 8 = 192 tiles in 2 waves of 132
+    assert summary.wave("E=3 m=1024 n=2048 k=1", 132) == pytest.approx(192 / 264)
+    ctx.shared["env"] = {}  # no SM count: the raw share
+    assert summary.proposed(ctx, "here")["gemm.bf16"][0] == pytest.approx(0.73)
