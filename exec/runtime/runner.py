@@ -1,10 +1,7 @@
 """Run one rank of a TaskGraph for real and time every task.
 
-CPU (gloo): each stream of this rank is a worker thread that runs its tasks in program order;
-a task starts when its thread reaches it and every dependency has finished (one
-threading.Event per task). Communication is issued as an async torch.distributed op and
-waited on with the timeout, so the stream is busy until the operation completes, as a CUDA
-stream is while a NCCL kernel runs.
+CPU (gloo): each stream of this rank is a host thread that runs its tasks in program order,
+kept for every run of the graph (exec.runtime.host_streams says how and why).
 
 CUDA (nccl): each stream is a torch.cuda.Stream; one host thread issues every task of this
 rank in a topological order of the *whole* graph that every rank computes identically, so
@@ -22,7 +19,6 @@ exec.runtime.clock, relative to a common origin (the earliest rank's start mark)
 from __future__ import annotations
 
 import heapq
-import threading
 import time
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -35,13 +31,12 @@ import torch.distributed as dist
 from exec.errors import ExecError
 from exec.runtime.channels import create_groups, plan_channels
 from exec.runtime.clock import ClockSync, sync_clocks
+from exec.runtime.host_streams import HostStreams, comm_failure, one_line
 from exec.runtime.ops import Op, OpFactory
 from exec.runtime.timeouts import CONTROL_TIMEOUT_S, SETUP_TIMEOUT_S
 from sim.analysis.trace import COLUMNS, TAGS
 from sim.core.graph import TaskGraph
 from sim.core.kinds import COMM_KINDS
-
-_POLL_S = 0.05  # how often blocked threads look for an abort from another stream
 
 
 @dataclass
@@ -110,9 +105,9 @@ def run_rank(
     ops = [factory.build(t) for t in mine]
 
     if dev.type == "cuda":
-        runner: _Executor = _CudaExecutor(graph, rank, ops, dev, timeout_s)
+        runner: HostStreams | _CudaExecutor = _CudaExecutor(graph, rank, ops, dev, timeout_s)
     else:
-        runner = _CpuExecutor(rank, ops, timeout_s)
+        runner = HostStreams(rank, ops, timeout_s)
 
     # A rank that finishes first waits at the barrier for the others' trailing work, which
     # is bounded by the run itself; a failed peer is reported by that peer (and the launcher
@@ -177,97 +172,9 @@ def _barrier(group, timeout_s: float, rank: int, when: str) -> None:
     try:
         ok = work.wait(timeout=timedelta(seconds=timeout_s))
     except RuntimeError as e:
-        raise ExecError(f"rank {rank}: barrier {when} failed: {_one_line(e)}") from None
+        raise ExecError(f"rank {rank}: barrier {when} failed: {one_line(e)}") from None
     if ok is False:
         raise ExecError(f"rank {rank}: barrier {when} timed out after {timeout_s:g} s")
-
-
-def _one_line(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0] if text else type(e).__name__
-
-
-def comm_failure(rank: int, op: Op, timeout_s: float, e: BaseException | None) -> ExecError:
-    if e is None or "timed out" in str(e).lower() or "timeout" in str(e).lower():
-        return ExecError(
-            f"rank {rank}: {op.what} did not complete within {timeout_s:g} s: a peer never "
-            "launched it, launched it out of order, or is stuck"
-        )
-    return ExecError(
-        f"rank {rank}: {op.what} failed: {_one_line(e)} (a peer may have died or timed out)"
-    )
-
-
-class _Executor:
-    def run(self) -> dict[str, tuple[int, int]]:
-        raise NotImplementedError
-
-
-class _Aborted(Exception):
-    """Another stream failed; this one stops without adding an error of its own."""
-
-
-class _CpuExecutor(_Executor):
-    def __init__(self, rank: int, ops: list[Op], timeout_s: float):
-        self.rank, self.timeout_s = rank, timeout_s
-        self.streams: dict[str, list[Op]] = defaultdict(list)
-        for op in ops:
-            self.streams[op.task.stream].append(op)
-
-    def run(self) -> dict[str, tuple[int, int]]:
-        done = {op.task.id: threading.Event() for ops in self.streams.values() for op in ops}
-        stamps: dict[str, tuple[int, int]] = {}
-        errors: list[BaseException] = []
-        abort = threading.Event()
-        timeout = timedelta(seconds=self.timeout_s)
-        threads = torch.get_num_threads()
-
-        def stream_worker(ops: list[Op]) -> None:
-            # OpenMP's thread count is per thread: a new thread would start a team of one
-            # thread per core, whose idle members spin and steal the other ranks' cores.
-            torch.set_num_threads(threads)
-            try:
-                for op in ops:
-                    for d in op.task.deps:
-                        while not done[d].wait(_POLL_S):
-                            if abort.is_set():
-                                raise _Aborted
-                    if abort.is_set():
-                        raise _Aborted
-                    start = time.perf_counter_ns()
-                    work = op.launch()
-                    if op.is_comm:
-                        try:
-                            ok = work.wait(timeout=timeout)
-                        except RuntimeError as e:
-                            raise comm_failure(self.rank, op, self.timeout_s, e) from None
-                        if ok is False:
-                            raise comm_failure(self.rank, op, self.timeout_s, None)
-                    end = time.perf_counter_ns()
-                    stamps[op.task.id] = (start, end)
-                    done[op.task.id].set()
-            except _Aborted:
-                pass
-            except BaseException as e:  # noqa: BLE001 - reported by the main thread
-                errors.append(e)
-                abort.set()
-
-        workers = [
-            threading.Thread(
-                target=stream_worker, args=(ops,), name=f"rank{self.rank}:{s}", daemon=True
-            )
-            for s, ops in self.streams.items()
-        ]
-        for th in workers:
-            th.start()
-        # Daemon threads: on an error we return at once; a thread still blocked in a
-        # collective ends with its own timeout, or with the process.
-        while any(th.is_alive() for th in workers) and not abort.is_set():
-            for th in workers:
-                th.join(_POLL_S)
-        if errors:
-            raise errors[0]
-        return stamps
 
 
 def global_issue_order(graph: TaskGraph) -> list[str]:
@@ -310,7 +217,7 @@ def global_issue_order(graph: TaskGraph) -> list[str]:
     return order
 
 
-class _CudaExecutor(_Executor):
+class _CudaExecutor:
     def __init__(
         self, graph: TaskGraph, rank: int, ops: list[Op], device: torch.device, timeout_s: float
     ):
