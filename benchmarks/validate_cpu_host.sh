@@ -5,8 +5,8 @@
 #   bash benchmarks/validate_cpu_host.sh OUT_DIR [REPEATS]
 #
 # Run it from the repository root. PYTHON names the interpreter (default python3, with `sim`
-# importable from the root). On a lent GPU machine it runs beside the GPU suite, pinned by
-# `taskset` to cores the suite does not use, so that neither disturbs the other.
+# importable from the root). On a lent GPU machine run it alone, pinned by `taskset` to a few
+# cores: beside the GPU suite its runs spread by 88% (reports/gpu-h100-80gb-hbm3-2026-11-28).
 set -u
 out=${1:?usage: validate_cpu_host.sh OUT_DIR [REPEATS]}
 repeats=${2:-5}
