@@ -18,7 +18,7 @@ if not torch.distributed.is_available():  # pragma: no cover - exotic torch buil
 
 from exec.errors import ExecError  # noqa: E402
 from exec.measure.timings import measurements  # noqa: E402
-from exec.runtime.launch import ExecResult, launch  # noqa: E402
+from exec.runtime.launch import ExecResult, launch, launch_runs  # noqa: E402
 from sim.analysis.trace import COLUMNS  # noqa: E402
 from sim.core.graph import Task, TaskGraph  # noqa: E402
 from sim.core.kinds import COMM_KINDS  # noqa: E402
@@ -96,6 +96,22 @@ def test_program_order_and_dependencies(tiny):
 
 def test_collective_members_overlap_across_ranks(tiny):
     _check_collectives(*tiny)
+
+
+def test_timed_runs_in_one_launch_are_each_a_whole_run():
+    """`launch_runs`: one process start per rank and one warm-up for several timed runs,
+    each a whole trace of its own run (program order, collectives, clocks) from its own
+    origin, as `moesim validate` measures its repeats."""
+    g = _tiny_graph()
+    runs = launch_runs(g, 2, 3, "gloo", timeout_s=30)
+    assert len(runs) == 3
+    for res in runs:
+        assert sorted(res.trace["id"]) == sorted(g.tasks)
+        _check_order(g, res)
+        _check_collectives(g, res)
+        assert res.trace["start"].min() >= 0.0  # after its own origin
+    # three runs, not one run's trace three times
+    assert len({tuple(r.trace.sort_values("id")["end"]) for r in runs}) == 3
 
 
 def test_clock_offsets_within_their_bound(tiny):

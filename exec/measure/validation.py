@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from exec.runtime.launch import launch
+from exec.runtime.launch import launch_runs
 from sim.analysis.trace import to_frame, write_table
 from sim.analysis.validate import compare, summarize, write_report
 from sim.config import RunConfig
@@ -238,8 +238,8 @@ def validate(
 
 def _median_run(graph: TaskGraph, nprocs: int, backend: str, repeats: int, timeout_s: float):
     """The trace of the run with the median makespan, and every run's makespan (the spread
-    says how much of a graph-to-graph difference is noise)."""
-    runs = [launch(graph, nprocs, backend, timeout_s) for _ in range(max(repeats, 1))]
+    says how much of a graph-to-graph difference is noise); the runs share one launch."""
+    runs = launch_runs(graph, nprocs, max(repeats, 1), backend, timeout_s)
     spans = [r.makespan for r in runs]
     order = np.argsort(spans)
     return runs[int(order[len(order) // 2])].trace, spans

@@ -76,6 +76,21 @@ def run_rank(
     setup, allocator and BLAS warm-up), then once timed. A communication task that does not
     complete within `timeout_s` raises ExecError naming the rank, task, kind and peers.
     """
+    return run_rank_timed(graph, rank, backend, device, timeout_s, warmup, 1, clock_rounds)[0]
+
+
+def run_rank_timed(
+    graph: TaskGraph,
+    rank: int,
+    backend: str = "gloo",
+    device: torch.device | str | None = None,
+    timeout_s: float = 60.0,
+    warmup: int = 1,
+    runs: int = 1,
+    clock_rounds: int = 8,
+) -> list[RankResult]:
+    """As `run_rank`, with `runs` timed runs after the warm-up, each on clocks aligned again
+    and from an origin of its own: one result per timed run."""
     if not dist.is_initialized():
         raise ExecError("run_rank needs torch.distributed initialised (see exec.runtime.launch)")
     world = dist.get_world_size()
@@ -120,17 +135,29 @@ def run_rank(
         runner.run()
         _barrier(control, after_run(time.monotonic() - began), rank, "after a warm-up run")
 
-    clocks = sync_clocks(clock_rounds, group=control)
-    clock = clocks[rank]
-    _barrier(control, SETUP_TIMEOUT_S, rank, "before the timed run")
-    mark = clock.to_reference(time.perf_counter_ns())
-    origin = torch.tensor([mark], dtype=torch.int64)
-    dist.all_reduce(origin, op=dist.ReduceOp.MIN, group=control)
-    began = time.monotonic()
-    stamps = runner.run()
-    _barrier(control, after_run(time.monotonic() - began), rank, "after the timed run")
+    results = []
+    for _ in range(max(runs, 1)):
+        clocks = sync_clocks(clock_rounds, group=control)
+        clock = clocks[rank]
+        _barrier(control, SETUP_TIMEOUT_S, rank, "before the timed run")
+        mark = clock.to_reference(time.perf_counter_ns())
+        origin = torch.tensor([mark], dtype=torch.int64)
+        dist.all_reduce(origin, op=dist.ReduceOp.MIN, group=control)
+        began = time.monotonic()
+        stamps = runner.run()
+        _barrier(control, after_run(time.monotonic() - began), rank, "after the timed run")
+        rows = _rows(ops, stamps, clock, int(origin.item()))
+        extra: dict[str, Any] = {"clocks": [(c.offset_ns, c.bound_ns) for c in clocks]}
+        if isinstance(runner, _CudaExecutor):  # one host thread issues every task (not on CPU)
+            extra["issue_s"] = dict(runner.issue_s)
+        results.append(RankResult(rank, rows, clock, str(dev), extra))
+    return results
 
-    t0 = int(origin.item())
+
+def _rows(
+    ops: list[Op], stamps: dict[str, tuple[int, int]], clock: ClockSync, t0: int
+) -> list[dict[str, Any]]:
+    """One timed run's trace rows: host stamps on the reference clock, from the origin t0."""
     rows = []
     for op in ops:
         t = op.task
@@ -152,10 +179,7 @@ def run_rank(
         for tag in TAGS:
             row[tag] = t.tags.get(tag)
         rows.append({c: row[c] for c in COLUMNS})
-    extra: dict[str, Any] = {"clocks": [(c.offset_ns, c.bound_ns) for c in clocks]}
-    if isinstance(runner, _CudaExecutor):  # one host thread issues every task (not on CPU)
-        extra["issue_s"] = dict(runner.issue_s)
-    return RankResult(rank, rows, clock, str(dev), extra)
+    return rows
 
 
 def _control_group(backend: str):
