@@ -110,17 +110,9 @@ def launch(
     setup_timeout_s: float | None = None,
 ) -> ExecResult:
     """Run `graph` on `nprocs` local processes and gather the measured trace."""
-    check_world(graph, nprocs)
-    results = call_ranks(
-        _graph_job,
-        (graph, backend, timeout_s, warmup),
-        nprocs,
-        backend=backend,
-        timeout_s=timeout_s,
-        threads_per_rank=threads_per_rank,
-        setup_timeout_s=setup_timeout_s,
-    )
-    return assemble(graph, results, backend)
+    return launch_runs(
+        graph, nprocs, 1, backend, timeout_s, warmup, threads_per_rank, setup_timeout_s
+    )[0]
 
 
 def launch_runs(
@@ -131,6 +123,7 @@ def launch_runs(
     timeout_s: float = 60.0,
     warmup: int = 1,
     threads_per_rank: int | None = None,
+    setup_timeout_s: float | None = None,
 ) -> list[ExecResult]:
     """`runs` timed runs of `graph` in one launch (one process start per rank, one warm-up):
     one measured trace per run. Repeats in fresh processes cost a process start and a torch
@@ -144,6 +137,7 @@ def launch_runs(
         backend=backend,
         timeout_s=timeout_s,
         threads_per_rank=threads_per_rank,
+        setup_timeout_s=setup_timeout_s,
     )
     return [assemble(graph, [r[i] for r in per_rank], backend) for i in range(max(runs, 1))]
 
