@@ -298,16 +298,14 @@ def predict_run(
     }
 
 
-def predict_one(
-    item: tuple[int, dict[str, Any]] | tuple[int, dict[str, Any], bool],
-) -> dict[str, Any]:
-    """One row (its 1-based number, its columns, and optionally whether to add the step's
-    sensitivities): its columns plus the predictions and the error, or its reason."""
-    i, cols = item[0], item[1]
+def predict_one(item: tuple[int, dict[str, Any], bool]) -> dict[str, Any]:
+    """One row (its 1-based number, its columns, whether to add the step's sensitivities):
+    its columns plus the predictions and the error, or its reason."""
+    i, cols, sensitivity = item
     rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
     try:
         run = parse_row(rec, int(cols.get("_row", i)))
-        rec.update(predict_run(run, sensitivity=len(item) > 2 and bool(item[2])))
+        rec.update(predict_run(run, sensitivity=sensitivity))
         measured = _measured(cols.get(MEASURED))
         if measured:
             rec["error"] = rec["predicted_tokens_per_s_per_gpu"] / measured - 1.0
