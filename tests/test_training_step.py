@@ -243,3 +243,52 @@ def test_measured_kernels_replace_the_presets_for_their_system(tmp_path: Path) -
     p = _cli("predict", str(tmp_path / "t.csv"), "--kernels", f"DGX-H100={f}")
     assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
     assert "attention_fwd" in p.stderr
+
+
+class _Dispatchers:
+    """A collective timer answering 1 s for NCCL's collectives and 2 s for DeepEP's kernels,
+    with `per_domain` GPUs of the job on each NVLink domain."""
+
+    simulations = 0
+
+    def __init__(self, per_domain: int) -> None:
+        self.per_domain = per_domain
+
+    def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float:
+        return 1.0
+
+    def deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
+        return 2.0
+
+    def place(self, rank: int) -> int:
+        return rank
+
+
+@pytest.mark.parametrize(
+    "dispatcher,per_domain,expected",
+    [
+        ("hybridep", 8, 2.0),  # EP 16 over two domains: deduplicated as DeepEP's kernels
+        ("hybridep", 16, 1.0),  # one domain: the all-to-all's bytes over NVLink
+        ("alltoall", 8, 1.0),
+        ("deepep", 16, 2.0),
+    ],
+)
+def test_hybridep_across_nvlink_domains_costs_as_deepeps_kernels(
+    dispatcher: str, per_domain: int, expected: float
+) -> None:
+    from sim.training.kernels import GpuKernels
+    from sim.training.ops import PRECISIONS, Comm
+    from sim.training.recipe import Recipe
+    from sim.training.step import StepModel
+
+    topo = Topology.load("dgx-h100", nodes=2)
+    lay = Layout(gpus=16, ep=16, gbs=16, seq=4096)
+    m = StepModel(
+        architecture("qwen3-30b-a3b"),
+        lay,
+        PRECISIONS["BF16"],
+        Recipe(dispatcher=dispatcher),
+        GpuKernels.from_gpu(topo.gpu, "t"),
+        _Dispatchers(per_domain),
+    )
+    assert m._ep_seconds(Comm("dispatch", "all_to_all", "ep", 1e6, "permute")) == expected

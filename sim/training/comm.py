@@ -40,6 +40,7 @@ class Timer(Protocol):
     answers 0 s for a bound)."""
 
     simulations: int
+    per_domain: int  # GPUs the job uses of each NVLink domain
 
     def seconds(self, kind: str, dim: str, nbytes: float, algo: str | None = None) -> float: ...
 

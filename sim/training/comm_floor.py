@@ -51,6 +51,7 @@ class FloorTimer:
 
     def __init__(self, timer: CommTimer):
         self.timer = timer
+        self.per_domain = timer.per_domain
         machine = (id(timer.topo), id(timer.costs))
         if machine not in _FLOORS:
             if len(_FLOORS) >= 8:

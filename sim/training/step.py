@@ -125,10 +125,14 @@ class StepModel:
         return lw.moe and not self.r.notes.get("moe_token_drop", False)
 
     def _ep_seconds(self, c: Any) -> float:
-        """An EP collective: DeepEP's kernels where the recipe dispatches with DeepEP across
-        nodes, else NCCL's all-to-all (HybridEP inside an NVLink domain moves the same bytes
-        over NVLink as the all-to-all)."""
-        if self.r.dispatcher == "deepep":
+        """An EP collective: DeepEP's kernels where the recipe dispatches with DeepEP, or with
+        HybridEP across NVLink domains, else NCCL's all-to-all. HybridEP is NVLink-domain
+        aware (Megatron-Bridge's dispatcher guide): across domains it sends each token once
+        per destination domain over RDMA and fans it out over NVLink, as DeepEP's normal
+        kernels do; inside one domain it moves the all-to-all's bytes over NVLink."""
+        if self.r.dispatcher == "deepep" or (
+            self.r.dispatcher == "hybridep" and self.lay.ep > self.comm.per_domain
+        ):
             return self.comm.deepep(
                 c.bytes, self.a.top_k, self.a.experts, c.name == "combine", comm_sms(self.r)
             )
