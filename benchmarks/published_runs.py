@@ -6,9 +6,10 @@ Records, in benchmarks/results/published_runs.{json,md}: every row (published an
 tokens/s/GPU, signed error, model TFLOP/s/GPU, peak memory and its margin, the recipe it
 ran, CPU seconds), the MAPE per system and overall, the system ratios for the same model and
 release (e.g. GB200 / H100) against the table's, and the rows that could not be built with
-their reason. No parameter is fitted to this table: each GPU's kernel figures, each link's
-and each recipe's settings come from the sources named in topologies/*.yaml and
-sim/training/recipes.yaml, so a leave-one-system-out check would repeat these numbers.
+their reason. One parameter is fitted to this table, the host's seconds per launched op
+(`gpu.kernels.launch_s`, benchmarks/host_fit.py, whose leave-one-system-out check is quoted);
+each GPU's other kernel figures, each link's and each recipe's settings come from the sources
+named in topologies/*.yaml and sim/training/recipes.yaml.
 
     python benchmarks/published_runs.py [--table CSV] [--out NAME] [--rows 1 5 9]
 
@@ -40,9 +41,29 @@ INCONSISTENT = "DGX-H100 Qwen3_30B_A3B, 16 GPUs TP1 PP2 EP8: 10,494 (25.09) vs 5
 BELIEF = (
     "We take the dropless figures (25.11: 5,275, 26.02: 5,113; two releases agree and their "
     "recipe matches the row's layout) as this layout's speed; the 25.09 row ran token-drop "
-    "routing with a different recipe (VP24 MBS 2, alltoall without EP overlap). Nothing is "
-    "fitted to either."
+    "routing with a different recipe (VP24 MBS 2, alltoall without EP overlap). The one "
+    "fitted parameter (`benchmarks/host_fit.py`) is fitted without the 25.09 row."
 )
+
+
+def host_fit() -> str:
+    """What `benchmarks/host_fit.py` fitted and its leave-one-system-out check, as recorded."""
+    import json
+
+    from benchmarks.common import RESULTS
+
+    try:
+        fit = json.loads((RESULTS / "host_fit.json").read_text())
+        loso = ", ".join(f"{s} {100 * v['mape']:.1f}%" for s, v in fit["loso"].items())
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise SystemExit(
+            f"benchmarks/results/host_fit.json: {e} (run benchmarks/host_fit.py)"
+        ) from None
+    return (
+        f"the host's seconds per launched op, `gpu.kernels.launch_s` = {fit['fit'] * 1e6:.0f} us "
+        "for every host (`host_fit.md`; leave one system out, each system's MAPE with the "
+        f"value fitted on the other two: {loso})."
+    )
 
 
 def flops_notes(rows: list[dict[str, Any]]) -> list[str]:
@@ -168,12 +189,12 @@ def main() -> None:
     cpu = sum(r.get("cpu_s", 0.0) for r in res["rows"])  # each row's simulation, any process
     title = "Published training runs" if shared else f"Training runs of `{Path(a.table).name}`"
     fitted = (
-        "No parameter is fitted to this table (GPU kernel shares, links and recipes carry their "
-        "own sources), so a leave-one-system-out check gives the same errors as below."
+        f"One parameter is fitted to this table: {host_fit()} GPU kernel shares, links and "
+        "recipes carry their own sources."
         if shared
-        else "No parameter is fitted to this table or to the shared table "
-        "(`megatron_bridge_perf.csv`): GPU kernel shares, links and recipes carry their own "
-        "sources, and each row runs its own release's recorded recipe."
+        else "No parameter is fitted to this table. One is fitted to the shared table "
+        f"(`megatron_bridge_perf.csv`): {host_fit()} GPU kernel shares, links and recipes carry "
+        "their own sources, and each row runs its own release's recorded recipe."
     )
     lines = [
         f"# {title} predicted (`moesim predict`)",
