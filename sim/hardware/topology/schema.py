@@ -111,7 +111,9 @@ class KernelParams(Strict):
     """What a training step's kernels reach on this GPU, as shares of the datasheet peaks
     (`gpu.kernels`). Each field is optional: None (omitted) means unknown, and a cost model
     that needs it falls back to its own defaults. Documentation of measured or published
-    figures (each with its source in the preset's comment), not fitted to step times."""
+    figures (each with its source in the preset's comment), not fitted to step times, but for
+    `launch_s`: no measurement of it inside a training step is public, and the DGX / HGX
+    presets carry one fitted to published step times (benchmarks/results/host_fit.md)."""
 
     gemm: dict[Dtype, Fraction] | None = Field(
         None,
