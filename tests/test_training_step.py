@@ -265,16 +265,18 @@ class _Dispatchers:
 
 
 @pytest.mark.parametrize(
-    "dispatcher,per_domain,expected",
+    "dispatcher,ep,etp,per_domain,expected",
     [
-        ("hybridep", 8, 2.0),  # EP 16 over two domains: deduplicated as DeepEP's kernels
-        ("hybridep", 16, 1.0),  # one domain: the all-to-all's bytes over NVLink
-        ("alltoall", 8, 1.0),
-        ("deepep", 16, 2.0),
+        ("hybridep", 16, 1, 8, 2.0),  # EP 16 over two domains: deduplicated as DeepEP's kernels
+        ("hybridep", 16, 1, 16, 1.0),  # one domain: the all-to-all's bytes over NVLink
+        ("hybridep", 8, 2, 8, 2.0),  # an EP group spans EP x ETP ranks: two domains
+        ("hybridep", 8, 1, 8, 1.0),
+        ("alltoall", 16, 1, 8, 1.0),
+        ("deepep", 16, 1, 16, 2.0),
     ],
 )
 def test_hybridep_across_nvlink_domains_costs_as_deepeps_kernels(
-    dispatcher: str, per_domain: int, expected: float
+    dispatcher: str, ep: int, etp: int, per_domain: int, expected: float
 ) -> None:
     from sim.training.kernels import GpuKernels
     from sim.training.ops import PRECISIONS, Comm
@@ -282,7 +284,7 @@ def test_hybridep_across_nvlink_domains_costs_as_deepeps_kernels(
     from sim.training.step import StepModel
 
     topo = Topology.load("dgx-h100", nodes=2)
-    lay = Layout(gpus=16, ep=16, gbs=16, seq=4096)
+    lay = Layout(gpus=16, ep=ep, etp=etp, gbs=16, seq=4096)
     m = StepModel(
         architecture("qwen3-30b-a3b"),
         lay,

@@ -129,9 +129,10 @@ class StepModel:
         HybridEP across NVLink domains, else NCCL's all-to-all. HybridEP is NVLink-domain
         aware (Megatron-Bridge's dispatcher guide): across domains it sends each token once
         per destination domain over RDMA and fans it out over NVLink, as DeepEP's normal
-        kernels do; inside one domain it moves the all-to-all's bytes over NVLink."""
+        kernels do; inside one domain it moves the all-to-all's bytes over NVLink. An EP
+        group spans EP x ETP consecutive ranks (Megatron-Core's expert rank order)."""
         if self.r.dispatcher == "deepep" or (
-            self.r.dispatcher == "hybridep" and self.lay.ep > self.comm.per_domain
+            self.r.dispatcher == "hybridep" and self.lay.ep * self.lay.etp > self.comm.per_domain
         ):
             return self.comm.deepep(
                 c.bytes, self.a.top_k, self.a.experts, c.name == "combine", comm_sms(self.r)
