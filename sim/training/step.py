@@ -125,12 +125,10 @@ class StepModel:
         return lw.moe and not self.r.notes.get("moe_token_drop", False)
 
     def _ep_seconds(self, c: Any) -> float:
-        """An EP collective: DeepEP's kernels where the recipe dispatches with DeepEP, or with
-        HybridEP across NVLink domains, else NCCL's all-to-all. HybridEP is NVLink-domain
-        aware (Megatron-Bridge's dispatcher guide): across domains it sends each token once
-        per destination domain over RDMA and fans it out over NVLink, as DeepEP's normal
-        kernels do; inside one domain it moves the all-to-all's bytes over NVLink. An EP
-        group spans EP x ETP consecutive ranks (Megatron-Core's expert rank order)."""
+        """An EP collective: DeepEP's kernels with DeepEP, or HybridEP across NVLink domains
+        (NVLink-domain aware, Megatron-Bridge's dispatcher guide: each token once per domain
+        over RDMA, then NVLink, as DeepEP's normal kernels), else NCCL's all-to-all (HybridEP
+        in one domain too). An EP group: EP x ETP consecutive ranks (Megatron-Core's order)."""
         if self.r.dispatcher == "deepep" or (
             self.r.dispatcher == "hybridep" and self.lay.ep * self.lay.etp > self.comm.per_domain
         ):
