@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 
 from sim.core.errors import ConfigError
+from sim.core.graph import TaskGraph
 from sim.engine.engine import simulate
 from sim.hardware.costs import CostModel
 from sim.hardware.costs.resources import Resources
@@ -24,7 +25,7 @@ from sim.training.contention import (
     stretch,
 )
 from sim.training.layout import Layout
-from sim.training.pipeline import Phase, StagePrograms, step_graph
+from sim.training.pipeline import Phase, StagePrograms, _emit_chains, _Emitter, step_graph
 from sim.training.recipe import Recipe
 
 
@@ -173,6 +174,33 @@ def test_dp_collectives_hold_sms_and_slow_the_compute_beside_them() -> None:
     assert step((k, 0.0)) == pytest.approx(
         phase_seconds(tf, T, costs.resources.sm_speed(k)) + tf + 2 * tb
     )
+
+
+def test_ep_collective_slows_the_merged_partner_only_while_it_runs() -> None:
+    """A merged pair (EP overlap): the forward's all-to-all (T seconds, its kernel on k SMs,
+    `Phase.hold`) runs beside the backward's compute b, which takes the closed form
+    b + T (1 - s) (b / s > T) at the engine's speed s for k SMs; without SMs held the
+    all-to-all hides in b; a longer b loses no more."""
+    topo = Topology.load("dgx-h100", nodes=1)
+    costs = CostModel.build(topo, {"network": "collective"})
+    c1, T, c2, k = 0.2e-3, 0.5e-3, 0.3e-3, 32
+
+    def pair(b: float, hold: tuple[int, float]) -> float:
+        g = TaskGraph(topo.world_size)
+        fwd = [
+            Phase("compute", c1, "before"),
+            Phase("comm", T, "dispatch", kind="all_to_all", hold=hold),
+            Phase("compute", c2, "after"),
+        ]
+        chains = [["F", 1, 0, fwd, []], ["B", 0, 0, [Phase("compute", b, "bwd")], []]]
+        _emit_chains(_Emitter(g, 0, 0), chains, {}, 0, 1)
+        return simulate(g, topo, costs).makespan
+
+    s = costs.resources.sm_speed(k)
+    for b in (2e-3, 8e-3):
+        assert pair(b, (0, 0.0)) == pytest.approx(c1 + b + c2)
+        assert pair(b, (k, 0.0)) == pytest.approx(c1 + phase_seconds(b, T, s) + c2)
+        assert pair(b, (k, 0.0)) - pair(b, (0, 0.0)) == pytest.approx(T * (1 - s))
 
 
 def test_tp_overlap_loss_per_userbuffers_method() -> None:

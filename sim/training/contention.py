@@ -13,7 +13,8 @@ resident T seconds from the phase's start takes T if C / s <= T, else C + T (1 -
 collective runs beside compute: FSDP's per-layer gathers and reduce-scatters (`fsdp`), the
 distributed optimizer's overlapped gradient reduce-scatter and parameter all-gather (their
 tasks hold `sms` and an `hbm_share` in the step's graph: the engine slows the compute
-beside them while they run), and TP communication where the recipe overlaps it (`tp_loss`).
+beside them while they run), TP communication where the recipe overlaps it (`tp_loss`), and
+the EP dispatcher's kernels (`ep_hold`: with EP overlap, beside a merged pair's other pass).
 
 How many SMs (NCCL 2.27-2.30 source, github.com/NVIDIA/nccl; NCCL_NVLS_ENABLE=0 on every run
 but one: Megatron-Bridge scripts/performance/utils/executors.py PERF_ENV_VARS):
@@ -287,3 +288,14 @@ def dp_hold(model: Any, parts: list[tuple[str, str, float, int, float]]) -> tupl
     if con is None or sum(x[4] for x in parts) <= 0:
         return 0, 0.0
     return con.task_hold(parts)
+
+
+def ep_hold(res: Resources | None, sms: int, nbytes: float, seconds: float) -> tuple[int, float]:
+    """(SMs, HBM share) an EP dispatcher's kernel (DeepEP, HybridEP, NCCL's all-to-all)
+    holds while it runs: its `sms` and the HBM it streams, each byte received written into a
+    FIFO, read and written out (as NCCL's ring, `RING_HBM`); its task in the step's graph
+    slows the compute beside it (a merged pair's other pass) only while it runs. None
+    without the GPU's SM count (`res`)."""
+    if res is None or not res.sms or sms <= 0:
+        return 0, 0.0
+    return sms, res.mem_share(RING_HBM * nbytes, seconds)

@@ -12,8 +12,8 @@ DeepSeek-V3 report's Sec. 3.2.1 and github.com/deepseek-ai/DualPipe), op by op:
   in a FIFO for the next W;
 - W: the weight gradients of the oldest deferred B, one compute task;
 - F&B: a forward and a backward of two micro-batches (of either chunk) issued phase by phase
-  in turn, so that one's EP all-to-all runs beside the other's compute, with the compute
-  slowed by the SMs the collectives hold (`merged_slowdown`), as `step_graph` merges
+  in turn, so that one's EP all-to-all runs beside the other's compute, slowing it by the
+  SMs the collectives hold while they run (`Phase.hold`), as `step_graph` merges
   Megatron's combined 1F1B pairs; without EP overlap the two run one after the other.
 
 A pass waits for its input: the previous stage's activations (the next stage's gradient for a
@@ -48,7 +48,6 @@ def dualpipe_graph(
     pipe: Pipeline,
     p2p_s: float,
     overlap: bool,
-    merged_slowdown: float = 1.0,
 ) -> TaskGraph:
     """The step's graph over one GPU per pipeline device (`ranks[d]`; `stages[d]`: its two
     chunks' programs, chunk = the schedule's phase), `pipe` the schedule (its devices are
@@ -59,7 +58,7 @@ def dualpipe_graph(
     em = [_Emitter(g, ranks[d], d) for d in range(pipe.devices)]
     recvs = _post_receives(pipe, em, ranks, p2p_s)
     for d in range(pipe.devices):
-        _Device(pipe, d, stages[d], em[d], ranks, recvs, p2p_s, overlap, merged_slowdown).run()
+        _Device(pipe, d, stages[d], em[d], ranks, recvs, p2p_s, overlap).run()
     return g
 
 
@@ -114,10 +113,9 @@ class _Device:
         recvs: dict[tuple[int, str, int, int], str],
         p2p_s: float,
         overlap: bool,
-        slowdown: float,
     ):
         self.pipe, self.d, self.prog, self.em, self.ranks = pipe, d, prog, em, ranks
-        self.recvs, self.p2p_s, self.overlap, self.slowdown = recvs, p2p_s, overlap, slowdown
+        self.recvs, self.p2p_s, self.overlap = recvs, p2p_s, overlap
         self.count: Counter[tuple[str, int]] = Counter()
         self.done: dict[tuple[str, int, int, int], str] = {}  # (F|B, dir, stage, mb) -> task
         self.wq: deque[tuple[int, int, float, str]] = deque()  # (chunk, mb, W seconds, after)
@@ -145,7 +143,7 @@ class _Device:
             merged = len(chains) == 2 and self.overlap
             scratch: dict = {}  # (F|B, mb, chunk, 0) -> its last task, as `_emit_chains` keys
             for group in [chains] if merged else [[ch] for ch in chains]:
-                _emit_chains(self.em, group, scratch, 0, 1, self.slowdown if merged else 1.0)
+                _emit_chains(self.em, group, scratch, 0, 1)
             ends = [scratch[(kind, mb, p, 0)] for kind, mb, p, _, _ in chains]
             self.last = ends[-1] or self.last
             for kind, mb, p, _, _ in chains:

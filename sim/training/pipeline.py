@@ -72,6 +72,9 @@ class Phase:
     layer: int = -1
     kind: str = "gemm"
     wgrad: float = 0.0  # of a backward's compute: its weight-gradient GEMMs' seconds
+    # of a collective: the SMs its kernel holds and the HBM share it takes while it runs
+    # (the engine slows the compute beside it only then, `sim.engine.resources`)
+    hold: tuple[int, float] = (0, 0.0)
 
 
 @dataclass
@@ -145,11 +148,8 @@ def step_graph(
     vp: int,
     p2p_s: float,
     overlap: bool,
-    merged_slowdown: float = 1.0,
 ) -> TaskGraph:
-    """The step's graph over one GPU per stage (`ranks[s]`). `merged_slowdown`: how much
-    slower compute runs beside the other pass's all-to-all in a merged pair (the SMs the
-    communication kernels hold)."""
+    """The step's graph over one GPU per stage (`ranks[s]`)."""
     pp = len(stages)
     g = TaskGraph(world, meta={"step": "training", "pp": pp, "vp": vp, "micro": micro})
     em = [_Emitter(g, ranks[s], s) for s in range(pp)]
@@ -192,7 +192,7 @@ def step_graph(
                 if pk == "F" and pm == 0:
                     deps += gathered.get((s, pc), [])
                 chains.append([pk, pm, pc, prog, deps])
-            _emit_chains(em[s], chains, done, s, pp, merged_slowdown if merged else 1.0)
+            _emit_chains(em[s], chains, done, s, pp)
             blocking = []
             for pk, pm, pc in passes:
                 sent = _send(em[s], pk, pm, pc, s, ranks, vp, done, p2p_s)
@@ -219,10 +219,9 @@ def step_graph(
     return g
 
 
-def _emit_chains(
-    em: _Emitter, chains: list[list], done: dict, s: int, pp: int, slowdown: float = 1.0
-) -> None:
-    """Emit the phases of one pass, or of a forward and a backward in turn (merged)."""
+def _emit_chains(em: _Emitter, chains: list[list], done: dict, s: int, pp: int) -> None:
+    """Emit the phases of one pass, or of a forward and a backward in turn (merged): a
+    collective's kernel holds its SMs (`Phase.hold`) from the compute beside it."""
     longest = max(len(ch[3]) for ch in chains)
     prev = [ch[4] for ch in chains]
     for j in range(longest):
@@ -235,7 +234,7 @@ def _emit_chains(
                 f"{pk}{pm}.c{pc}.{ph.what}",
                 stream,
                 ph.kind,
-                ph.seconds * (slowdown if ph.stream == "compute" else 1.0),
+                ph.seconds,
                 prev[k],
                 tags={
                     "phase": "fwd" if pk == "F" else "bwd",
@@ -243,6 +242,7 @@ def _emit_chains(
                     "chunk": pc,
                     "layer": ph.layer,
                 },
+                hold=ph.hold,
             )
             prev[k] = [tid]
     for k, (pk, pm, pc, _prog, _) in enumerate(chains):

@@ -183,7 +183,7 @@ class _FloorModel(_ScreenModel):
 
 
 def comm_bound(
-    model: Any, works: list[list[list[Any]]], overlap: bool, slowdown: float = 1.0
+    model: Any, works: list[list[list[Any]]], overlap: bool, speed: float = 1.0
 ) -> float:
     """Seconds a step takes at least, with its communication: `lower_bound`'s, where each
     stage's passes count the EP collectives their compute waits for. A stage's compute
@@ -191,12 +191,15 @@ def comm_bound(
     after its all-to-all cannot start before the all-to-all ends, nor the next pass's
     before it: a pass takes its compute plus the collectives between its compute phases.
     With EP overlap (`overlap`) a forward and a backward issued as a merged pair hide each
-    other's collectives: the pair takes at least both computes, or one pass's compute and
-    the collectives between, whichever is longer (compute slowed by `slowdown` as the
-    simulation slows it: the SMs the collectives hold), and the stage at least the
-    collectives its communication stream runs one after the other. TP, CP and FSDP
-    communication is in the compute phases already (`StepModel.phases`, `_fsdp`). `model`: a
-    step model with its collectives timed but the distributed optimizer's (`BoundModel`)."""
+    other's collectives: the pair takes at least one pass's compute and the collectives
+    between, or both computes W plus what the collectives' SMs cost them, whichever is
+    longer. Compute beside a collective runs at `speed` at most (the SMs it holds): over a
+    pair whose collectives take C, compute busy E and compute beside them I <= C, the work
+    W <= E - (1 - speed) I and E + C - I <= the pair's time, so that time >= W + (1 -
+    speed) C. The stage takes at least the collectives its communication stream runs one
+    after the other. TP, CP and FSDP communication is in the compute phases already
+    (`StepModel.phases`, `contention.fsdp`). `model`: a step model with its collectives
+    timed but the distributed optimizer's (`BoundModel`)."""
     progs, _ = model.stage_programs(works)
     lay = model.lay
 
@@ -228,9 +231,10 @@ def comm_bound(
         )
         for passes, n in groups:
             group = [parts[p] for p in passes]
-            if len(group) > 1:  # each chain's span, or both computes, whichever is longer
-                spans = [compute * slowdown + inner for compute, inner, _ in group]
-                total += n * max(*spans, sum(compute for compute, _, _ in group) * slowdown)
+            if len(group) > 1:  # each chain's span, or both computes slowed, the longest
+                spans = [compute + inner for compute, inner, _ in group]
+                both = sum(c + (1.0 - speed) * inner for c, inner, _ in group)
+                total += n * max(*spans, both)
             else:
                 total += n * (group[0][0] + group[0][1])
             on_comm += n * sum(comm for _, _, comm in group)
@@ -319,12 +323,12 @@ class Screener:
         `_FloorModel`: no collective simulated), for a candidate `screen` accepted."""
         p = self.prepared(c)
         model = _FloorModel(self, p)
-        return comm_bound(model, model.chunk_work(), *overlap_slowdown(p))
+        return comm_bound(model, model.chunk_work(), *overlap_speed(p))
 
 
-def overlap_slowdown(p: Any) -> tuple[bool, float]:
-    """(whether a prepared run overlaps its EP communication, the factor a merged pair's
-    compute is slowed by: the SMs the collectives hold), as `run_step` sets them."""
+def overlap_speed(p: Any) -> tuple[bool, float]:
+    """(whether a prepared run overlaps its EP communication, the most speed compute has
+    beside its collectives: the SMs they hold, `ep_hold` in the step's graph)."""
     r = p.recipe
     overlap = bool(r.ep_overlap and p.arch.moe and p.layout.ep > 1)
     if not overlap:
@@ -332,7 +336,7 @@ def overlap_slowdown(p: Any) -> tuple[bool, float]:
     from sim.hardware.costs.resources import Resources
     from sim.training.recipe import comm_sms
 
-    return True, 1.0 / Resources.build(p.topo.gpu, None).sm_speed(comm_sms(r))
+    return True, Resources.build(p.topo.gpu, None).sm_speed(comm_sms(r))
 
 
 _SCREENERS: dict[str, Screener] = {}  # per process: the last requests' screeners

@@ -67,12 +67,10 @@ def timelines(req: Request, ranked: list[tuple[Candidate, float]], known: dict) 
 def _simulate(p: Any) -> tuple[float, list[tuple[int, str, str, float, float]]]:
     """The step of a prepared run as `run_step` simulates it: (makespan, merged bars)."""
     from sim.engine.engine import simulate
-    from sim.training.contention import build
     from sim.training.step import StepModel
 
     lay = p.layout
-    model = StepModel(p.arch, lay, p.precision, p.recipe, p.gpu, p.comm, p.imbalance)
-    model.contention = build(p.recipe, lay, p.topo, p.comm.place)
+    model = StepModel(p.arch, lay, p.precision, p.recipe, p.gpu, p.comm, p.imbalance).on(p.topo)
     progs, _ = model.stage_programs()
     g, ranks, _ = model.graph(progs, p.topo)
     res = simulate(g, p.topo, p.costs)

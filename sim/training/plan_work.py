@@ -9,7 +9,7 @@ import math
 from typing import Any
 
 from sim.core.errors import MoesimError
-from sim.training.plan_bound import BoundModel, comm_bound, overlap_slowdown, screener
+from sim.training.plan_bound import BoundModel, comm_bound, overlap_speed, screener
 from sim.training.plan_space import Candidate, Request, base_recipe, candidate_row
 from sim.training.predict import predict_run, prepare
 from sim.training.recipe import Recipe
@@ -79,8 +79,8 @@ def evaluate(args: tuple) -> dict[str, Any]:
             k: v for k, v in shared.items() if k[:2] == mine and k not in before
         }
         model = BoundModel(screener(req, base_recipe(req)), p)
-        overlap, slowdown = overlap_slowdown(p)
-        rec["comm_bound_s"] = comm_bound(model, model.chunk_work(), overlap, slowdown)
+        overlap, speed = overlap_speed(p)
+        rec["comm_bound_s"] = comm_bound(model, model.chunk_work(), overlap, speed)
         if rec["comm_bound_s"] >= best:
             rec["_pruned"] = True
         else:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.training.comm import Timer
-from sim.training.contention import Contention, dp_hold, fsdp, tp_loss
+from sim.training.contention import Contention, dp_hold, ep_hold, fsdp, tp_loss
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
@@ -62,6 +62,7 @@ class StepModel:
         # what overlapped collectives cost the compute beside them (`sim.training.contention`;
         # None: nothing, as the bound's models and the tests' stubs have it)
         self.contention: Contention | None = None
+        self.res: Any = None  # the GPU's resources (`on`): the SMs EP kernels hold
         self.graphed: set[str] = set()
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
@@ -164,7 +165,8 @@ class StepModel:
             if before is not None:
                 sec = self._ep_seconds(before)
                 self.totals["ep_comm_s"] += sec
-                out.append(Phase("comm", sec, before.name, lw.layer, before.kind))
+                hold = ep_hold(self.res, comm_sms(self.r), before.bytes, sec)
+                out.append(Phase("comm", sec, before.name, lw.layer, before.kind, hold=hold))
             t = self._seconds(lw, names, backward)
             self.totals["compute_s"] += t
             for n in names:
@@ -206,18 +208,13 @@ class StepModel:
         p2p_bytes = lay.mbs * lay.seq / lay.cp / lay.tp * a.hidden * 2
         p2p_s = comm.seconds("send", "pp", p2p_bytes) if lay.pp > 1 else 0.0
         overlap = r.ep_overlap and a.moe and lay.ep > 1
-        slowdown = 1.0
-        if overlap:  # compute beside the other pass's all-to-all loses the SMs it holds
-            from sim.hardware.costs.resources import Resources
-
-            slowdown = 1.0 / Resources.build(topo.gpu, None).sm_speed(comm_sms(r))
         if self.place.dual:  # DualPipe's order (`sim.training.dualpipe_schedule`)
             from sim.training.dualpipe_schedule import dualpipe_graph
 
             pipe = self.place.pipe(lay.ga)
-            g = dualpipe_graph(progs, ranks, topo.world_size, pipe, p2p_s, overlap, slowdown)
+            g = dualpipe_graph(progs, ranks, topo.world_size, pipe, p2p_s, overlap)
         else:
-            g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap, slowdown)
+            g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap)
         return g, ranks, p2p_s
 
     # -- per stage ---------------------------------------------------------------------------
@@ -347,13 +344,19 @@ class StepModel:
                 reduce.append(r_c)
             opt = shard * OPTIMIZER_BYTES_PER_PARAM / (self.gpu.mem_bw * self.gpu.memory_bound)
             progs.append(StagePrograms(fwd, bwd, gather, reduce, opt))
-        if self.lay.fsdp:
-            self._fsdp(progs, works)
+        if self.lay.fsdp:  # its per-micro-batch gathers and reduce-scatters
+            fsdp(self, progs, works)
         return progs, works
 
-    def _fsdp(self, progs: list[StagePrograms], works: list[list[list[LayerWork]]]) -> None:
-        """FSDP's per-micro-batch gathers and reduce-scatters (`sim.training.contention.fsdp`)."""
-        fsdp(self, progs, works)
+    def on(self, topo: Any) -> StepModel:
+        """The model on its topology: what overlapped collectives cost the compute beside
+        them (`sim.training.contention`) and the GPU's resources (the SMs EP kernels hold)."""
+        from sim.hardware.costs.resources import Resources
+        from sim.training.contention import build
+
+        self.contention = build(self.r, self.lay, topo, self.comm.place)
+        self.res = Resources.build(topo.gpu, None)
+        return self
 
 
 def run_step(
@@ -371,14 +374,12 @@ def run_step(
     EP rank (1: balanced; the hot rank's MoE part paces every layer)."""
     from sim.core import limits
     from sim.engine.engine import simulate
-    from sim.training.contention import build as contention
 
     # every stage runs GA x VP forward and backward passes (DualPipeV: 2 GA): bounded before
     # anything is built
     passes = 2 * lay.ga * (2 if recipe.pipeline == "dualpipev" else lay.vp) * lay.pp
     limits.active().check("max_tasks", passes, f"{lay.where}: pipeline passes (2 x ga x vp x pp)")
-    model = StepModel(arch, lay, prec, recipe, gpu, comm, imbalance)
-    model.contention = contention(recipe, lay, topo, comm.place)
+    model = StepModel(arch, lay, prec, recipe, gpu, comm, imbalance).on(topo)
     progs, works = model.stage_programs()
     phases = max(len(p) for prog in progs for p in prog.fwd + prog.bwd)
     limits.active().check(
