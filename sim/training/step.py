@@ -16,8 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sim.hardware.costs.resources import Resources
 from sim.training.comm import Timer
-from sim.training.contention import Contention, dp_hold, ep_hold, fsdp, tp_loss
+from sim.training.contention import Contention, build, dp_hold, ep_hold, fsdp, tp_loss
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
@@ -62,7 +63,7 @@ class StepModel:
         # what overlapped collectives cost the compute beside them (`sim.training.contention`;
         # None: nothing, as the bound's models and the tests' stubs have it)
         self.contention: Contention | None = None
-        self.res: Any = None  # the GPU's resources (`on`): the SMs EP kernels hold
+        self.res: Resources | None = None  # the GPU's (`on`): the SMs EP kernels hold
         self.graphed: set[str] = set()
         for scope in recipe.cuda_graph_scope:
             self.graphed |= GRAPH_SCOPES.get(scope, set())
@@ -351,9 +352,6 @@ class StepModel:
     def on(self, topo: Any) -> StepModel:
         """The model on its topology: what overlapped collectives cost the compute beside
         them (`sim.training.contention`) and the GPU's resources (the SMs EP kernels hold)."""
-        from sim.hardware.costs.resources import Resources
-        from sim.training.contention import build
-
         self.contention = build(self.r, self.lay, topo, self.comm.place)
         self.res = Resources.build(topo.gpu, None)
         return self
