@@ -62,7 +62,7 @@ def published(row: dict[str, str]) -> Candidate:
         ep_overlap=rec.ep_overlap and _int(row["ep"]) > 1,
         recompute=recompute,
         fsdp=_int(row["fsdp"], 0) > 0,
-        # "": the recipe's own (HybridEP, allgather: scored with their own dispatch, as
+        # "": the recipe's own (allgather: scored with its own dispatch, as
         # `moesim predict` scores the row, not as the plan's alltoall candidates)
         dispatcher=rec.dispatcher if rec.dispatcher in DISPATCHER and _int(row["ep"]) > 1 else "",
         offload=rec.offload_layers if _int(row["pp"]) == 1 and recompute == "none" else 0,

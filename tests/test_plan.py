@@ -7,6 +7,7 @@ import json
 import math
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -189,6 +190,28 @@ def test_moe_choices_are_searched_and_pruning_keeps_the_optimum():
     assert {k: pruned.candidates[0][k] for k in KEY} == {
         k: exhaustive.candidates[0][k] for k in KEY
     }
+
+
+def test_hybridep_is_searched_where_the_gpu_gives_its_share_of_the_links():
+    """On Blackwell HybridEP's kernels have a cost of their own (links, not SMs), so the plan
+    searches them; on Hopper the step model costs them as DeepEP's, which it already
+    searches. A grid that names the dispatchers is taken as it is."""
+    on_b200 = plan(replace(MOE, system="DGX-B200", precision="MXFP8"), grid=MOE_GRID, prune=False)
+    dispatchers = {c["dispatcher"] for c in on_b200.candidates}
+    assert dispatchers == {"alltoall", "deepep", "hybridep"}
+
+    def shapes(d: str) -> list[tuple]:
+        got = [c for c in on_b200.candidates if c["dispatcher"] == d]
+        assert {c["comm_sms"] for c in got} == {0}  # its own SMs: not a searched dimension
+        return sorted((c["ep_overlap"], c["recompute"], c["recompute_layers"]) for c in got)
+
+    assert shapes("hybridep") == shapes("alltoall")  # the same layouts, another dispatcher
+    assert {c["dispatcher"] for c in plan(MOE, grid=MOE_GRID, prune=False).candidates} == {
+        "alltoall",
+        "deepep",
+    }
+    named = plan(MOE, grid={**MOE_GRID, "dispatcher": ("hybridep",)}, prune=False)
+    assert {c["dispatcher"] for c in named.candidates} == {"hybridep"}
 
 
 SMALL = {"tp": (1, 2), "pp": (1,), "vp": (1,), "mbs": (1,), "recompute": ("none", "full")}

@@ -267,15 +267,17 @@ class _Dispatchers:
 @pytest.mark.parametrize(
     "dispatcher,ep,etp,per_domain,expected",
     [
-        ("hybridep", 16, 1, 8, 2.0),  # EP 16 over two domains: deduplicated as DeepEP's kernels
-        ("hybridep", 16, 1, 16, 1.0),  # one domain: the all-to-all's bytes over NVLink
-        ("hybridep", 8, 2, 8, 2.0),  # an EP group spans EP x ETP ranks: two domains
-        ("hybridep", 8, 1, 8, 1.0),
-        ("alltoall", 16, 1, 8, 1.0),
+        ("hybridep", 16, 1, 8, 2.0),  # EP 16 over two domains: DeepEP's kernels
+        ("hybridep", 16, 1, 16, 2.0),  # one domain: the same kernels, NVLink only
+        ("hybridep", 8, 2, 8, 2.0),
         ("deepep", 16, 1, 16, 2.0),
+        ("deepep", 8, 1, 8, 2.0),
+        ("alltoall", 16, 1, 8, 1.0),  # NCCL's all-to-all, in a domain or across
+        ("alltoall", 8, 1, 8, 1.0),
+        ("allgather", 8, 1, 8, 1.0),
     ],
 )
-def test_hybridep_across_nvlink_domains_costs_as_deepeps_kernels(
+def test_flex_dispatchers_cost_as_deepeps_kernels_in_and_across_nvlink_domains(
     dispatcher: str, ep: int, etp: int, per_domain: int, expected: float
 ) -> None:
     from sim.training.kernels import GpuKernels

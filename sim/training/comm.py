@@ -110,11 +110,14 @@ class CommTimer:
 
     def deepep(self, nbytes: float, top_k: int, experts: int, combine: bool, sms: int) -> float:
         """DeepEP's normal dispatch (or combine) over every EP group at once, through the
-        collectives' `deepep` algorithm: `nbytes` per GPU of routed token copies, spread
-        evenly over the group's GPUs over NVLink, and each token sent once to every other
-        node holding one of its experts (over RDMA to the GPU of the same local index). A
-        token's chance of touching a node of `e` of the `experts` with top-k routing spread
-        evenly: 1 - C(experts - e, k) / C(experts, k)."""
+        collectives' `deepep` algorithm. `nbytes` per GPU of routed token copies (one per
+        (token, expert), as the all-to-all dispatcher moves them); DeepEP's kernels move one
+        row per (token, GPU) instead, to every GPU of the group holding one of the token's
+        experts (over NVLink, or forwarded there), and one per (token, node) over RDMA to the
+        GPU of the same local index on every other node holding one (DeepEP's
+        `is_token_in_rank`, `num_tokens_per_rdma_rank`; the receiver expands the rows per
+        expert). A token's chance of touching a GPU or node of `e` of the `experts` with
+        top-k routing spread evenly: 1 - C(experts - e, k) / C(experts, k)."""
         if self.layout.ep <= 1 or nbytes <= 0:
             return 0.0
         what = ("deepep", "combine" if combine else "dispatch", sms, top_k, experts)
@@ -145,9 +148,11 @@ class CommTimer:
             members = [self.place(r) for r in logical]
             nodes = sorted({m // G for m in members})
             per_node = [sum(1 for m in members if m // G == nd) for nd in nodes]
+            token_bytes = nbytes / max(1, top_k)  # one row per token, not per copy
+            # one row per (token, GPU) it touches, its own GPU included (the rows stay there)
+            to_gpu = token_bytes * _touch(experts, top_k, experts // len(members))
+            split = [to_gpu] * len(members)
             for r in members:
-                split = [nbytes / len(members)] * len(members)
-                token_bytes = nbytes / max(1, top_k)  # one row per token, not per copy
                 node_bytes = [
                     0.0
                     if nd == r // G
@@ -160,7 +165,7 @@ class CommTimer:
                         r,
                         "comm",
                         "all_to_allv",
-                        bytes=float(nbytes),
+                        bytes=to_gpu * len(members),
                         group=members,
                         coll=f"d{gi}",
                         algo="deepep",
@@ -230,6 +235,24 @@ class CommTimer:
                     )
                 )
         return out
+
+
+def flex_dispatch(
+    timer: Timer,
+    nbytes: float,
+    top_k: int,
+    experts: int,
+    combine: bool,
+    sms: int,
+    link_share: float = 0.0,
+) -> float:
+    """Megatron-Core's flex dispatcher's dispatch (or combine) of `nbytes` per GPU of routed
+    copies: DeepEP's kernels, paced by the SMs they hold (`sms`), or HybridEP's where its
+    `link_share` is known (> 0): TMA copies that reach that share of the links' rate whatever
+    SMs they hold (the same rows: one per (token, GPU), one per (token, domain) over RDMA)."""
+    if link_share > 0:
+        return timer.deepep(nbytes / link_share, top_k, experts, combine, 0)
+    return timer.deepep(nbytes, top_k, experts, combine, sms)
 
 
 def _chosen(groups: list[list[int]], which: list[int] | None) -> list[tuple[int, list[int]]]:

@@ -50,6 +50,7 @@ class GpuKernels:
     compute_capability: tuple[int, int] = (0, 0)  # (0, 0): not given
     attention_shape: AttentionShape | None = None  # None: one attention share for every shape
     gemm_k0: dict[str, float] = field(default_factory=dict)  # dtype -> K at half the share
+    hybridep_link_share: float = 0.0  # 0: not given (HybridEP as DeepEP's kernels)
 
     @property
     def fp8_any_layout(self) -> bool:
@@ -91,6 +92,7 @@ class GpuKernels:
             compute_capability=(int(cc[0]), int(cc[1])),
             attention_shape=AttentionShape.from_spec(shape) if shape else None,
             gemm_k0={str(d): float(v) for d, v in (k.get("gemm_k0") or {}).items()},
+            hybridep_link_share=float(k.get("hybridep_link_share") or 0.0),
         )
 
     def rate(self, dtype: str) -> float:

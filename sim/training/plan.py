@@ -4,13 +4,14 @@ memory, found by simulating the candidates that could win.
 1. Enumerate: every layout that divides the GPUs (TP inside a node and dividing the heads,
    CP, PP with the virtual stages the layers allow, EP dividing the experts, micro-batch
    sizes that divide the batch) times the MoE and memory choices (EP overlap on or off,
-   where Megatron-Core runs it: `overlap_refusal`; the EP dispatcher: NCCL's all-to-all or
-   DeepEP's kernels; the SMs DeepEP's kernels hold; recomputation none / the recipe's
-   selective modules / full) and the pipeline schedule:
+   where Megatron-Core runs it: `overlap_refusal`; the EP dispatcher: NCCL's all-to-all,
+   DeepEP's kernels, and HybridEP's where the GPU gives their share of the links; the SMs
+   DeepEP's kernels hold; recomputation none / the recipe's selective modules / full) and
+   the pipeline schedule:
    Megatron-Core's 1F1B, or DualPipe / DualPipeV where the layout runs them (vp 1, pp >= 2,
    even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Not searched,
-   because the training step model does not simulate them: the all-gather dispatcher and
-   HybridEP (the step model moves their tokens as the all-to-all does) and hardware queues;
+   because the training step model does not simulate them: the all-gather dispatcher (the
+   step model moves its tokens as the all-to-all does) and hardware queues;
    nor the SMs of NCCL's all-to-all (its simulated time does not depend on them, so fewer
    would always win).
 2. Drop what cannot run: a candidate whose peak memory (`sim.training.memory`, no simulation
@@ -72,7 +73,6 @@ from sim.training.plan_order import WAIT, Entry, SimOrder
 from sim.training.plan_partial import Partial
 from sim.training.plan_partial import check_given as check_partial
 from sim.training.plan_space import (
-    GRID,
     SCREEN_CHUNK,
     Candidate,
     Request,
@@ -185,11 +185,11 @@ def plan(
     tell = progress or (lambda s: None)
     pruned = state.pruned
     gpn = min(8, node.gpus_per_node)
-    space = list(candidates(req, arch, gpn, plan_grid(base, grid), base.recompute_modules))
+    g = plan_grid(base, grid, probe[0].hybridep_link_share > 0)
+    space = list(candidates(req, arch, gpn, g, base.recompute_modules))
     if given is not None and given.key() not in {c.key() for c in space}:
         space.append(given)
     if not space:
-        g = {**GRID, **(grid or {})}
         raise ConfigError(
             f"{req.where}: no layout divides {req.gpus} GPUs with GBS {req.gbs} and sequence "
             f"{req.seq_len}: tried TP {g['tp']} x CP {g['cp']} x PP {g['pp']} x MBS {g['mbs']}"

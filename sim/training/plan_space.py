@@ -21,7 +21,8 @@ VP = (1, 2, 3, 4, 5, 6, 8, 12)
 EP = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 MBS = (1, 2, 4)
 RECOMPUTE = ("none", "selective", "full")
-DISPATCHER = ("alltoall", "deepep")  # the EP dispatchers the step model tells apart
+DISPATCHER = ("alltoall", "deepep", "hybridep")  # the EP dispatchers the step model tells apart
+SEARCHED_DISPATCHERS = ("alltoall", "deepep")  # and HybridEP where `plan_grid` says
 COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.step)
 # layers whose activations go to the host (PP 1, no recomputation: Megatron-Core's limits);
 # a plan adds the request's recipe's count (`plan_grid`)
@@ -138,20 +139,26 @@ GRID: dict[str, tuple] = {
     "ep": EP,
     "mbs": MBS,
     "recompute": RECOMPUTE,
-    "dispatcher": DISPATCHER,
+    "dispatcher": SEARCHED_DISPATCHERS,
     "comm_sms": COMM_SMS,
     "offload": OFFLOAD,
     "pipeline": PIPELINE,
 }
 
 
-def plan_grid(base: Recipe, grid: dict[str, tuple] | None) -> dict[str, tuple]:
+def plan_grid(
+    base: Recipe, grid: dict[str, tuple] | None, hybridep: bool = False
+) -> dict[str, tuple]:
     """The grid a plan searches: `grid` over GRID, with the request's recipe's offloaded
     layers as a choice besides none where the recipe offloads and `grid` does not say (the
-    Megatron-Bridge recipes that offload, e.g. Llama 3 70B on GB200 with FSDP: 40 layers)."""
+    Megatron-Bridge recipes that offload, e.g. Llama 3 70B on GB200 with FSDP: 40 layers),
+    and HybridEP among the dispatchers where `hybridep` (the GPU gives its kernels' share of
+    the links, `gpu.kernels.hybridep_link_share`) and `grid` does not name them."""
     g = {**GRID, **(grid or {})}
     if base.offload_layers and "offload" not in (grid or {}):
         g["offload"] = (0, base.offload_layers)
+    if hybridep and "dispatcher" not in (grid or {}):
+        g["dispatcher"] = (*SEARCHED_DISPATCHERS, "hybridep")
     return g
 
 
@@ -244,7 +251,7 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers
         if d not in DISPATCHER:
             raise ConfigError(
                 f"{req.where}: grid: dispatcher {d!r}: the step model tells apart "
-                f"{', '.join(DISPATCHER)} (allgather and hybridep move tokens as alltoall)"
+                f"{', '.join(DISPATCHER)} (allgather moves tokens as alltoall)"
             )
 
 

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from sim.hardware.costs.resources import Resources
-from sim.training.comm import Timer
+from sim.training.comm import Timer, flex_dispatch
 from sim.training.contention import Contention, build, dp_hold, ep_hold, fsdp, tp_loss
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
@@ -127,16 +127,15 @@ class StepModel:
         return lw.moe and not self.r.notes.get("moe_token_drop", False)
 
     def _ep_seconds(self, c: Any) -> float:
-        """An EP collective: DeepEP's kernels with DeepEP, or HybridEP across NVLink domains
-        (NVLink-domain aware, Megatron-Bridge's dispatcher guide: each token once per domain
-        over RDMA, then NVLink, as DeepEP's normal kernels), else NCCL's all-to-all (HybridEP
-        in one domain too). An EP group: EP x ETP consecutive ranks (Megatron-Core's order)."""
-        if self.r.dispatcher == "deepep" or (
-            self.r.dispatcher == "hybridep" and self.lay.ep * self.lay.etp > self.comm.per_domain
-        ):
-            return self.comm.deepep(
-                c.bytes, self.a.top_k, self.a.experts, c.name == "combine", comm_sms(self.r)
-            )
+        """An EP collective: DeepEP's or HybridEP's kernels (`comm.flex_dispatch`: each token
+        once per GPU over NVLink, once per NVLink domain over RDMA; HybridEP as DeepEP's
+        where the GPU gives no share of its own), else NCCL's all-to-all of one row per
+        (token, expert)."""
+        if self.r.dispatcher in ("deepep", "hybridep"):
+            share = self.gpu.hybridep_link_share if self.r.dispatcher == "hybridep" else 0.0
+            a, sms = self.a, comm_sms(self.r)
+            combine = c.name == "combine"
+            return flex_dispatch(self.comm, c.bytes, a.top_k, a.experts, combine, sms, share)
         return self.comm.seconds(c.kind, "ep", c.bytes)
 
     def recomputed(self, module: str, layer: int = -1) -> bool:

@@ -170,6 +170,13 @@ class KernelParams(Strict):
         description="per-kernel time on the GPU itself, with or without CUDA graphs: an empty "
         "kernel's run plus the dispatch gap to the next kernel in the stream, seconds",
     )
+    hybridep_link_share: Fraction | None = Field(
+        None,
+        description="share of its links' rate (as the preset's link classes carry an "
+        "all-to-all) that NVIDIA's HybridEP dispatch and combine reach, one row per (token, "
+        "GPU) as DeepEP's kernels move them: its TMA copies are paced by the links, not by "
+        "the SMs it holds, in (0, 1]; omitted: HybridEP costed as DeepEP's SM-paced kernels",
+    )
 
 
 class GpuSpec(Strict):
