@@ -400,6 +400,7 @@ def test_predict_of_best_csv_reproduces_the_plans_best(tmp_path: Path):
         ("recompute", "some", "recompute: expected one of"),
         ("comm_sms", "-1", "comm_sms: expected an integer >= 0"),
         ("mtp", "x", "mtp: expected an integer"),
+        ("num_layers", "0", "num_layers: expected an integer >= 1"),
     ],
 )
 def test_predict_choice_columns_fail_in_one_line(col, value, needle):
@@ -561,3 +562,33 @@ def test_no_candidate_runs_the_ep_overlap_where_megatron_core_refuses_it():
         check_given(req, Candidate(1, 1, 2, 1, 8, 1, True), 132, arch.layers)
     with pytest.raises(ConfigError, match="full recomputation"):
         check_given(req, Candidate(1, 1, 1, 1, 8, 1, True, "full"), 132, arch.layers)
+
+
+def test_num_layers_shortens_the_model_and_keeps_its_dense_layers():
+    """A proxy of DeepSeek-V3 (Megatron-LM PR #6311: 14 layers, the first 3 dense): the
+    step's model has 14 layers, 11 of them MoE; fewer layers than the dense ones refused."""
+    from sim.training.predict import parse_row, prepare
+
+    row = {
+        "system": "DGX-H100",
+        "model": "DeepSeekV3",
+        "gpus": "64",
+        "precision": "BF16",
+        "gbs": "256",
+        "mbs": "1",
+        "seq_len": "2048",
+        "fsdp": "0",
+        "tp": "1",
+        "pp": "4",
+        "cp": "1",
+        "vp": "2",
+        "ep": "16",
+        "ga": "",
+        "num_layers": "14",
+        "pipeline_layout": "Ett|(tt|)*6mL",
+        "mtp": "1",
+    }
+    p = prepare(parse_row(row, 1))
+    assert p.arch.layers == 14 and p.arch.first_dense == 3
+    with pytest.raises(ConfigError, match="num_layers: 3 leaves no MoE layer"):
+        prepare(parse_row({**row, "num_layers": "3", "pipeline_layout": ""}, 1))

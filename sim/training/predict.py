@@ -209,6 +209,7 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     from sim.workload.architectures import architecture
 
     arch = architecture(_lookup(MODELS, run.model, "model", run.where))
+    arch = shortened(arch, run.choices.get("num_layers"), run.where)
     recipe = recipe or recipe_for(
         run.model, run.system, run.precision, str(run.columns.get("release", "")).strip()
     )
@@ -244,6 +245,20 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     return Prepared(
         arch, lay, prec, recipe, gpu, comm, topo, _costs(topo, "collective"), run.imbalance
     )
+
+
+def shortened(arch: Any, layers: int | None, where: str) -> Any:
+    """`arch` with `layers` transformer layers (None: as it is), its first dense layers kept
+    (Megatron-Core's proxies of DeepSeek-V3: `--num-layers 14 --moe-layer-freq
+    ([0]*3+[1]*11)`); a MoE model keeps at least one MoE layer."""
+    if layers is None or layers == arch.layers:
+        return arch
+    if arch.moe and layers <= arch.first_dense:
+        raise ConfigError(
+            f"{where}: num_layers: {layers} leaves no MoE layer after the model's "
+            f"{arch.first_dense} dense ones (expected more than {arch.first_dense})"
+        )
+    return replace(arch, layers=layers)
 
 
 @functools.lru_cache(maxsize=16)

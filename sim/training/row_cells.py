@@ -16,7 +16,9 @@ from sim.training.recipe import Recipe
 # the recipe's modules or the default ones, full: every layer, or with `recompute_layers` N
 # the first N of each model chunk; 0: every layer), the pipeline's stages (`even`,
 # or a Megatron-Core layout string), layers offloaded per stage, MTP modules, the pipeline
-# schedule (1f1b, dualpipe, dualpipev: `sim.training.pipeline_kind`)
+# schedule (1f1b, dualpipe, dualpipev: `sim.training.pipeline_kind`); and the model's
+# transformer layers (`num_layers`: a shortened model, as proxies of large ones are run,
+# its first dense layers kept)
 CHOICES = (
     "dispatcher",
     "ep_overlap",
@@ -27,6 +29,7 @@ CHOICES = (
     "offload_layers",
     "mtp",
     "pipeline",
+    "num_layers",
 )
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 RECOMPUTE = ("none", "selective", "full")
@@ -77,8 +80,8 @@ def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
             if raw not in PIPELINES:
                 raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {raw!r}")
             out[k] = raw
-        else:  # comm_sms, recompute_layers, offload_layers, mtp
-            out[k] = int_cell(cols, k, where, low=0)
+        else:  # comm_sms, recompute_layers, offload_layers, mtp, num_layers
+            out[k] = int_cell(cols, k, where, low=1 if k == "num_layers" else 0)
     if out.get("recompute_layers") and out.get("recompute", "full") != "full":
         raise ConfigError(
             f"{where}: recompute_layers: {out['recompute_layers']} layers fully recomputed, "

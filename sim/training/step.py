@@ -18,13 +18,14 @@ from typing import Any
 
 from sim.hardware.costs.resources import Resources
 from sim.training.comm import Timer, flex_dispatch
-from sim.training.contention import Contention, build, dp_hold, ep_hold, fsdp, tp_loss
+from sim.training.contention import Contention, build, dp_hold, fsdp
 from sim.training.kernels import GpuKernels
+from sim.training.layer_phases import layer_phases
 from sim.training.layout import Layout
 from sim.training.memory import MemoryReport, saved_bytes, step_memory
 from sim.training.ops import LayerWork, embedding_work, head_work, layer_work, mtp_work
 from sim.training.pipeline import Phase, StagePrograms, step_graph
-from sim.training.pipeline_kind import Placement, wgrad
+from sim.training.pipeline_kind import Placement
 from sim.training.precision import Precision
 from sim.training.recipe import GRAPH_SCOPES, Recipe, comm_sms
 from sim.workload.architectures import Architecture
@@ -150,55 +151,9 @@ class StepModel:
         return module in mods or ("moe" in mods and module.startswith("moe"))
 
     def phases(self, lw: LayerWork, backward: bool) -> list[Phase]:
-        """The layer's forward (or backward) as compute stretches cut by its EP collectives;
-        TP collectives add to the compute they sit in unless the recipe overlaps them; the CP
-        ring runs beside the attention kernel, exposed where it is longer."""
-        cuts = {c.after: c for c in lw.comm if c.dim == "ep"}
-        serial = {c.after: c for c in lw.comm if c.dim != "ep"}
-        segments: list[tuple[list[str], Any]] = [([], None)]
-        for w in lw.work:
-            segments[-1][0].append(w.name)
-            if w.name in cuts:
-                segments.append(([], cuts[w.name]))
-        out: list[Phase] = []
-        for names, before in segments:
-            if before is not None:
-                sec = self._ep_seconds(before)
-                self.totals["ep_comm_s"] += sec
-                hold = ep_hold(self.res, comm_sms(self.r), before.bytes, sec)
-                out.append(Phase("comm", sec, before.name, lw.layer, before.kind, hold=hold))
-            t = self._seconds(lw, names, backward)
-            self.totals["compute_s"] += t
-            for n in names:
-                c = serial.get(n)
-                if c is None:
-                    continue
-                kind = (c.bwd_kind or c.kind) if backward else c.kind
-                nbytes = c.bytes * (2 if backward else 1)
-                if c.dim == "cp":  # per ring step, beside the attention kernel of that step
-                    steps = self.lay.cp - 1
-                    step_s = self.comm.seconds("send", "cp", nbytes / steps) * steps
-                    attn = self.gpu.seconds(
-                        next(w for w in lw.work if w.name == "core_attn"), backward
-                    )
-                    sec = max(0.0, step_s - attn)
-                    self.totals["cp_comm_s"] += sec
-                else:
-                    sec = self.comm.seconds(kind, c.dim, nbytes)
-                    if self.r.tp_comm_overlap:
-                        # split into TP chunks, each beside the GEMM of the one before: the
-                        # first chunk's transfer is exposed (Wang et al., ASPLOS'23); the
-                        # others slow that GEMM (`sim.training.contention`)
-                        loss = tp_loss(self, lw, c, kind, nbytes, sec, backward)
-                        sec = sec / self.lay.tp + loss
-                    self.totals["tp_comm_s"] += sec
-                t += sec
-            what = "+".join(names[:1]) + ("…" if len(names) > 1 else "")
-            wg = wgrad(self.gpu, lw, names) if backward else 0.0
-            out.append(Phase("compute", t, what, lw.layer, wgrad=wg))
-        if backward:
-            out.reverse()
-        return [p for p in out if p.seconds > 0 or p.stream == "comm"]
+        """The layer's forward (or backward) as the pipeline's phases
+        (`sim.training.layer_phases`)."""
+        return layer_phases(self, lw, backward)
 
     def graph(self, progs: list[StagePrograms], topo: Any) -> tuple[Any, list[int], float]:
         """The step's task graph over one GPU per stage (`sim.training.pipeline.step_graph`),
