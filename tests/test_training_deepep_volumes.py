@@ -53,3 +53,20 @@ def test_few_sms_bound_the_kernel_at_their_per_sm_rate(preset, per_sm):
     for combine in (False, True):
         seconds = timer.deepep(COPIES, TOP_K, EXPERTS, combine, 4)
         assert seconds == pytest.approx(tasks[0].bytes / (4 * per_sm), rel=1e-6)
+
+
+def test_hybridep_is_paced_by_its_share_of_the_links_not_by_its_sms():
+    """HybridEP (`flex_dispatch` with the GPU's `hybridep_link_share`): the same time on 16 or
+    32 SMs, the links' time over the share; DeepEP on the same GPUs is paced by its SMs."""
+    from sim.training.comm import flex_dispatch
+    from sim.training.kernels import GpuKernels
+
+    timer = _timer("gb200-nvl72")
+    share = GpuKernels.from_gpu(timer.topo.gpu, "gb200").hybridep_link_share
+    assert 0 < share < 1
+    t16, t32 = (flex_dispatch(timer, COPIES, TOP_K, EXPERTS, False, sms, share) for sms in (16, 32))
+    assert t16 == t32
+    links = timer.deepep(COPIES, TOP_K, EXPERTS, False, 0)  # no SMs held: the links alone
+    assert t16 == pytest.approx(links / share, rel=0.01)  # latency is not scaled
+    deepep16, deepep32 = (flex_dispatch(timer, COPIES, TOP_K, EXPERTS, False, s) for s in (16, 32))
+    assert deepep16 == pytest.approx(2 * deepep32, rel=1e-6)  # both SM-paced at 19 GB/s
