@@ -11,7 +11,8 @@ which a constant error of the step model cancels out of:
   collectives included (`sim.training.layer_phases`).
 
 Each pair is two rows in file order, before and after; the columns that differ name the
-change.
+change. Where a row gives `measured_peak_gb` (the source's peak allocated memory), the step's
+predicted peak is set beside it.
 
     python benchmarks/ab_pairs.py [--workers 2]
 """
@@ -99,9 +100,35 @@ def main() -> None:
             f"{a['predicted_tokens_per_s_per_gpu']:,.0f} | {p_gain:.3f} | "
             f"{p_gain / m_gain - 1:+.1%} | {b['error']:+.1%} | {a['error']:+.1%} |"
         )
+    peaks = {
+        (c["pair"], r["ep_overlap"], r.get("recompute", "")): (float(c["measured_peak_gb"]), r)
+        for c, r in zip(table, rows)
+        if str(c.get("measured_peak_gb", "") or "").strip()
+    }
+    if peaks:
+        lines += [
+            "",
+            "Peak memory where the source gives it (`max allocated`, printed in MB, read as "
+            "10^6 bytes) against the step's predicted peak:",
+            "",
+            "| pair | ep_overlap | recompute | measured GB | predicted GB | error |",
+            "|---|---|---|---|---|---|",
+        ]
+        for (pair, ov, rc), (gb, r) in peaks.items():
+            pred = r["peak_memory_bytes"] / 1e9
+            lines.append(f"| {pair} | {ov} | {rc} | {gb:.1f} | {pred:.1f} | {pred / gb - 1:+.1%} |")
     lines += ["", "Sources:", ""]
     lines += [f"- {o['pair']}: {o['source']}" for o in out]
-    record("ab_pairs", {"machine": machine(), "wall_s": wall, "pairs": out}, lines)
+    memory = [
+        {"pair": k[0], "ep_overlap": k[1], "recompute": k[2], "measured_gb": gb}
+        | {"predicted_gb": r["peak_memory_bytes"] / 1e9}
+        for k, (gb, r) in peaks.items()
+    ]
+    record(
+        "ab_pairs",
+        {"machine": machine(), "wall_s": wall, "pairs": out, "memory": memory},
+        lines,
+    )
 
 
 if __name__ == "__main__":
