@@ -8,7 +8,10 @@ which a constant error of the step model cancels out of:
   backward pairs, the dispatcher's kernels holding SMs while they run
   (`sim.training.contention.ep_hold`), the communication hidden;
 - full recomputation off and on (the same DeepSeek-V3): the replayed forward, its
-  collectives included (`sim.training.layer_phases`).
+  collectives included (`sim.training.layer_phases`);
+- the GPU's hardware queues, 1 and 32 (CUDA_DEVICE_MAX_CONNECTIONS; the same DeepSeek-V3
+  with EP overlap, which was also measured at one queue): the step's streams sharing one
+  queue in the host's issue order (`sim.engine.queues`).
 
 Each pair is two rows in file order, before and after; the columns that differ name the
 change. Where a row gives `measured_peak_gb` (the source's peak allocated memory), the step's

@@ -266,7 +266,8 @@ def plan(
     processes); `out`: a folder for the journal (a plan run again resumes) and the files of
     `--out`; `grid`: the values tried per key (`{"pp": (1, 2), "comm_sms": (16, 24)}`)."""
     from sim.training.plan import plan as run_plan
-    from sim.training.plan_space import Request, parse_layout
+    from sim.training.plan_parse import parse_layout
+    from sim.training.plan_space import Request
 
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers: expected an integer >= 1, got {workers!r}")

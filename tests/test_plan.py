@@ -14,7 +14,8 @@ import pytest
 
 from sim.core.errors import ConfigError
 from sim.training.plan import plan
-from sim.training.plan_space import Candidate, Request, parse_layout
+from sim.training.plan_parse import parse_layout
+from sim.training.plan_space import Candidate, Request
 
 REQ = Request("LLAMA3_8B", "DGX-H100", 8, 16, 4096, "BF16")
 GRID = {
@@ -282,7 +283,7 @@ def test_plan_on_processes_and_dask_is_the_same_plan():
 
 
 def test_grid_option():
-    from sim.training.plan_space import parse_grid
+    from sim.training.plan_parse import parse_grid
 
     assert parse_grid(["pp=1,2", "dispatcher=deepep", "comm_sms=16,24"]) == {
         "pp": (1, 2),

@@ -15,7 +15,8 @@ from sim.hardware.topology import Topology
 from sim.training.kernels import GpuKernels
 from sim.training.layout import Layout
 from sim.training.memory import step_memory
-from sim.training.plan_space import Candidate, Request, base_recipe, parse_layout
+from sim.training.plan_parse import parse_layout
+from sim.training.plan_space import Candidate, Request, base_recipe
 from sim.training.precision import PRECISIONS
 from sim.training.recipe import Recipe
 from sim.training.step import StepModel

@@ -15,7 +15,8 @@ from sim.strategies.dualpipe.schedule import table
 from sim.training.dualpipe_schedule import dualpipe_graph
 from sim.training.pipeline import Phase, StagePrograms, step_graph
 from sim.training.pipeline_kind import Placement
-from sim.training.plan_space import Request, check_given, parse_grid, parse_layout
+from sim.training.plan_parse import parse_grid, parse_layout
+from sim.training.plan_space import Request, check_given
 from sim.training.predict import parse_row, predict_rows, prepare
 
 F, B, W = 1e-3, 2e-3, 1e-3  # a chunk's forward, full backward and its weight part: F = B - W

@@ -11,8 +11,9 @@ def cmd_plan(a: argparse.Namespace) -> int:
     from sim.core.errors import ConfigError
     from sim.core.io import check_output_dir
     from sim.training.plan import plan
+    from sim.training.plan_parse import parse_grid, parse_layout
     from sim.training.plan_report import text_plan
-    from sim.training.plan_space import Request, parse_grid, parse_layout
+    from sim.training.plan_space import Request
 
     if a.out is not None:  # an unusable --out fails before anything is simulated
         check_output_dir(a.out)

@@ -166,8 +166,12 @@ def step_graph(
                 if stages[s].gather
                 else []
             )
-    # recvs are posted in the order their consumers need them; a pass waits for its recv
-    pending = _post_transfers(orders, em, ranks, vp, p2p_s)
+    # recvs in the host's issue order, which the hardware queues follow (`sim.engine.queues`):
+    # the interleaved schedule (`overlap_p2p_comm`) posts the next forward's (backward's)
+    # recv with the last forward's (backward's) send, so it lands during the pass between;
+    # plain 1F1B's batched exchange posts it just before the pass (`ahead`: posted early)
+    sources = _sources(orders, vp)
+    ahead: dict[tuple[str, int, int], str] = {}
     last_bwd: dict[tuple[int, int], int] = {}
     for s in range(pp):
         for i, (kind, _m, c) in enumerate(orders[s]):
@@ -185,7 +189,8 @@ def step_graph(
             for pk, pm, pc in passes:
                 prog = stages[s].fwd[pc] if pk == "F" else stages[s].bwd[pc]
                 v = pc * pp + s
-                deps = [pending.get((s, pk, pm, pc), "")]
+                src = sources.get((s, pk, pm, pc))
+                deps = [ahead.pop((pk, pm, pc), "") or _recv(em[s], pk, pm, pc, src, ranks, p2p_s)]
                 local = {"F": [("F", pm, v - 1, 0)], "B": [("B", pm, v + 1, 0), ("F", pm, v, 0)]}
                 deps += [done[key] for key in local[pk] if key in done and key[2] % pp == s]
                 deps += waits
@@ -206,6 +211,10 @@ def step_graph(
                         )
             i += len(passes)
             waits = blocking  # plain 1F1B's batched send / receive returns once sent
+            for pk in {p[0] for p in passes} if vp > 1 else ():
+                nxt = next((p for p in order[i:] if p[0] == pk), None)
+                if nxt is not None and (s, *nxt) in sources and nxt not in ahead:
+                    ahead[nxt] = _recv(em[s], *nxt, sources[(s, *nxt)], ranks, p2p_s)
     for s in range(pp):  # the optimizer step once every gradient is reduced
         ends = [t.id for t in g.tasks.values() if t.rank == ranks[s]]
         em[s].task(
@@ -255,33 +264,36 @@ def _peer(pk: str, v: int, pp: int, vp: int) -> int | None:
     return nxt if 0 <= nxt < pp * vp else None
 
 
-def _post_transfers(
-    orders: list[list[Pass]], em: list[_Emitter], ranks: list[int], vp: int, p2p_s: float
-) -> dict[tuple[int, str, int, int], str]:
-    """Receive tasks for every pass that needs an input from another stage, posted in the
-    order the receiving stage runs those passes; returns (stage, F|B, mb, chunk) -> recv id."""
+def _sources(orders: list[list[Pass]], vp: int) -> dict[tuple[int, str, int, int], int]:
+    """(stage, F|B, mb, chunk) -> the virtual stage its input comes from, for every pass
+    whose input another stage sends."""
     pp = len(orders)
     out = {}
     for s in range(pp):
         for pk, m, c in orders[s]:
             v = c * pp + s
             src = v - 1 if pk == "F" else v + 1
-            if not 0 <= src < pp * vp:
-                continue
-            src_stage = src % pp
-            if src_stage == s:  # pp == 1: chunks of one stage follow each other locally
-                continue
-            stream = "comm.rf" if pk == "F" else "comm.rb"
-            out[(s, pk, m, c)] = em[s].task(
-                f"recv.{pk}{m}.c{c}",
-                stream,
-                "recv",
-                p2p_s,
-                [],
-                peer=ranks[src_stage],
-                coll=f"p2p.{pk}.{m}.{src}",
-            )
+            if 0 <= src < pp * vp and src % pp != s:  # pp == 1: chunks of one stage are local
+                out[(s, pk, m, c)] = src
     return out
+
+
+def _recv(
+    em: _Emitter, pk: str, m: int, c: int, src: int | None, ranks: list[int], p2p_s: float
+) -> str:
+    """The receive of a pass's input from virtual stage `src` (on a stream per direction,
+    in the order the stage runs its passes); "" where the input is local."""
+    if src is None:
+        return ""
+    return em.task(
+        f"recv.{pk}{m}.c{c}",
+        "comm.rf" if pk == "F" else "comm.rb",
+        "recv",
+        p2p_s,
+        [],
+        peer=ranks[src % len(ranks)],
+        coll=f"p2p.{pk}.{m}.{src}",
+    )
 
 
 def _send(

@@ -24,8 +24,9 @@ from sim.core.errors import ConfigError, MoesimError
 from sim.training.layout import Layout
 from sim.training.pipeline_kind import check_pipeline
 from sim.training.precision import PRECISIONS
-from sim.training.recipe import Recipe, recipe_for
+from sim.training.recipe import Recipe, bridge_queues, recipe_for
 from sim.training.row_cells import imbalance_cell, int_cell, parse_choices, with_choices
+from sim.training.step_costs import costs, step_costs
 
 # The table's names -> presets (topologies/ and sim/workload/architectures.yaml)
 SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-B200": "dgx-b200", "DGX-GB200": "gb200-nvl72"}
@@ -241,10 +242,13 @@ def prepare(run: Run, recipe: Recipe | None = None) -> Prepared:
     per_domain = GPUS_PER_DOMAIN.get(run.system)
     nodes = math.ceil(lay.gpus / (per_domain or probe.gpus_per_node))
     topo = _topology(preset, nodes)
-    comm = CommTimer(topo, _costs(topo, "flow"), lay, per_domain)
-    return Prepared(
-        arch, lay, prec, recipe, gpu, comm, topo, _costs(topo, "collective"), run.imbalance
-    )
+    comm = CommTimer(topo, costs(topo, "flow"), lay, per_domain)
+    if recipe.max_connections is None:  # as the performance scripts set them for the run
+        major = int((spec.get("compute_capability") or [9])[0])
+        queues = bridge_queues(major, lay.tp, lay.cp, recipe.ep_overlap, recipe.dispatcher)
+        recipe = replace(recipe, max_connections=queues)
+    step = step_costs(topo, recipe.max_connections)
+    return Prepared(arch, lay, prec, recipe, gpu, comm, topo, step, run.imbalance)
 
 
 def shortened(arch: Any, layers: int | None, where: str) -> Any:
@@ -267,15 +271,6 @@ def _topology(preset: str, nodes: int) -> Any:
     from sim.hardware.topology import Topology
 
     return Topology.load(preset, nodes=nodes)
-
-
-@functools.lru_cache(maxsize=32)
-def _costs(topo: Any, network: str) -> Any:
-    """The topology's cost model with the given network mode ("flow" for the collectives'
-    simulations, "collective" for the pipeline of timed tasks)."""
-    from sim.hardware.costs import CostModel
-
-    return CostModel.build(topo, {} if network == "flow" else {"network": network})
 
 
 def predict_run(

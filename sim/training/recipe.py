@@ -43,6 +43,9 @@ class Recipe:
     mtp: int | None = None  # MTP modules; None: the architecture's
     pipeline_layout: str = ""  # Megatron-Core's layout string (sim.training.stages)
     pipeline: str = "1f1b"  # 1f1b | dualpipe | dualpipev (sim.training.pipeline_kind)
+    # the GPU's hardware queues the run's streams share (CUDA_DEVICE_MAX_CONNECTIONS, as the
+    # recipe's row records it); None: as Megatron-Bridge's scripts set them (`bridge_queues`)
+    max_connections: int | None = None
     account_for_embedding: bool = False
     account_for_loss: bool = False
     source: str = "defaults"
@@ -95,6 +98,9 @@ def _as_recipe(raw: dict[str, Any]) -> Recipe:
     )
     if isinstance(domain, int) and domain > 0:
         kw["gpus_per_domain"] = domain
+    queues = other.get("CUDA_DEVICE_MAX_CONNECTIONS") if isinstance(other, dict) else None
+    if isinstance(queues, int) and 1 <= queues <= 32:
+        kw["max_connections"] = queues
     etp = raw.get(
         "etp", other.get("expert_tensor_parallel_size") if isinstance(other, dict) else None
     )
@@ -168,6 +174,20 @@ def comm_sms(recipe: Recipe) -> int:
     """SMs the recipe's EP dispatcher holds: the recipe's `comm_sms` (DeepEP's
     `Buffer.set_num_sms`, HybridEP's `moe_hybridep_num_sms`), else the dispatcher's default."""
     return recipe.comm_sms or COMM_SMS.get(recipe.dispatcher, COMM_SMS["alltoall"])
+
+
+def bridge_queues(major: int, tp: int, cp: int, ep_overlap: bool, dispatcher: str) -> int:
+    """The hardware queues Megatron-Bridge's performance scripts give a run
+    (CUDA_DEVICE_MAX_CONNECTIONS; v0.3.0 `scripts/performance/perf_plugins.py`
+    `_set_num_cuda_device_max_connections`, the same rule at runtime in 25.09's
+    `training/comm_overlap.py`): 8, 32 with DeepEP or HybridEP and on Blackwell and newer
+    (compute capability `major` >= 10: "extra connections to avoid serialization of
+    streams"); on Hopper and older one queue where TP or CP communication overlaps GEMMs
+    without Megatron-Core's EP overlap (the queue keeps the host's order, so the
+    communication kernel is scheduled before the persistent GEMM it overlaps)."""
+    if major < 10 and (tp > 1 or cp > 1) and not ep_overlap:
+        return 1
+    return 32 if major >= 10 or dispatcher in ("deepep", "hybridep") else 8
 
 
 # CUDA-graph scope names (Megatron-Core `--cuda-graph-scope`) -> the modules they capture

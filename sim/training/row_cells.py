@@ -8,6 +8,7 @@ from dataclasses import replace
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.hardware.costs.resources import MAX_CONNECTIONS
 from sim.training.pipeline_kind import PIPELINES
 from sim.training.recipe import Recipe
 
@@ -18,7 +19,8 @@ from sim.training.recipe import Recipe
 # or a Megatron-Core layout string), layers offloaded per stage, MTP modules, the pipeline
 # schedule (1f1b, dualpipe, dualpipev: `sim.training.pipeline_kind`); and the model's
 # transformer layers (`num_layers`: a shortened model, as proxies of large ones are run,
-# its first dense layers kept)
+# its first dense layers kept); the hardware queues the step's streams share
+# (`max_connections`, CUDA_DEVICE_MAX_CONNECTIONS: 1 to 32)
 CHOICES = (
     "dispatcher",
     "ep_overlap",
@@ -30,6 +32,7 @@ CHOICES = (
     "mtp",
     "pipeline",
     "num_layers",
+    "max_connections",
 )
 DISPATCHERS = ("alltoall", "allgather", "deepep", "hybridep")
 RECOMPUTE = ("none", "selective", "full")
@@ -80,6 +83,13 @@ def parse_choices(cols: dict[str, Any], where: str) -> dict[str, Any]:
             if raw not in PIPELINES:
                 raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {raw!r}")
             out[k] = raw
+        elif k == "max_connections":
+            out[k] = int_cell(cols, k, where)
+            if out[k] > MAX_CONNECTIONS:
+                raise ConfigError(
+                    f"{where}: max_connections: expected 1 to {MAX_CONNECTIONS} hardware "
+                    f"queues (CUDA_DEVICE_MAX_CONNECTIONS), got {raw!r}"
+                )
         else:  # comm_sms, recompute_layers, offload_layers, mtp, num_layers
             out[k] = int_cell(cols, k, where, low=1 if k == "num_layers" else 0)
     if out.get("recompute_layers") and out.get("recompute", "full") != "full":
@@ -108,7 +118,7 @@ def with_choices(recipe: Recipe, choices: dict[str, Any], mla: bool) -> Recipe:
         kw.update(recompute_modules=modules, recompute_full=rc == "full", recompute_layers=None)
     if "recompute_layers" in choices:  # N: the first N layers of each model chunk; 0: all
         kw["recompute_layers"] = choices["recompute_layers"] or None
-    for k in ("pipeline_layout", "offload_layers", "mtp", "pipeline"):
+    for k in ("pipeline_layout", "offload_layers", "mtp", "pipeline", "max_connections"):
         if k in choices:
             kw[k] = choices[k]
     return replace(recipe, **kw) if kw else recipe

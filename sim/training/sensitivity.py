@@ -42,13 +42,14 @@ def _step_s(p: Any, gpu: Any = None, topo: Any = None) -> float:
     from sim.hardware.costs import CostModel
     from sim.training.comm import CommTimer
     from sim.training.step import run_step
+    from sim.training.step_costs import step_costs
 
     comm, costs = p.comm, p.costs
     if topo is None:
         topo = p.topo
     else:
         comm = CommTimer(topo, CostModel.build(topo, {}), p.layout, p.comm.per_domain)
-        costs = CostModel.build(topo, {"network": "collective"})
+        costs = step_costs(topo, p.recipe.max_connections)
     return run_step(
         p.arch, p.layout, p.precision, p.recipe, gpu or p.gpu, comm, topo, costs, p.imbalance
     ).step_s

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from sim.core.issue import in_issue_order
 from sim.hardware.costs.resources import Resources
 from sim.training.comm import Timer, flex_dispatch
 from sim.training.contention import Contention, build, dp_hold, fsdp
@@ -170,6 +171,10 @@ class StepModel:
             g = dualpipe_graph(progs, ranks, topo.world_size, pipe, p2p_s, overlap)
         else:
             g = step_graph(progs, ranks, topo.world_size, lay.ga, lay.vp, p2p_s, overlap)
+        if r.max_connections is not None and r.max_connections < _streams(g):
+            # streams share queues (`sim.engine.queues`): the builder's order where the
+            # queues can run it, else one a host could issue
+            g = in_issue_order(g)
         return g, ranks, p2p_s
 
     # -- per stage ---------------------------------------------------------------------------
@@ -361,6 +366,14 @@ def run_step(
         },
         meta={"tasks": len(g), "collective_simulations": comm.simulations},
     )
+
+
+def _streams(g: Any) -> int:
+    """The most streams one rank of graph `g` uses."""
+    per_rank: dict[int, int] = {}
+    for rank, _ in {(t.rank, t.stream) for t in g}:
+        per_rank[rank] = per_rank.get(rank, 0) + 1
+    return max(per_rank.values(), default=0)
 
 
 def _bubble(progs: list[StagePrograms], micro: int, step_s: float) -> float:
