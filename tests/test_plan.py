@@ -96,6 +96,7 @@ def test_bad_requests_fail_in_one_line():
         ("foo=1", "unknown key 'foo'"),
         ("tp", "expected KEY=VALUE"),
         ("overlap=maybe", "overlap: expected on or off"),
+        ("queues=33", "queues: expected an integer >= 0 and <= 32"),
     ],
 )
 def test_layout_option_errors(text, needle):
@@ -105,9 +106,10 @@ def test_layout_option_errors(text, needle):
 
 def test_layout_option_parses_every_field():
     c = parse_layout(
-        "tp=2,cp=2,pp=4,vp=3,ep=8,mbs=2,overlap=on,recompute=full,fsdp=on,dispatcher=deepep,sms=48"
+        "tp=2,cp=2,pp=4,vp=3,ep=8,mbs=2,overlap=on,recompute=full,fsdp=on,dispatcher=deepep,"
+        "sms=48,queues=1"
     )
-    assert c == Candidate(2, 2, 4, 3, 8, 2, True, "full", True, "deepep", 48)
+    assert c == Candidate(2, 2, 4, 3, 8, 2, True, "full", True, "deepep", 48, queues=1)
 
 
 def test_cli_plan_json_and_best_row_for_predict(tmp_path: Path):
@@ -295,6 +297,7 @@ def test_grid_option():
         (["pp=x"], "pp: expected integers"),
         (["dispatcher=allgather"], "'allgather' is not one of alltoall, deepep"),
         (["pp"], "expected KEY=V1,V2"),
+        (["queues=-1"], "queues: expected integers >= 0"),
     ):
         with pytest.raises(ConfigError, match=needle):
             parse_grid(bad)
@@ -593,3 +596,24 @@ def test_num_layers_shortens_the_model_and_keeps_its_dense_layers():
     assert p.arch.layers == 14 and p.arch.first_dense == 3
     with pytest.raises(ConfigError, match="num_layers: 3 leaves no MoE layer"):
         prepare(parse_row({**row, "num_layers": "3", "pipeline_layout": ""}, 1))
+
+
+def test_hardware_queues_are_the_scripts_unless_the_grid_names_them(tmp_path: Path):
+    """Each candidate runs on the queues Megatron-Bridge's scripts give it (one on Hopper at
+    TP 2 without EP overlap, CUDA's 8 at TP 1 with the all-to-all) unless `--grid queues`
+    names them; one queue is never faster, and best.csv carries the count it ran on."""
+    from sim.training.predict import predict_rows, read_table
+
+    grid = {**GRID, "tp": (1, 2), "pp": (1,), "vp": (1,), "mbs": (1,), "recompute": ("none",)}
+    scripts = plan(REQ, grid=grid, prune=False)
+    assert {(c["tp"], c["max_connections"]) for c in scripts.candidates} == {(1, 8), (2, 1)}
+    named = plan(REQ, grid={**grid, "queues": (1, 32)}, prune=False, out=tmp_path / "p")
+    step = {(c["tp"], c["max_connections"]): c["predicted_step_s"] for c in named.candidates}
+    assert set(step) == {(tp, q) for tp in (1, 2) for q in (1, 32)}
+    assert all(step[(tp, 1)] >= step[(tp, 32)] * (1 - 1e-12) for tp in (1, 2))
+    row = read_table(tmp_path / "p" / "best.csv")[0]
+    assert int(row["max_connections"]) == named.candidates[0]["max_connections"]
+    got = predict_rows([row])["rows"][0]
+    assert got["predicted_step_s"] == pytest.approx(named.candidates[0]["predicted_step_s"])
+    with pytest.raises(ConfigError, match="queues 40: expected 1 to 32"):
+        plan(REQ, grid={**grid, "queues": (40,)})

@@ -9,11 +9,15 @@ memory, found by simulating the candidates that could win.
    DeepEP's kernels hold; recomputation none / the recipe's selective modules / full) and
    the pipeline schedule:
    Megatron-Core's 1F1B, or DualPipe / DualPipeV where the layout runs them (vp 1, pp >= 2,
-   even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Not searched,
-   because the training step model does not simulate them: the all-gather dispatcher (the
-   step model moves its tokens as the all-to-all does) and hardware queues;
-   nor the SMs of NCCL's all-to-all (its simulated time does not depend on them, so fewer
-   would always win).
+   even for DualPipe, enough micro-batches: `sim.training.pipeline_kind`). Each candidate
+   runs on the hardware queues Megatron-Bridge's scripts give it (one on Hopper where TP
+   or CP communication overlaps GEMMs without EP overlap, `recipe.bridge_queues`), or on
+   those `--grid queues=...` / `--layout ...,queues=N` name: the step model has no gain
+   from fewer queues (it does not schedule a kernel ahead of the host's order), so
+   searching them is the user's call. Not searched, because the training step model
+   does not tell them apart: the all-gather dispatcher (its tokens move as the
+   all-to-all's) and the SMs of NCCL's all-to-all (its simulated time does not depend on
+   them, so fewer would always win).
 2. Drop what cannot run: a candidate whose peak memory (`sim.training.memory`, no simulation
    needed) exceeds the GPU's. Where full recomputation fits and recomputing nothing does
    not, add the fewest layers per model chunk fully recomputed that fit (Megatron-Core's

@@ -7,13 +7,14 @@ from __future__ import annotations
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.hardware.costs.resources import MAX_CONNECTIONS
 from sim.training.pipeline_kind import PIPELINES
 from sim.training.plan_space import DISPATCHER, GRID, LAYOUT_KEYS, RECOMPUTE, Candidate
 
 
 def parse_layout(text: str, where: str = "--layout") -> Candidate:
     """`tp=1,pp=2,vp=12,ep=8,mbs=1[,cp=1,overlap=on,recompute=full,recompute_layers=2,
-    fsdp=off,dispatcher=deepep,sms=24,offload=0,pipeline=1f1b]` as a candidate."""
+    fsdp=off,dispatcher=deepep,sms=24,offload=0,pipeline=1f1b,queues=1]` as a candidate."""
     vals: dict[str, Any] = {"tp": 1, "cp": 1, "pp": 1, "vp": 1, "ep": 1, "mbs": 1}
     extra: dict[str, Any] = {}
     seen: set[str] = set()
@@ -51,15 +52,16 @@ def parse_layout(text: str, where: str = "--layout") -> Candidate:
             if v not in PIPELINES:
                 raise ConfigError(f"{where}: pipeline: expected one of {PIPELINES}, got {v!r}")
             extra["pipeline"] = v
-        elif k in ("sms", "offload", "recompute_layers"):
+        elif k in ("sms", "offload", "recompute_layers", "queues"):
             low = int(k == "recompute_layers")
-            if not v.isdigit() or int(v) < low:
-                raise ConfigError(f"{where}: {k}: expected an integer >= {low}, got {v!r}")
+            if not v.isdigit() or int(v) < low or k == "queues" and int(v) > MAX_CONNECTIONS:
+                top = f" and <= {MAX_CONNECTIONS}" if k == "queues" else ""
+                raise ConfigError(f"{where}: {k}: expected an integer >= {low}{top}, got {v!r}")
             extra["comm_sms" if k == "sms" else k] = int(v)
         else:
             raise ConfigError(
                 f"{where}: unknown key {k!r} (keys: {', '.join(LAYOUT_KEYS)}, overlap, "
-                "recompute, recompute_layers, fsdp, dispatcher, sms, offload, pipeline)"
+                "recompute, recompute_layers, fsdp, dispatcher, sms, offload, pipeline, queues)"
             )
     if extra.get("recompute_layers") and extra.get("recompute") != "full":
         raise ConfigError(f"{where}: recompute_layers: needs recompute=full (its first N layers)")
@@ -86,7 +88,7 @@ def parse_grid(items: list[str], where: str = "--grid") -> dict[str, tuple]:
                 grid[k] = tuple(int(x) for x in vals)
             except ValueError:
                 raise ConfigError(f"{where}: {k}: expected integers, got {v!r}") from None
-            low = 0 if k in ("comm_sms", "offload") else 1
+            low = 0 if k in ("comm_sms", "offload", "queues") else 1
             if min(grid[k]) < low:
                 raise ConfigError(f"{where}: {k}: expected integers >= {low}, got {v!r}")
         else:

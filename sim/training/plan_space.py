@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from sim.core.errors import ConfigError
+from sim.hardware.costs.resources import MAX_CONNECTIONS
 from sim.training.pipeline_kind import PIPELINES, check_pipeline, runs
 from sim.training.recipe import Recipe, recipe_for
 from sim.training.row_cells import with_choices
@@ -24,6 +25,11 @@ RECOMPUTE = ("none", "selective", "full")
 DISPATCHER = ("alltoall", "deepep", "hybridep")  # the EP dispatchers the step model tells apart
 SEARCHED_DISPATCHERS = ("alltoall", "deepep")  # and HybridEP where `plan_grid` says
 COMM_SMS = (0,)  # SMs DeepEP's kernels hold; 0: DeepEP's default (sim.training.step)
+# the GPU's hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 1 to 32); 0: as Megatron-Bridge's
+# scripts set them for the candidate (`recipe.bridge_queues`: one on Hopper where TP or CP
+# communication overlaps without EP overlap). More queues never slow the step model, which
+# knows no cost of a kernel scheduled out of the host's order, so the default searches none
+QUEUES = (0,)
 # layers whose activations go to the host (PP 1, no recomputation: Megatron-Core's limits);
 # a plan adds the request's recipe's count (`plan_grid`)
 OFFLOAD = (0,)
@@ -65,6 +71,7 @@ class Candidate:
     pipeline: str = "1f1b"  # 1f1b | dualpipe | dualpipev
     # with recompute full: the first N layers of each model chunk recomputed (0: every layer)
     recompute_layers: int = 0
+    queues: int = 0  # the GPU's hardware queues; 0: as the scripts set them (QUEUES)
 
     def key(self) -> tuple:
         return tuple(vars(self).values())
@@ -73,7 +80,7 @@ class Candidate:
         """The candidate as text, every field named (offload and recompute_layers only where
         some, the pipeline only where not 1F1B): its key in a plan's journal (a journal
         written before those were choices still reads)."""
-        default = {"offload": 0, "pipeline": "1f1b", "recompute_layers": 0}
+        default = {"offload": 0, "pipeline": "1f1b", "recompute_layers": 0, "queues": 0}
         return ",".join(
             f"{k}={v}" for k, v in vars(self).items() if k not in default or v != default[k]
         )
@@ -102,6 +109,7 @@ class Candidate:
         s += f" offload={self.offload}" if self.offload else ""
         s += f" {self.pipeline}" if self.pipeline != "1f1b" else ""
         s += " overlap" if self.ep_overlap else ""
+        s += f" queues={self.queues}" if self.queues else ""
         n = self.recompute_layers
         return s + f" recompute={self.recompute}" + (f":{n}" if n else "")
 
@@ -111,7 +119,11 @@ def recipe_of(base: Recipe, c: Candidate, mla: bool) -> Recipe:
     pipeline split evenly (the recipe's layout string is tuned for its published layout) and
     the candidate's offloading, as `moesim predict` builds a row with those choices
     (`best_choices`)."""
-    choices = {**best_choices(c), "dispatcher": c.dispatcher or base.dispatcher}
+    choices = {
+        **best_choices(c),
+        "dispatcher": c.dispatcher or base.dispatcher,
+        "max_connections": c.queues or None,  # None: the scripts' count for the candidate
+    }
     return replace(with_choices(base, choices, mla), source=f"plan: {c.label()}")
 
 
@@ -141,6 +153,7 @@ GRID: dict[str, tuple] = {
     "recompute": RECOMPUTE,
     "dispatcher": SEARCHED_DISPATCHERS,
     "comm_sms": COMM_SMS,
+    "queues": QUEUES,
     "offload": OFFLOAD,
     "pipeline": PIPELINE,
 }
@@ -201,8 +214,10 @@ def candidates(
             ):
                 # Megatron-Core offloads only without a pipeline and without recomputation
                 # (TransformerConfig.__post_init__), fewer layers than the model has
-                for off in offloads if pp == 1 and rc == "none" else (0,):
-                    c = Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off, pl)
+                for off, q in itertools.product(
+                    offloads if pp == 1 and rc == "none" else (0,), g["queues"]
+                ):
+                    c = Candidate(tp, cp, pp, vp, ep, mbs, ov, rc, fs, disp, sms, off, pl, 0, q)
                     if off < arch.layers and not overlap_refusal(c, selective):
                         yield c
 
@@ -239,6 +254,12 @@ def check_grid(req: Request, grid: dict[str, tuple] | None, sms: int = 0, layers
     many = [n for n in (grid or {}).get("offload", ()) if layers and n > layers]
     if many:
         raise ConfigError(f"{req.where}: grid: offload {many[0]}: the model has {layers} layers")
+    many = [n for n in (grid or {}).get("queues", ()) if n > MAX_CONNECTIONS]
+    if many:
+        raise ConfigError(
+            f"{req.where}: grid: queues {many[0]}: expected 1 to {MAX_CONNECTIONS} hardware "
+            "queues (CUDA_DEVICE_MAX_CONNECTIONS), or 0 for the scripts' count"
+        )
     over = [n for n in (grid or {}).get("comm_sms", ()) if sms and n >= sms]
     if over:
         raise ConfigError(

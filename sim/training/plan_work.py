@@ -70,6 +70,7 @@ def evaluate(args: tuple) -> dict[str, Any]:
 
         run = parse_row({k: str(v) for k, v in candidate_row(req, c).items()}, 1)
         p = prepare(run, recipe)
+        rec["max_connections"] = p.recipe.max_connections  # the queues it runs on
         shared = p.comm.shared()
         for k, v in known.items():  # what other workers simulated of this layout
             shared.setdefault(k, v)
