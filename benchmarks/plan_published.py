@@ -86,10 +86,11 @@ def _precision(name: str) -> str:
     return {"FP8-MX": "MXFP8"}.get(p, p)
 
 
-def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[str]:
+def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[tuple[str, float]]:
     """What later releases ran for the row's model, system, GPU count and variant with another
     layout, and how that measured against the row: a check, from NVIDIA's own retuning, of
-    what the plan proposes (the later tables are issue 23's held-out rows)."""
+    what the plan proposes (the later tables are issue 23's held-out rows): (what it ran and
+    measured, its throughput over the row's) each."""
     out = []
     key = ("system", "model", "gpus", "variant")
     for x in later:
@@ -103,10 +104,11 @@ def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[str]:
         changed = [f"{f} {was[f]} -> {now[f]}" for f in FIELDS if was[f] != now[f]]
         mine, theirs = float(r["tokens_per_s_per_gpu"]), float(x["tokens_per_s_per_gpu"])
         if changed and mine > 0:
-            out.append(
+            text = (
                 f"{x['release']} {x['precision']}: {', '.join(changed)}, measured {theirs:,.0f} "
                 f"({theirs / mine:.2f}x this row's {mine:,.0f})"
             )
+            out.append((text, theirs / mine))
     return out
 
 
@@ -131,11 +133,42 @@ def row_lines(rec: dict, r: dict[str, str], later: list[dict[str, str]] | None =
     ]
     if g.get("reason"):
         out.append(f"|  | published layout not built: {g['reason']} |" + " |" * 12)
+    if g.get("fits") is False:
+        out.append(f"|  | published layout over memory: {over_memory(g, r)} |" + " |" * 12)
+    runs = later_runs(r, later or [])
     if gt and bt and ahead is not None and ahead > 0.10:
         out.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
-    for line in later_runs(r, later or []):
+        out.append(f"|  | {verdict(runs)} |" + " |" * 12)
+    for line, _ in runs:
         out.append(f"|  | a later release ran another layout: {line} |" + " |" * 12)
     return out
+
+
+def over_memory(g: dict, r: dict[str, str]) -> str:
+    """Why the published layout does not fit: its predicted peak against the GPU's memory,
+    and what its recipe says where the recipe's layout is not the row's (recipes.yaml's
+    `layout_mismatch`: the row's printed layout may not be the one that ran)."""
+    from sim.training.recipe import recipe_for
+
+    peak, margin = g.get("peak_memory_bytes") or 0.0, g.get("memory_margin_bytes") or 0.0
+    text = f"predicted peak {peak / 1e9:.1f} GB, {-margin / 1e9:.1f} GB over the GPU's"
+    rec = recipe_for(r["model"], r["system"], r["precision"], r["release"])
+    other = rec.notes.get("other") or {}
+    note = other.get("layout_mismatch") if isinstance(other, dict) else None
+    return text + (f"; its recipe: {note}" if note else "")
+
+
+def verdict(runs: list[tuple[str, float]]) -> str:
+    """Whether NVIDIA's own later retuning of the row (`later_runs`) measured a gain of the
+    size the plan predicts: a finding it confirms, or one no published run checks (a
+    finding to try, or a modelling error to investigate)."""
+    top = max((x for _, x in runs), default=0.0)
+    if top > 1.10:
+        return f"a later release's retuning measured up to {top:.2f}x: the plan points the same way"
+    return (
+        "no later release measured a gain over 10%: a finding to try, or a modelling error "
+        "to investigate"
+    )
 
 
 def main() -> None:

@@ -130,5 +130,24 @@ def test_a_later_releases_other_layout_is_reported_with_its_measured_ratio() -> 
         {**row, "release": "26.06", "precision": "MXFP8", "vp": "", "tokens_per_s_per_gpu": "9500"},
     ]
     assert later_runs(row, later) == [
-        "26.04 MXFP8: mbs 1 -> 4, measured 26,859 (2.89x this row's 9,299)"
+        ("26.04 MXFP8: mbs 1 -> 4, measured 26,859 (2.89x this row's 9,299)", 26859 / 9299)
     ]
+
+
+def test_a_plan_ahead_of_the_published_layout_says_whether_a_later_run_confirms_it() -> None:
+    from benchmarks.plan_published import verdict
+
+    assert "measured up to 2.89x: the plan points the same way" in verdict([("x", 2.89)])
+    for runs in ([], [("x", 1.05)]):
+        assert "modelling error to investigate" in verdict(runs)
+
+
+def test_a_published_layout_over_memory_says_by_how_much_and_what_its_recipe_ran() -> None:
+    """Row 31 of the shared table (25.11 B200 GPT-OSS 120B at EP8) does not fit in the
+    memory model; its recipe ran EP64."""
+    from benchmarks.plan_published import over_memory
+
+    row = _row("25.11,DGX-B200,GPT_OSS_120B,,64,BF16,512,4,4096,0,1,1,1,1,8,2")
+    got = over_memory({"peak_memory_bytes": 208.1e9, "memory_margin_bytes": -16.6e9}, row)
+    assert got.startswith("predicted peak 208.1 GB, 16.6 GB over the GPU's")
+    assert "v0.2.0 config EP64" in got
