@@ -136,15 +136,16 @@ def add_parsers(sub: Any) -> None:
         help="also score this layout (cp, overlap=on|off, recompute=none|selective|"
         "full, recompute_layers=N with recompute=full: the first N layers of each model "
         "chunk, as Megatron-Core's --recompute-method block --recompute-num-layers N, "
-        "fsdp=on|off, dispatcher, sms, offload=LAYERS, pipeline=1f1b|dualpipe|dualpipev) "
-        "and say its rank",
+        "fsdp=on|off, dispatcher, sms, offload=LAYERS, pipeline=1f1b|dualpipe|dualpipev, "
+        "queues=N: the GPU's hardware queues, CUDA_DEVICE_MAX_CONNECTIONS) and say its rank",
     )
     p.add_argument(
         "--grid",
         action="append",
         metavar="KEY=V1,V2",
         help="the values tried for a key (tp, cp, pp, vp, ep, mbs, recompute, dispatcher, "
-        "comm_sms, offload, pipeline), e.g. pp=1,2,4 or pipeline=1f1b,dualpipev; repeatable",
+        "comm_sms, queues, offload, pipeline), e.g. pp=1,2,4, pipeline=1f1b,dualpipev or "
+        "queues=1,32 (default queues 0: as Megatron-Bridge's scripts set them); repeatable",
     )
     p.add_argument(
         "--workers",
