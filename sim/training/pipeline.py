@@ -168,8 +168,9 @@ def step_graph(
             )
     # recvs in the host's issue order, which the hardware queues follow (`sim.engine.queues`):
     # the interleaved schedule (`overlap_p2p_comm`) posts the next forward's (backward's)
-    # recv with the last forward's (backward's) send, so it lands during the pass between;
-    # plain 1F1B's batched exchange posts it just before the pass (`ahead`: posted early)
+    # recv with the last forward's (backward's) send, so it lands during the pass between
+    # (`ahead`: those posted early, by pass); plain 1F1B's batched exchange posts it just
+    # before the pass
     sources = _sources(orders, vp)
     ahead: dict[tuple[str, int, int], str] = {}
     last_bwd: dict[tuple[int, int], int] = {}
