@@ -179,12 +179,13 @@ def comm_sms(recipe: Recipe) -> int:
 def bridge_queues(major: int, tp: int, cp: int, ep_overlap: bool, dispatcher: str) -> int:
     """The hardware queues Megatron-Bridge's performance scripts give a run
     (CUDA_DEVICE_MAX_CONNECTIONS; v0.3.0 `scripts/performance/perf_plugins.py`
-    `_set_num_cuda_device_max_connections`, the same rule at runtime in 25.09's
-    `training/comm_overlap.py`): 8, 32 with DeepEP or HybridEP and on Blackwell and newer
-    (compute capability `major` >= 10: "extra connections to avoid serialization of
-    streams"); on Hopper and older one queue where TP or CP communication overlaps GEMMs
+    `_set_num_cuda_device_max_connections`): 8, 32 with DeepEP or HybridEP and on Blackwell
+    and newer (compute capability `major` >= 10: "extra connections to avoid serialization
+    of streams"); on Hopper and older one queue where TP or CP communication overlaps GEMMs
     without Megatron-Core's EP overlap (the queue keeps the host's order, so the
-    communication kernel is scheduled before the persistent GEMM it overlaps)."""
+    communication kernel is scheduled before the persistent GEMM it overlaps). 25.09's
+    `training/comm_overlap.py` sets one queue in the same cases at runtime; its other
+    counts (8 or 32) give each stream of the step's graph a queue, as these do."""
     if major < 10 and (tp > 1 or cp > 1) and not ep_overlap:
         return 1
     return 32 if major >= 10 or dispatcher in ("deepep", "hybridep") else 8
