@@ -86,11 +86,11 @@ def _precision(name: str) -> str:
     return {"FP8-MX": "MXFP8"}.get(p, p)
 
 
-def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[tuple[str, float]]:
+def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[tuple[str, float, set[str]]]:
     """What later releases ran for the row's model, system, GPU count and variant with another
     layout, and how that measured against the row: a check, from NVIDIA's own retuning, of
     what the plan proposes (the later tables are issue 23's held-out rows): (what it ran and
-    measured, its throughput over the row's) each."""
+    measured, its throughput over the row's, the fields it changed) each."""
     out = []
     key = ("system", "model", "gpus", "variant")
     for x in later:
@@ -108,7 +108,7 @@ def later_runs(r: dict[str, str], later: list[dict[str, str]]) -> list[tuple[str
                 f"{x['release']} {x['precision']}: {', '.join(changed)}, measured {theirs:,.0f} "
                 f"({theirs / mine:.2f}x this row's {mine:,.0f})"
             )
-            out.append((text, theirs / mine))
+            out.append((text, theirs / mine, {f for f in FIELDS if was[f] != now[f]}))
     return out
 
 
@@ -138,8 +138,9 @@ def row_lines(rec: dict, r: dict[str, str], later: list[dict[str, str]] | None =
     runs = later_runs(r, later or [])
     if gt and bt and ahead is not None and ahead > 0.10:
         out.append(f"|  | best vs published: {why(best, g)} |" + " |" * 12)
-        out.append(f"|  | {verdict(runs)} |" + " |" * 12)
-    for line, _ in runs:
+        changed = {f for f in FIELDS if f in best and str(best[f]) != str(g.get(f))}
+        out.append(f"|  | {verdict(runs, changed)} |" + " |" * 12)
+    for line, _, _ in runs:
         out.append(f"|  | a later release ran another layout: {line} |" + " |" * 12)
     return out
 
@@ -158,16 +159,21 @@ def over_memory(g: dict, r: dict[str, str]) -> str:
     return text + (f"; its recipe: {note}" if note else "")
 
 
-def verdict(runs: list[tuple[str, float]]) -> str:
-    """Whether NVIDIA's own later retuning of the row (`later_runs`) measured a gain of the
-    size the plan predicts: a finding it confirms, or one no published run checks (a
-    finding to try, or a modelling error to investigate)."""
-    top = max((x for _, x in runs), default=0.0)
-    if top > 1.10:
-        return f"a later release's retuning measured up to {top:.2f}x: the plan points the same way"
+def verdict(runs: list[tuple[str, float, set[str]]], changed: set[str]) -> str:
+    """Whether NVIDIA's own later retuning of the row (`later_runs`) changed what the plan's
+    best changes (`changed`: its layout fields) and measured a gain over 10%: a finding it
+    confirms; else one no published run checks (a finding to try, or a modelling error to
+    investigate)."""
+    same = [(x, fs & changed) for _, x, fs in runs if x > 1.10 and fs & changed]
+    if same:
+        top, fs = max(same, key=lambda t: t[0])
+        return (
+            f"a later release's retuning also changed {', '.join(sorted(fs))} and measured "
+            f"{top:.2f}x: the plan points the same way"
+        )
     return (
-        "no later release measured a gain over 10%: a finding to try, or a modelling error "
-        "to investigate"
+        "no later release changed the same fields and measured a gain over 10%: a finding "
+        "to try, or a modelling error to investigate"
     )
 
 

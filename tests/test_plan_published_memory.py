@@ -130,16 +130,17 @@ def test_a_later_releases_other_layout_is_reported_with_its_measured_ratio() -> 
         {**row, "release": "26.06", "precision": "MXFP8", "vp": "", "tokens_per_s_per_gpu": "9500"},
     ]
     assert later_runs(row, later) == [
-        ("26.04 MXFP8: mbs 1 -> 4, measured 26,859 (2.89x this row's 9,299)", 26859 / 9299)
+        ("26.04 MXFP8: mbs 1 -> 4, measured 26,859 (2.89x this row's 9,299)", 26859 / 9299, {"mbs"})
     ]
 
 
 def test_a_plan_ahead_of_the_published_layout_says_whether_a_later_run_confirms_it() -> None:
     from benchmarks.plan_published import verdict
 
-    assert "measured up to 2.89x: the plan points the same way" in verdict([("x", 2.89)])
-    for runs in ([], [("x", 1.05)]):
-        assert "modelling error to investigate" in verdict(runs)
+    runs = [("x", 2.89, {"mbs"}), ("y", 1.5, {"gbs"})]
+    assert "also changed mbs and measured 2.89x: the plan points" in verdict(runs, {"mbs", "ep"})
+    for rs, changed in ((runs, {"pp"}), ([], {"mbs"}), ([("x", 1.05, {"mbs"})], {"mbs"})):
+        assert "modelling error to investigate" in verdict(rs, changed)
 
 
 def test_a_published_layout_over_memory_says_by_how_much_and_what_its_recipe_ran() -> None:
