@@ -212,7 +212,7 @@ def step_graph(
                         )
             i += len(passes)
             waits = blocking  # plain 1F1B's batched send / receive returns once sent
-            for pk in {p[0] for p in passes} if vp > 1 else ():
+            for pk in dict.fromkeys(p[0] for p in passes) if vp > 1 else ():  # in pass order
                 nxt = next((p for p in order[i:] if p[0] == pk), None)
                 if nxt is not None and (s, *nxt) in sources and nxt not in ahead:
                     ahead[nxt] = _recv(em[s], *nxt, sources[(s, *nxt)], ranks, p2p_s)

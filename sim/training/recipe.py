@@ -14,6 +14,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from sim.hardware.costs.resources import MAX_CONNECTIONS
+
 DATA = Path(__file__).with_name("recipes.yaml")
 
 
@@ -99,7 +101,7 @@ def _as_recipe(raw: dict[str, Any]) -> Recipe:
     if isinstance(domain, int) and domain > 0:
         kw["gpus_per_domain"] = domain
     queues = other.get("CUDA_DEVICE_MAX_CONNECTIONS") if isinstance(other, dict) else None
-    if isinstance(queues, int) and 1 <= queues <= 32:
+    if isinstance(queues, int) and 1 <= queues <= MAX_CONNECTIONS:
         kw["max_connections"] = queues
     etp = raw.get(
         "etp", other.get("expert_tensor_parallel_size") if isinstance(other, dict) else None
