@@ -183,12 +183,12 @@ class Contention:
         self, kind: str, attn: bool, backward: bool, compute: float, hidden: float, u: float
     ) -> float:
         """Seconds a TP collective's overlapped part (`hidden` seconds, HBM share `u`) adds
-        to the GEMM it hides behind (`compute` seconds): the closed form's excess over the
-        uncontended overlap, per userbuffers overlap. A column-parallel layer's collective
-        (forward all-gather) is a ring exchange forward and, backward, a bulk all-gather
-        beside the dgrad and a bulk reduce-scatter beside the wgrad (half the bytes each);
-        a row-parallel one's (forward reduce-scatter) is the fprop overlap forward and a
-        ring exchange backward."""
+        to the GEMM it hides behind (`compute` seconds, counted already): its slowdown and
+        what the collective outlasts it by, per userbuffers overlap. A column-parallel
+        layer's collective (forward all-gather) is a ring exchange forward and, backward, a
+        bulk all-gather beside the dgrad and a bulk reduce-scatter beside the wgrad (half
+        the time each); a row-parallel one's (forward reduce-scatter) is the fprop overlap
+        forward and a ring exchange backward."""
         mem = self.res.mem_factor(u)
         if kind == "all_gather" and backward:
             k_d, k_w = (
@@ -204,7 +204,9 @@ class Contention:
 
 
 def _excess(compute: float, resident: float, speed: float) -> float:
-    return phase_seconds(compute, resident, speed) - max(compute, resident)
+    """Seconds a GEMM of `compute` seconds (counted already) lengthens by with a collective
+    resident beside it: its slowdown, and what the collective outlasts it by."""
+    return phase_seconds(compute, resident, speed) - compute
 
 
 def build(recipe: Any, lay: Any, topo: Any, place: Any) -> Contention | None:
@@ -262,21 +264,45 @@ def fsdp(model: Any, progs: list[Any], works: list[list[list[Any]]]) -> None:
                     passes[c] = stretch(passes[c], comm_s, speed)
 
 
+def gemm_after(lw: Any, c: Any) -> Any:
+    """The GEMM a TP collective feeds (the one it follows, else the next)."""
+    i = [w.name for w in lw.work].index(c.after)
+    return next((w for w in lw.work[i:] if w.kind in ("gemm", "grouped_gemm")), lw.work[i])
+
+
 def tp_loss(
-    model: Any, lw: Any, c: Any, kind: str, nbytes: float, sec: float, backward: bool
+    model: Any, lw: Any, c: Any, parts: list[tuple[str, float, float]], backward: bool
 ) -> float:
     """Seconds an overlapped TP collective's hidden part (all but its first of TP chunks)
-    adds to the GEMM it hides behind (the one it follows, else the next): 0 without a
-    contention model (`model.contention`)."""
+    adds to the GEMM it hides behind: 0 without a contention model (`model.contention`).
+    `parts`: (kind, bytes, seconds) of the collectives of the pass (`tp_parts`)."""
     con: Contention | None = model.contention
+    sec = sum(p[2] for p in parts)
     if con is None or sec <= 0:
         return 0.0
-    i = [w.name for w in lw.work].index(c.after)
-    gemm = next((w for w in lw.work[i:] if w.kind in ("gemm", "grouped_gemm")), lw.work[i])
+    gemm = gemm_after(lw, c)
     tp = model.lay.tp
-    u = con.res.mem_share(UB_HBM * received(kind, nbytes, tp), sec)
+    u = con.res.mem_share(UB_HBM * sum(received(k, b, tp) for k, b, _ in parts), sec)
     compute = model.gpu.seconds(gemm, backward)
     return con.tp_loss(c.kind, gemm.module == "attn", backward, compute, sec - sec / tp, u)
+
+
+def tp_async(model: Any, lw: Any, c: Any, parts: list[tuple[str, float, float]]) -> float:
+    """Exposed seconds of a column-parallel layer's backward collectives issued beside its
+    GEMMs (no userbuffers): the input's all-gather beside the dgrad GEMM, the input
+    gradient's reduce-scatter beside the wgrad GEMM (half the GEMM's backward each), each
+    exposed where longer and slowing the GEMM by NCCL's SMs and HBM traffic while resident
+    (`phase_seconds`; without a contention model, the longer of the two)."""
+    gemm = model.gpu.seconds(gemm_after(lw, c), True) / 2
+    con: Contention | None = model.contention
+    tp = model.lay.tp
+    out = 0.0
+    for kind, nbytes, sec in parts:
+        speed = 1.0
+        if con is not None:  # a TP group: one NVLink domain, NCCL's ring
+            speed = con.speed(con.res.coll_sms, RING_HBM * received(kind, nbytes, tp), sec)
+        out += phase_seconds(gemm, sec, speed) - gemm
+    return out
 
 
 def dp_hold(model: Any, parts: list[tuple[str, str, float, int, float]]) -> tuple[int, float]:

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sim.training.contention import ep_hold, tp_loss
-from sim.training.ops import Comm, LayerWork
+from sim.training.contention import ep_hold, gemm_after, tp_async, tp_loss
+from sim.training.ops import ACT, Comm, LayerWork
 from sim.training.pipeline import Phase
 from sim.training.pipeline_kind import wgrad
 from sim.training.recipe import comm_sms
@@ -68,21 +68,49 @@ def _ep_phase(m: Any, c: Comm, layer: int) -> Phase:
 
 def _serial_seconds(m: Any, lw: LayerWork, c: Comm, backward: bool) -> float:
     """Seconds a TP or CP collective adds to the compute it sits in."""
-    kind = (c.bwd_kind or c.kind) if backward else c.kind
-    nbytes = c.bytes * (2 if backward else 1)
     if c.dim == "cp":  # per ring step, beside the attention kernel of that step
+        nbytes = c.bytes * (2 if backward else 1)  # backward: K/V and their gradients
         steps = m.lay.cp - 1
         step_s = m.comm.seconds("send", "cp", nbytes / steps) * steps
         attn = m.gpu.seconds(next(w for w in lw.work if w.name == "core_attn"), backward)
         sec = max(0.0, step_s - attn)
         m.totals["cp_comm_s"] += sec
         return sec
-    sec = m.comm.seconds(kind, c.dim, nbytes)
-    if m.r.tp_comm_overlap:
-        # split into TP chunks, each beside the GEMM of the one before: the first chunk's
-        # transfer is exposed (Wang et al., ASPLOS'23); the others slow that GEMM
-        # (`sim.training.contention`)
-        loss = tp_loss(m, lw, c, kind, nbytes, sec, backward)
-        sec = sec / m.lay.tp + loss
+    sec = tp_seconds(m, lw, c, backward)
     m.totals["tp_comm_s"] += sec
+    return sec
+
+
+def tp_parts(c: Comm, tp: int, backward: bool, q: float = 1.0) -> list[tuple[str, float]]:
+    """(kind, bytes as `sim.training.comm` takes them) of the collectives a sequence-parallel
+    TP collective stands for in a pass. Backward (Transformer Engine's Linear /
+    LayerNormLinear `backward`): a column-parallel layer (forward all-gather of its input)
+    gathers its input again for the weight gradient (only the shard was kept) and
+    reduce-scatters the input gradient; a row-parallel one (forward reduce-scatter of its
+    output) gathers the output gradient. `q`: the all-gathers' bytes over bf16's where the
+    GEMM is quantized (TE quantizes before it gathers: `gather_along_first_dim(...,
+    quantizer=...)`); reduce-scatters move bf16."""
+    if not backward:
+        return [(c.kind, c.bytes * (q if c.kind == "all_gather" else 1.0))]
+    if c.kind == "all_gather":  # c.bytes: the shard
+        return [("all_gather", c.bytes * q), ("reduce_scatter", c.bytes * tp)]
+    return [("all_gather", c.bytes / tp * q)]  # c.bytes: the whole buffer
+
+
+def tp_seconds(m: Any, lw: LayerWork, c: Comm, backward: bool) -> float:
+    """Exposed seconds of a TP collective's pass. Without userbuffers the forward's are
+    serial, and so is a row-parallel backward's gather; a column-parallel backward issues its
+    gather asynchronously beside the dgrad GEMM and its reduce-scatter beside the wgrad GEMM
+    (TE `gather_along_first_dim(..., async_op=True)`, `reduce_scatter_along_first_dim(...,
+    async_op=True)`), exposed only where longer. With userbuffers (`tp_comm_overlap`) each is
+    split into TP chunks, each beside the GEMM of the one before: the first chunk's transfer
+    is exposed (Wang et al., ASPLOS'23); the others slow that GEMM (`sim.training.contention`)."""
+    tp = m.lay.tp
+    q = m.p.wire_bytes / ACT if gemm_after(lw, c).dtype != "bf16" else 1.0
+    parts = [(k, b, m.comm.seconds(k, c.dim, b)) for k, b in tp_parts(c, tp, backward, q)]
+    sec = sum(p[2] for p in parts)
+    if m.r.tp_comm_overlap:
+        return sec / tp + tp_loss(m, lw, c, parts, backward)
+    if backward and c.kind == "all_gather":
+        return tp_async(m, lw, c, parts)
     return sec

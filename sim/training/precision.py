@@ -22,10 +22,17 @@ class Precision:
     # one scale per tensor (Transformer Engine's Float8Tensor): its column-wise use is a
     # transpose of the same bytes, which GPUs taking FP8 GEMMs of any layout do without
     per_tensor: bool = False
+    scale_bytes: float = 0.0  # per element: the block scales one quantized copy carries
 
     @property
     def quantized(self) -> bool:
         return self.gemm != "bf16"
+
+    @property
+    def wire_bytes(self) -> float:
+        """Bytes per element of one quantized copy, its scales included (what a quantized
+        all-gather moves)."""
+        return {"bf16": 2.0, "fp8": 1.0, "fp4": 0.5}[self.gemm] + self.scale_bytes
 
     def copies(self, any_layout: bool) -> int:
         """Quantized copies of a tensor: row- and column-wise data, or one for a per-tensor
@@ -42,10 +49,11 @@ PRECISIONS: dict[str, Precision] = {
     "BF16": Precision("BF16"),
     "FP8-CS": Precision("FP8-CS", "fp8", 2.0, 2.0, per_tensor=True),
     "FP8": Precision("FP8", "fp8", 2.0, 2.0, per_tensor=True),
-    "FP8-BLOCK": Precision("FP8-BLOCK", "fp8", 2.0 + 2.0 * 4 / 128, 0.0),  # 1x128 fp32 scales
-    "MXFP8": Precision("MXFP8", "fp8", 2.0 + 2.0 / 32, 0.0),  # an E8M0 scale per 32
-    "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0),
-    "NVFP4": Precision("NVFP4", "fp4", 2 * (0.5 + 1.0 / 16), 2.0),  # FP8 scale per 16 + amax
+    "FP8-BLOCK": Precision("FP8-BLOCK", "fp8", 2.0 + 2.0 * 4 / 128, 0.0, scale_bytes=4 / 128),
+    "MXFP8": Precision("MXFP8", "fp8", 2.0 + 2.0 / 32, 0.0, scale_bytes=1 / 32),  # E8M0 per 32
+    "FP8-MX": Precision("FP8-MX", "fp8", 2.0 + 2.0 / 32, 0.0, scale_bytes=1 / 32),
+    # an FP8 scale per 16 + the amax pass
+    "NVFP4": Precision("NVFP4", "fp4", 2 * (0.5 + 1.0 / 16), 2.0, scale_bytes=1 / 16),
 }
 
 
