@@ -24,6 +24,7 @@ figure to set beside the preset's one share per part.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 from pathlib import Path
@@ -271,7 +272,10 @@ KERNEL_PARTS = (
 
 def score_kernels(gpu: GpuKernels, k: dict[str, pd.DataFrame]) -> tuple[pd.DataFrame, list[str]]:
     """One row per scored kernel: measured, charged, error, bound, the share it uses and the
-    share that would fit it; and the rows the model cannot charge (no rate for the dtype)."""
+    share that would fit it; and the rows the model cannot charge (no rate for the dtype).
+    The suite times short runs of each kernel: they are charged at the preset's short-run
+    shares, without the sustained-power share a training step applies (`sustained`)."""
+    gpu = dataclasses.replace(gpu, sustained=1.0)
     rows, skipped = [], []
     for group, r, w, kernels, bwd in kernel_cases(k):
         label = f"{group}: {r.name} {r.impl} {r.layout} {r.shape} {r.dtype}"

@@ -42,15 +42,15 @@ def test_the_law_is_one_at_its_reference_and_its_closed_form_elsewhere() -> None
 
 
 def test_a_kernel_pays_its_shape_and_one_share_without_a_law() -> None:
-    """Attention time = FLOPs / (bf16 peak x share x factor) where compute-bound; a GPU with no
-    `attention_shape` charges the one share whatever the shape."""
+    """Attention time = FLOPs / (bf16 peak x share x sustained x factor) where compute-bound;
+    a GPU with no `attention_shape` charges the one share whatever the shape."""
     lay = Layout(gpus=8, tp=1, pp=1, ep=8, gbs=8, seq=4096)
     gpu = _model("qwen3-30b-a3b", lay, "BF16", Recipe()).gpu
     w = Work("core_attn", "attention", 1e12, 1.0, bwd=2.5, span=1000.0, head_dim=64)
     with_law = replace(gpu, attention_shape=LAW)
     plain = replace(gpu, attention_shape=None)
     for bwd in (False, True):
-        share = gpu.attention_bwd if bwd else gpu.attention_fwd
+        share = (gpu.attention_bwd if bwd else gpu.attention_fwd) * gpu.sustained
         flops = 1e12 * (2.5 if bwd else 1.0)
         one = flops / (gpu.peak["bf16"] * share)
         assert plain.seconds(w, bwd) == pytest.approx(one)

@@ -7,7 +7,10 @@ A GEMM takes the longer of its FLOPs at the dtype's GEMM rate and its bytes at t
 falling with a short reduction length where the GPU has a `gemm_k0` (`k_share`); grouped
 expert GEMMs reach `grouped_gemm` of that rate; fused attention its forward and backward
 shares of the bf16 peak, carried to the kernel's sequence and head dim by `attention_shape`
-(sim.training.attention_shape); everything else is memory-bound. Every kernel pays `launch_s`
+(sim.training.attention_shape); everything else is memory-bound. The GEMM and attention
+shares are short-run figures; in a step the GPU draws power without pause and holds its SM
+clock lower, so they run at `sustained` of them (HBM-bound kernels do not: the memory clock
+holds). Every kernel pays `launch_s`
 of host time unless the recipe captures it in a CUDA graph, and `kernel_s` of GPU time
 whatever the host does (the GPU's own per-kernel floor: an empty kernel and the gap to the
 next one).
@@ -51,6 +54,9 @@ class GpuKernels:
     attention_shape: AttentionShape | None = None  # None: one attention share for every shape
     gemm_k0: dict[str, float] = field(default_factory=dict)  # dtype -> K at half the share
     hybridep_link_share: float = 0.0  # 0: not given (HybridEP as DeepEP's kernels)
+    # share of its short-run rate an SM-bound kernel (GEMM, attention) holds under a step's
+    # sustained power draw (`gpu.kernels.sustained`; 1: none given)
+    sustained: float = 1.0
 
     @property
     def fp8_any_layout(self) -> bool:
@@ -93,18 +99,21 @@ class GpuKernels:
             attention_shape=AttentionShape.from_spec(shape) if shape else None,
             gemm_k0={str(d): float(v) for d, v in (k.get("gemm_k0") or {}).items()},
             hybridep_link_share=float(k.get("hybridep_link_share") or 0.0),
+            sustained=float(k.get("sustained") or 1.0),
         )
 
     def rate(self, dtype: str) -> float:
-        """FLOP/s a large GEMM of `dtype` reaches."""
+        """FLOP/s a large GEMM of `dtype` reaches in a training step (its short-run share
+        held down to `sustained`)."""
         if dtype == "fp32":  # the router: fp32 on CUDA cores, at the roofline's share
-            return self.peak.get("fp32", self.peak["bf16"] / 16) * self.gemm.get("bf16", 0.7)
+            fp32 = self.peak.get("fp32", self.peak["bf16"] / 16)
+            return fp32 * self.gemm.get("bf16", 0.7) * self.sustained
         if dtype not in self.peak or dtype not in self.gemm:
             raise ConfigError(
                 f"{self.name}: no {dtype} GEMMs (peak_flops has {sorted(self.peak)}, "
                 f"kernels.gemm {sorted(self.gemm)}): this precision does not run on this GPU"
             )
-        return self.peak[dtype] * self.gemm[dtype]
+        return self.peak[dtype] * self.gemm[dtype] * self.sustained
 
     def seconds(self, w: Work, backward: bool = False) -> float:
         """One work item's forward (or backward) time, launches excluded."""
@@ -113,7 +122,7 @@ class GpuKernels:
         if w.kind == "memory":
             return mem
         if w.kind == "attention":
-            share = self.attention_bwd if backward else self.attention_fwd
+            share = (self.attention_bwd if backward else self.attention_fwd) * self.sustained
             if self.attention_shape is not None:
                 share *= self.attention_shape.factor(w.span, w.head_dim, backward)
             return max(w.flops * scale / (self.peak["bf16"] * share), mem)

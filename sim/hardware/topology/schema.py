@@ -135,6 +135,13 @@ class KernelParams(Strict):
         "GEMM reaches (Transformer Engine / CUTLASS grouped GEMM, a few thousand tokens per "
         "expert, k and n of 1-8K), in (0, 1]",
     )
+    sustained: Fraction | None = Field(
+        None,
+        description="share of the gemm and attention shares (short-run benchmark figures, "
+        "a cold GPU at its boost clock) that these SM-bound kernels hold under a training "
+        "step's sustained power draw, which holds the SM clock down (the memory clock holds, "
+        "so memory-bound kernels keep memory_bound), in (0, 1]; omitted: 1",
+    )
     attention_fwd: Fraction | None = Field(
         None,
         description="share of the bf16 dense peak that the training attention forward kernel "
