@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import machine, record  # noqa: E402
-from sim.training.predict import MEASURED, predict_rows, read_table  # noqa: E402
+from sim.training.predict import MEASURED, mape, predict_rows, read_table  # noqa: E402
 
 TABLE = ROOT.parent / "shared" / "reference" / "published-runs" / "megatron_bridge_perf.csv"
 # the pair the table's README names: 2x apart at the same layout
@@ -39,10 +39,13 @@ INCONSISTENT = "DGX-H100 Qwen3_30B_A3B, 16 GPUs TP1 PP2 EP8: 10,494 (25.09) vs 5
 
 
 BELIEF = (
-    "We take the dropless figures (25.11: 5,275, 26.02: 5,113; two releases agree and their "
-    "recipe matches the row's layout) as this layout's speed; the 25.09 row ran token-drop "
-    "routing with a different recipe (VP24 MBS 2, alltoall without EP overlap). The one "
-    "fitted parameter (`benchmarks/host_fit.py`) is fitted without the 25.09 row."
+    "We take both figures, as two different runs. 25.09 ran token-drop routing at the printed "
+    "layout (VP24 MBS 2, alltoall without EP overlap; r0.1.0's YAML at a1b56cbd9). 25.11 ran "
+    "its own release's recipe (v0.2.0: VP12 MBS 1, dropless, EP overlap), and its printed "
+    "layout columns are 25.09's field for field, so it is predicted at the recipe's layout "
+    "(`ran_layout` in sim/training/recipes.yaml, row 38 below); 26.02 ran PP2 VP12 MBS 1 "
+    "dropless with DeepEP and measured 5,113, beside 25.11's 5,275. The one fitted parameter "
+    "(`benchmarks/host_fit.py`) is fitted on every row."
 )
 
 
@@ -99,12 +102,20 @@ def mismatch_notes(numbers: list[int], rows: list[dict[str, Any]]) -> list[str]:
     """Rows whose recorded recipe runs another layout or batch than the row says
     (`layout_mismatch` in sim/training/recipes.yaml): the row is predicted as it says, and
     where that layout does not fit the GPU in the memory model, the note says so (a run
-    that did not fit never ran: the row's layout is then the suspect, not the model)."""
+    that did not fit never ran: the row's layout is then the suspect, not the model); a row
+    whose printed layout cannot be what ran is predicted at its recipe's (`ran_layout`,
+    `sim.training.predict.as_ran`), and the note says which and why."""
     from sim.training.recipe import recipe_for
 
     out = []
     for n, r in zip(numbers, rows):
         if r.get("reason"):  # refused by predict: its reason is listed above
+            continue
+        if r.get("layout_ran"):
+            out.append(
+                f"- Row {n} ({r.get('release', '')} {r['system']} {r['model']}): predicted at "
+                f"the layout its recipe ran, {r['layout_ran']}: {r.get('layout_why', '')}."
+            )
             continue
         model, prec = str(r["model"]).strip(), str(r["precision"]).strip().upper()
         recipe = recipe_for(model, r["system"], prec, str(r.get("release", "")).strip())
@@ -144,6 +155,26 @@ def unmodelled_notes(numbers: list[int], rows: list[dict[str, Any]]) -> list[str
                 f"feature not modelled: {'; '.join(str(m) for m in missing)}."
             )
     return out
+
+
+def printed_mape(picked: list[dict[str, Any]], rows: list[dict[str, Any]]) -> list[str]:
+    """The MAPE with every row at its printed layout (`moesim predict --as-printed`): the
+    rows predicted at their recipe's layout simulated again as printed."""
+    ran = [i for i, r in enumerate(rows) if r.get("layout_ran")]
+    if not ran:
+        return []
+    again = predict_rows([picked[i] for i in ran], as_printed=True)["rows"]
+    swapped = list(rows)
+    for i, r in zip(ran, again):
+        swapped[i] = r
+    m = mape(swapped)
+    each = ", ".join(
+        f"row {picked[i]['_row']} {100 * r['error']:+.1f}%"
+        for i, r in zip(ran, again)
+        if r.get("error") is not None
+    )
+    scopes = "; ".join(f"{k} {100 * v['mape']:.1f}%" for k, v in m.items())
+    return ["", f"Every row at its printed layout (`--as-printed`; {each}): {scopes}."]
 
 
 def ratios(rows: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
@@ -220,6 +251,7 @@ def main() -> None:
             continue
         err = r.get("error")
         src = "recipe" if r.get("recipe", "defaults") != "defaults" else "defaults"
+        src += f" (ran {r['layout_ran']})" if r.get("layout_ran") else ""
         lines.append(
             head + f" {r['predicted_tokens_per_s_per_gpu']:,.0f} | "
             f"{'' if err is None else f'{100 * err:+.1f}%'} | "
@@ -236,6 +268,7 @@ def main() -> None:
     ]
     for k, m in res["mape"].items():
         lines.append(f"| {k} | {100 * m['mape']:.1f}% | {100 * m['worst']:.1f}% | {m['rows']} |")
+    lines += printed_mape(picked, res["rows"])
     lines += [
         "",
         "## System ratios for the same model and release",

@@ -36,6 +36,7 @@ def cmd_predict(a: argparse.Namespace) -> int:
             workers=a.workers,
             kernels=kernels,
             sensitivity=a.sensitivity,
+            as_printed=a.as_printed,
         )
     files = write(result, a.out) if a.out is not None else {}
     if a.json:
@@ -85,6 +86,12 @@ def add_parsers(sub: Any) -> None:
         action="store_true",
         help="also each step's sensitivity to the GPU, the host and the links, and the one "
         "that paces it (three more steps simulated per row)",
+    )
+    p.add_argument(
+        "--as-printed",
+        action="store_true",
+        help="predict every row at its printed layout (default: a row whose recipe records "
+        "that the printed layout cannot be what ran is predicted at the recipe's, and says so)",
     )
     p.add_argument("--json", action="store_true", help='print {"rows": [...], "mape": ...}')
     p.set_defaults(fn=cmd_predict)

@@ -308,13 +308,37 @@ def predict_run(
     }
 
 
-def predict_one(item: tuple[int, dict[str, Any], bool]) -> dict[str, Any]:
-    """One row (its 1-based number, its columns, whether to add the step's sensitivities):
-    its columns plus the predictions and the error, or its reason."""
-    i, cols, sensitivity = item
+def as_ran(rec: dict[str, Any]) -> dict[str, Any]:
+    """A row's columns at the layout its release's recipe ran, where recipes.yaml records
+    that the printed one cannot be what ran (`recipe.layout_ran`): those fields replaced, GA
+    left to the batch, and `layout_ran` / `layout_why` saying so; else the row as printed."""
+    from sim.training.recipe import layout_ran
+
+    key = [str(rec.get(k) or "").strip() for k in ("model", "system", "precision", "release")]
+    ran, why = layout_ran(key[0], key[1], key[2].upper(), key[3])
+    if not ran:
+        return rec
+    printed = {k: str(rec.get(k) or "").strip() for k in ran}
+    return {
+        **rec,
+        **{k: str(v) for k, v in ran.items()},
+        "ga": "",
+        "layout_ran": ", ".join(f"{k} {printed[k] or '-'} -> {v}" for k, v in ran.items()),
+        "layout_why": why,
+    }
+
+
+def predict_one(item: tuple[int, dict[str, Any], bool, bool]) -> dict[str, Any]:
+    """One row (its 1-based number, its columns, whether to add the step's sensitivities,
+    whether to take its layout as printed): its columns plus the predictions and the error,
+    or its reason. Unless `as_printed`, a row whose printed layout cannot be what ran is
+    predicted at its recipe's (`as_ran`); its output keeps the printed columns."""
+    i, cols, sensitivity, as_printed = item
     rec: dict[str, Any] = {k: v for k, v in cols.items() if k != "_row"}
     try:
-        run = parse_row(rec, int(cols.get("_row", i)))
+        ran = rec if as_printed else as_ran(rec)
+        rec.update({k: ran[k] for k in ("layout_ran", "layout_why") if k in ran})
+        run = parse_row(ran, int(cols.get("_row", i)))
         rec.update(predict_run(run, sensitivity=sensitivity))
         measured = _measured(cols.get(MEASURED))
         if measured:
@@ -330,14 +354,16 @@ def predict_rows(
     workers: int = 1,
     kernels: dict[str, dict[str, Any]] | None = None,
     sensitivity: bool = False,
+    as_printed: bool = False,
 ) -> dict[str, Any]:
     """Every row predicted (or given its reason), on `workers` local processes; the MAPE per
     system and overall where measured. Rows keep their order. `kernels`: measured
     `gpu.kernels` per system (`load_kernels`), over the presets'. `sensitivity`: each row's
-    sensitivity to the GPU, the host and the links too (`sim.training.sensitivity`)."""
+    sensitivity to the GPU, the host and the links too (`sim.training.sensitivity`).
+    `as_printed`: every row at its printed layout (else at its recipe's where that one ran)."""
     KERNELS.clear()
     KERNELS.update(kernels or {})
-    items = [(i, r, sensitivity) for i, r in enumerate(rows, start=1)]
+    items = [(i, r, sensitivity, as_printed) for i, r in enumerate(rows, start=1)]
     out: list[dict[str, Any]] = []
     if workers > 1 and len(items) > 1:
         from concurrent.futures import ProcessPoolExecutor

@@ -165,6 +165,21 @@ def recipe_for(model: str, system: str, precision: str, release: str = "") -> Re
     return table[(model, system, precision, same[-1])] if same else Recipe()
 
 
+RAN_KEYS = ("tp", "pp", "cp", "vp", "ep", "mbs")  # the layout fields a `ran_layout` may set
+
+
+def layout_ran(model: str, system: str, precision: str, release: str) -> tuple[dict[str, int], str]:
+    """The layout a table row's own release's recipe ran, where the row prints one that
+    cannot be what ran (`ran_layout` in recipes.yaml: the fields that differ, and `why`), and
+    why; ({}, "") where none is recorded. Only the row's own release counts: a later
+    release's recipe says nothing about what an earlier table printed."""
+    r = _recipes().get((model, system, precision, release))
+    ran = r.notes.get("ran_layout") if r is not None else None
+    if not isinstance(ran, dict):
+        return {}, ""
+    return {k: int(v) for k, v in ran.items() if k in RAN_KEYS}, str(ran.get("why", ""))
+
+
 # SMs the EP dispatcher's kernels hold while they run beside compute: HybridEP's
 # `moe_hybridep_num_sms: 32` (Megatron-Bridge recipes, recipes.yaml), DeepEP's normal kernels
 # 24 (DeepEP's Buffer default, as `megatron_ep`'s `sms`), NCCL's all-to-all one block per

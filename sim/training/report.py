@@ -47,6 +47,12 @@ def text_table(result: dict[str, Any]) -> str:
             f"{_fmt(r['predicted_tflops_per_gpu']):>7} {r['peak_memory_bytes'] / 1e9:7.1f} "
             f"{r['memory_margin_bytes'] / 1e9:7.1f}" + _sensitivity_cells(r)
         )
+    for i, r in enumerate(result["rows"], start=1):
+        if r.get("layout_ran"):  # `predict.as_ran`
+            lines.append(
+                f"row {i}: predicted at the layout its recipe ran, {r['layout_ran']} "
+                f"(--as-printed: the printed one): {r.get('layout_why', '')}"
+            )
     for k, m in result["mape"].items():
         lines.append(
             f"MAPE {k}: {100 * m['mape']:.1f}% over {m['rows']} rows "
@@ -116,6 +122,7 @@ def html_page(result: dict[str, Any], title: str = "moesim predict") -> str:
         sel = [r for r in rows if str(r.get("system")) == system]
         label = [
             f"{r.get('release', '')} {r.get('model')} {r.get('precision')} {r.get('gpus')} GPUs"
+            + (f" (as ran: {r['layout_ran']})" if r.get("layout_ran") else "")
             for r in sel
         ]
         fig.add_trace(
