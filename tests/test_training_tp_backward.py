@@ -59,8 +59,8 @@ def test_parts_move_what_te_moves() -> None:
     gradient (S moved by the gather, F by the reduce-scatter), a row-parallel one gathers
     its output gradient (its shard, F / tp)."""
     tp, S = 4, 1.0e6
-    ag = Comm("ag", "all_gather", "tp", S, "norm1", "reduce_scatter")
-    rs = Comm("rs", "reduce_scatter", "tp", tp * S, "proj", "all_gather")
+    ag = Comm("ag", "all_gather", "tp", S, "norm1")
+    rs = Comm("rs", "reduce_scatter", "tp", tp * S, "proj")
     assert tp_parts(ag, tp, False) == [("all_gather", S)]
     assert tp_parts(rs, tp, False) == [("reduce_scatter", tp * S)]
     assert tp_parts(ag, tp, True) == [("all_gather", S), ("reduce_scatter", tp * S)]

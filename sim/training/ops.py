@@ -66,7 +66,6 @@ class Comm:
     dim: str  # the layout dimension whose groups run it
     bytes: float  # per GPU, as sim.training.comm takes it
     after: str  # the Work item it follows in forward
-    bwd_kind: str = ""  # its backward's collective ("" = the same kind)
 
 
 @dataclass
@@ -156,17 +155,13 @@ class _Builder:
     def tp_gather(self, name: str, after: str) -> None:
         if self.lay.tp > 1:  # sequence parallelism: all-gather in, reduce-scatter out
             self.out.comm.append(
-                Comm(
-                    name, "all_gather", "tp", self.Ts * self.a.hidden * ACT, after, "reduce_scatter"
-                )
+                Comm(name, "all_gather", "tp", self.Ts * self.a.hidden * ACT, after)
             )
 
     def tp_scatter(self, name: str, after: str) -> None:
         if self.lay.tp > 1:
             self.out.comm.append(
-                Comm(
-                    name, "reduce_scatter", "tp", self.T * self.a.hidden * ACT, after, "all_gather"
-                )
+                Comm(name, "reduce_scatter", "tp", self.T * self.a.hidden * ACT, after)
             )
 
     # -- a transformer layer ---------------------------------------------------------------
