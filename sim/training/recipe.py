@@ -169,10 +169,10 @@ RAN_KEYS = ("tp", "pp", "cp", "vp", "ep", "mbs")  # the layout fields a `ran_lay
 
 
 def layout_ran(model: str, system: str, precision: str, release: str) -> tuple[dict[str, int], str]:
-    """The layout a table row's own release's recipe ran, where the row prints one that
-    cannot be what ran (`ran_layout` in recipes.yaml: the fields that differ, and `why`), and
-    why; ({}, "") where none is recorded. Only the row's own release counts: a later
-    release's recipe says nothing about what an earlier table printed."""
+    """The layout fields a table row's own release's recipe ran where the row prints a
+    layout that cannot be what ran, and why (`ran_layout` in recipes.yaml: the fields that
+    differ, and `why`); ({}, "") where none is recorded. Only the row's own release counts:
+    a later release's recipe says nothing about what an earlier table printed."""
     r = _recipes().get((model, system, precision, release))
     ran = r.notes.get("ran_layout") if r is not None else None
     if not isinstance(ran, dict):
