@@ -10,10 +10,9 @@ shares of the bf16 peak, carried to the kernel's sequence and head dim by `atten
 (sim.training.attention_shape); everything else is memory-bound. The GEMM and attention
 shares are short-run figures; in a step the GPU draws power without pause and holds its SM
 clock lower, so they run at `sustained` of them (HBM-bound kernels do not: the memory clock
-holds). Every kernel pays `launch_s`
-of host time unless the recipe captures it in a CUDA graph, and `kernel_s` of GPU time
-whatever the host does (the GPU's own per-kernel floor: an empty kernel and the gap to the
-next one).
+holds). Every kernel pays `launch_s` of host time unless the recipe captures it in a CUDA
+graph, and `kernel_s` of GPU time whatever the host does (the GPU's own per-kernel floor: an
+empty kernel and the gap to the next one).
 
 A GEMM's output is computed in tiles, a wave of them per SM at a time: one whose tiles
 leave SMs idle in its last wave runs at the share of the waves it fills (`wave_share`; a
