@@ -271,29 +271,30 @@ def gemm_after(lw: Any, c: Any) -> Any:
 
 
 def tp_loss(
-    model: Any, lw: Any, c: Any, parts: list[tuple[str, float, float]], backward: bool
+    model: Any, gemm: Any, c: Any, parts: list[tuple[str, float, float]], backward: bool
 ) -> float:
     """Seconds an overlapped TP collective's hidden part (all but its first of TP chunks)
-    adds to the GEMM it hides behind: 0 without a contention model (`model.contention`).
-    `parts`: (kind, bytes, seconds) of the collectives of the pass (`tp_parts`)."""
+    adds to the GEMM it hides behind (`gemm`: `gemm_after`): 0 without a contention model
+    (`model.contention`). `parts`: (kind, bytes, seconds) of the collectives of the pass
+    (`tp_parts`)."""
     con: Contention | None = model.contention
     sec = sum(p[2] for p in parts)
     if con is None or sec <= 0:
         return 0.0
-    gemm = gemm_after(lw, c)
     tp = model.lay.tp
     u = con.res.mem_share(UB_HBM * sum(received(k, b, tp) for k, b, _ in parts), sec)
     compute = model.gpu.seconds(gemm, backward)
     return con.tp_loss(c.kind, gemm.module == "attn", backward, compute, sec - sec / tp, u)
 
 
-def tp_async(model: Any, lw: Any, c: Any, parts: list[tuple[str, float, float]]) -> float:
+def tp_async(model: Any, gemm: Any, parts: list[tuple[str, float, float]]) -> float:
     """Exposed seconds of a column-parallel layer's backward collectives issued beside its
     GEMMs (no userbuffers): the input's all-gather beside the dgrad GEMM, the input
     gradient's reduce-scatter beside the wgrad GEMM (half the GEMM's backward each), each
     exposed where longer and slowing the GEMM by NCCL's SMs and HBM traffic while resident
-    (`phase_seconds`; without a contention model, the longer of the two)."""
-    gemm = model.gpu.seconds(gemm_after(lw, c), True) / 2
+    (`phase_seconds`; without a contention model, the longer of the two). `gemm`: the
+    layer's GEMM (`gemm_after`)."""
+    half = model.gpu.seconds(gemm, True) / 2
     con: Contention | None = model.contention
     tp = model.lay.tp
     out = 0.0
@@ -301,7 +302,7 @@ def tp_async(model: Any, lw: Any, c: Any, parts: list[tuple[str, float, float]])
         speed = 1.0
         if con is not None:  # a TP group: one NVLink domain, NCCL's ring
             speed = con.speed(con.res.coll_sms, RING_HBM * received(kind, nbytes, tp), sec)
-        out += phase_seconds(gemm, sec, speed) - gemm
+        out += phase_seconds(half, sec, speed) - half
     return out
 
 

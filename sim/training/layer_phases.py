@@ -106,11 +106,12 @@ def tp_seconds(m: Any, lw: LayerWork, c: Comm, backward: bool) -> float:
     split into TP chunks, each beside the GEMM of the one before: the first chunk's transfer
     is exposed (Wang et al., ASPLOS'23); the others slow that GEMM (`sim.training.contention`)."""
     tp = m.lay.tp
-    q = m.p.wire_bytes / ACT if gemm_after(lw, c).dtype != "bf16" else 1.0
+    gemm = gemm_after(lw, c)
+    q = m.p.wire_bytes / ACT if gemm.dtype != "bf16" else 1.0
     parts = [(k, b, m.comm.seconds(k, c.dim, b)) for k, b in tp_parts(c, tp, backward, q)]
     sec = sum(p[2] for p in parts)
     if m.r.tp_comm_overlap:
-        return sec / tp + tp_loss(m, lw, c, parts, backward)
+        return sec / tp + tp_loss(m, gemm, c, parts, backward)
     if backward and c.kind == "all_gather":
-        return tp_async(m, lw, c, parts)
+        return tp_async(m, gemm, parts)
     return sec
